@@ -1,0 +1,332 @@
+//! The gRPC face: translates protobuf to engine calls and engine events back to
+//! protobuf. It holds no lock logic. Engine outcomes become gRPC codes here and only
+//! here ([`reject_code`], [`status`]).
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Code, Request, Response, Status, Streaming};
+
+use crate::engine::{
+    self, AcquireRequest, Command, EndReason, Engine, EngineError, Event, Inbound, Mode,
+    NotAcquiredReason, RejectCode, Rejection,
+};
+use crate::proto::lock_service_server::LockService;
+use crate::proto::{self, lease_request, lease_response, not_acquired};
+
+/// Largest `LeaseRequest` the sidecar answers; larger ones are `Rejected`
+/// RESOURCE_EXHAUSTED and the session goes on. No valid request comes near it (a key
+/// is at most 512 bytes).
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+/// Largest message the transport decodes at all. Between [`MAX_REQUEST_BYTES`] and this,
+/// a message is rejected but the stream lives; above it, gRPC itself ends the stream
+/// with RESOURCE_EXHAUSTED, as it cannot skip a message it refused to read.
+pub const MAX_DECODED_BYTES: usize = 4 * 1024 * 1024;
+
+/// Events buffered per session for a client that reads slowly. A client that lets
+/// this many answers pile up is not reading at all; its session is ended.
+const OUTBOUND_BUFFER: usize = 4096;
+
+/// The metadata header a client names itself with.
+pub const CLIENT_NAME_HEADER: &str = "lockside-client-name";
+
+/// The `LockService` implementation.
+#[derive(Clone, Debug)]
+pub struct LockApi {
+    engine: Engine,
+}
+
+impl LockApi {
+    /// Serves `engine`.
+    pub fn new(engine: Engine) -> Self {
+        Self { engine }
+    }
+}
+
+type LeaseStream = Pin<Box<dyn Stream<Item = Result<proto::LeaseResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl LockService for LockApi {
+    type LeaseStream = LeaseStream;
+
+    async fn lease(
+        &self,
+        request: Request<Streaming<proto::LeaseRequest>>,
+    ) -> Result<Response<LeaseStream>, Status> {
+        let client_name = request
+            .metadata()
+            .get(CLIENT_NAME_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(|name| {
+                let clean: String = name.chars().filter(|c| !c.is_control()).collect();
+                engine::prefix(&clean, engine::MAX_CLIENT_NAME_BYTES).to_owned()
+            })
+            .unwrap_or_default();
+        let inbound = request.into_inner().map(|message| match message {
+            Ok(message) => decode(message),
+            Err(status) => Inbound::Broken(status.message().to_owned()),
+        });
+        let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
+        self.engine
+            .start_session(client_name, inbound, tx)
+            .map_err(status)?;
+        let outbound = ReceiverStream::new(rx).map(encode);
+        Ok(Response::new(Box::pin(outbound)))
+    }
+
+    async fn describe(
+        &self,
+        request: Request<proto::DescribeRequest>,
+    ) -> Result<Response<proto::DescribeResponse>, Status> {
+        let key = request.into_inner().key;
+        let state = self.engine.describe(&key).await.map_err(status)?;
+        let held = !state.holders.is_empty();
+        Ok(Response::new(proto::DescribeResponse {
+            mode: if held {
+                proto::LockMode::Exclusive as i32
+            } else {
+                proto::LockMode::Unspecified as i32
+            },
+            limit: u32::from(held),
+            holders: state
+                .holders
+                .into_iter()
+                .map(|h| proto::Holder {
+                    session_id: h.session_id,
+                    hold_count: h.hold_count,
+                    ttl_remaining: Some(duration(h.ttl_remaining)),
+                    client_name: h.client_name,
+                })
+                .collect(),
+            waiters: state.waiters,
+            fencing_token: state.fence,
+            key,
+        }))
+    }
+}
+
+/// The one conversion of engine errors into gRPC statuses. Store details are logged,
+/// not sent: the client learns that the store is unavailable, not how.
+pub fn status(error: EngineError) -> Status {
+    match error {
+        EngineError::InvalidArgument(m) => Status::invalid_argument(m),
+        EngineError::ResourceExhausted(m) => Status::resource_exhausted(m),
+        EngineError::Store(e) => {
+            tracing::warn!(error = %e, "store call failed");
+            Status::unavailable("the lock store is unavailable")
+        }
+        EngineError::ShuttingDown => Status::unavailable("the sidecar is shutting down"),
+        EngineError::Random(e) => {
+            tracing::error!(error = %e, "no randomness");
+            Status::internal("the sidecar cannot create session tokens")
+        }
+    }
+}
+
+/// The google.rpc code number of a rejection.
+pub fn reject_code(code: RejectCode) -> i32 {
+    let code = match code {
+        RejectCode::InvalidArgument => Code::InvalidArgument,
+        RejectCode::ResourceExhausted => Code::ResourceExhausted,
+        RejectCode::FailedPrecondition => Code::FailedPrecondition,
+        RejectCode::Unimplemented => Code::Unimplemented,
+        RejectCode::Unavailable => Code::Unavailable,
+    };
+    code as i32
+}
+
+fn duration(d: Duration) -> prost_types::Duration {
+    prost_types::Duration::try_from(d).unwrap_or(prost_types::Duration {
+        seconds: i64::MAX,
+        nanos: 0,
+    })
+}
+
+/// Decodes a protobuf `Duration` field; `None` when unset.
+fn field_duration(
+    value: Option<prost_types::Duration>,
+    name: &str,
+) -> Result<Option<Duration>, String> {
+    let Some(value) = value else { return Ok(None) };
+    if !(-999_999_999..=999_999_999).contains(&value.nanos) {
+        return Err(format!("{name} has nanos out of range"));
+    }
+    if value.seconds < 0 || value.nanos < 0 {
+        return Err(format!("{name} must not be negative"));
+    }
+    Duration::try_from(value)
+        .map(Some)
+        .map_err(|_| format!("{name} is out of range"))
+}
+
+fn decode(message: proto::LeaseRequest) -> Inbound {
+    let size = message.encoded_len();
+    let (request_id, key) = match &message.command {
+        Some(lease_request::Command::Acquire(a)) => (a.request_id, a.key.as_str()),
+        Some(lease_request::Command::Release(r)) => (r.request_id, r.key.as_str()),
+        None => (0, ""),
+    };
+    // Rejection::new keeps only a short prefix of the key: never echo a huge one.
+    let echo = Rejection::new(request_id, key, RejectCode::InvalidArgument, "");
+    let invalid = |code, message: String| {
+        Inbound::Invalid(Rejection {
+            code,
+            message,
+            ..echo.clone()
+        })
+    };
+    if size > MAX_REQUEST_BYTES {
+        return invalid(
+            RejectCode::ResourceExhausted,
+            format!("request is {size} bytes; at most {MAX_REQUEST_BYTES} are allowed"),
+        );
+    }
+    let command = match message.command {
+        None => {
+            return invalid(
+                RejectCode::InvalidArgument,
+                "LeaseRequest has no command".into(),
+            );
+        }
+        Some(lease_request::Command::Release(r)) => Command::Release {
+            request_id: r.request_id,
+            key: r.key,
+        },
+        Some(lease_request::Command::Acquire(a)) => {
+            let mode = match proto::LockMode::try_from(a.mode) {
+                Ok(proto::LockMode::Unspecified | proto::LockMode::Exclusive) => Mode::Exclusive,
+                Ok(proto::LockMode::Shared) => Mode::Shared,
+                Err(_) => {
+                    let message = format!("mode {} is not a LockMode", a.mode);
+                    return invalid(RejectCode::InvalidArgument, message);
+                }
+            };
+            let wait = match field_duration(a.wait_timeout, "wait_timeout") {
+                Ok(wait) => wait,
+                Err(message) => return invalid(RejectCode::InvalidArgument, message),
+            };
+            let ttl = match field_duration(a.ttl, "ttl") {
+                Ok(ttl) => ttl,
+                Err(message) => return invalid(RejectCode::InvalidArgument, message),
+            };
+            Command::Acquire(AcquireRequest {
+                request_id: a.request_id,
+                key: a.key,
+                wait,
+                mode,
+                limit: a.limit,
+                fair: a.fair,
+                ttl,
+            })
+        }
+    };
+    Inbound::Command(command)
+}
+
+fn encode(event: Event) -> Result<proto::LeaseResponse, Status> {
+    use lease_response::Event as E;
+    let event = match event {
+        Event::Started {
+            session_id,
+            default_ttl,
+        } => E::Started(proto::SessionStarted {
+            session_id,
+            default_ttl: Some(duration(default_ttl)),
+        }),
+        Event::Granted {
+            request_id,
+            key,
+            fence,
+            ttl,
+            hold_count,
+        } => E::Granted(proto::Granted {
+            request_id,
+            key,
+            fencing_token: fence,
+            ttl: Some(duration(ttl)),
+            hold_count,
+        }),
+        Event::Waiting {
+            request_id,
+            key,
+            position,
+        } => E::Waiting(proto::Waiting {
+            request_id,
+            key,
+            position,
+        }),
+        Event::NotAcquired {
+            request_id,
+            key,
+            reason,
+        } => E::NotAcquired(proto::NotAcquired {
+            request_id,
+            key,
+            reason: match reason {
+                NotAcquiredReason::Busy => not_acquired::Reason::Busy,
+                NotAcquiredReason::Timeout => not_acquired::Reason::Timeout,
+                NotAcquiredReason::Cancelled => not_acquired::Reason::Cancelled,
+            } as i32,
+        }),
+        Event::Released {
+            request_id,
+            key,
+            hold_count,
+        } => E::Released(proto::Released {
+            request_id,
+            key,
+            hold_count,
+        }),
+        Event::Lost { key, reason, fence } => E::Lost(proto::Lost {
+            key,
+            reason,
+            fencing_token: fence,
+        }),
+        Event::Rejected(r) => E::Rejected(proto::Rejected {
+            request_id: r.request_id,
+            key: r.key,
+            code: reject_code(r.code),
+            message: r.message,
+        }),
+        Event::Jeopardy { key, ttl_remaining } => E::Jeopardy(proto::Jeopardy {
+            key,
+            ttl_remaining: Some(duration(ttl_remaining)),
+        }),
+        Event::Restored { key, ttl } => E::Restored(proto::Restored {
+            key,
+            ttl: Some(duration(ttl)),
+        }),
+        Event::Ended(EndReason::Shutdown) => {
+            return Err(Status::unavailable(
+                "the sidecar is shutting down; every lock of this session was released",
+            ));
+        }
+        Event::Ended(EndReason::Overflow) => {
+            return Err(Status::resource_exhausted(
+                "the client did not read its answers; every lock of this session was released",
+            ));
+        }
+    };
+    Ok(proto::LeaseResponse { event: Some(event) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn negative_and_malformed_durations_are_refused() {
+        let d = |seconds, nanos| Some(prost_types::Duration { seconds, nanos });
+        assert_eq!(field_duration(None, "x"), Ok(None));
+        assert_eq!(field_duration(d(1, 5), "x"), Ok(Some(Duration::new(1, 5))));
+        assert!(field_duration(d(-1, 0), "x").is_err());
+        assert!(field_duration(d(0, -1), "x").is_err());
+        assert!(field_duration(d(0, 1_000_000_000), "x").is_err());
+        assert!(field_duration(d(i64::MAX, 0), "x").is_ok());
+    }
+}

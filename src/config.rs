@@ -1,0 +1,240 @@
+//! The command line. Every flag also reads `LOCKSIDE_<FLAG>` from the environment.
+//! Tests build [`EngineConfig`] and [`ServerConfig`] directly instead.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::engine::EngineConfig;
+use crate::server::{ListenAddr, ServerConfig};
+
+/// Lockside: distributed locks held by a live gRPC stream.
+#[derive(Debug, Parser)]
+#[command(name = "lockside", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: CliCommand,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum CliCommand {
+    /// Run the sidecar.
+    Serve(ServeArgs),
+    /// Measure a sidecar against direct Redis calls (see README "Benchmark").
+    Bench(crate::bench::BenchArgs),
+}
+
+/// Where locks are kept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreSpec {
+    /// The embedded memory store.
+    Memory,
+    /// Redis standalone, `redis://` or `rediss://`.
+    Redis(String),
+}
+
+impl std::str::FromStr for StoreSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "memory" {
+            return Ok(Self::Memory);
+        }
+        if s.starts_with("redis://") || s.starts_with("rediss://") {
+            return Ok(Self::Redis(s.to_owned()));
+        }
+        for scheme in ["redis+sentinel://", "redis+cluster://", "redlock://"] {
+            if s.starts_with(scheme) {
+                return Err(format!("{scheme} stores are not supported yet"));
+            }
+        }
+        Err(format!(
+            "{:?} is not a store: use memory, redis://HOST:PORT or rediss://HOST:PORT",
+            redact(s)
+        ))
+    }
+}
+
+impl std::fmt::Display for StoreSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Memory => f.write_str("memory"),
+            Self::Redis(url) => f.write_str(&redact(url)),
+        }
+    }
+}
+
+/// A URL with any `user:password@` part replaced, fit for logs.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Parses `250ms`, `10s`, `5m`, `1h` (a bare number is seconds).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 250ms, 10s, 5m or 1h"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// Flags of `lockside serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// gRPC listener: HOST:PORT or unix:PATH. Loopback by default: only the pod's own
+    /// containers should reach the sidecar.
+    #[arg(long, env = "LOCKSIDE_LISTEN", default_value = "127.0.0.1:7420")]
+    pub listen: ListenAddr,
+
+    /// Where locks live: memory (embedded, the default, for one replica and tests),
+    /// redis://[user:pass@]host:port[/db] or rediss://...
+    #[arg(long, env = "LOCKSIDE_STORE", default_value = "memory")]
+    pub store: StoreSpec,
+
+    /// Prefix of every key and channel in the store, so apps can share one Redis.
+    #[arg(long, env = "LOCKSIDE_NAMESPACE", default_value = "lockside")]
+    pub namespace: String,
+
+    /// TTL of an Acquire that sets none (renewed every TTL/3 while the session lives).
+    #[arg(long, env = "LOCKSIDE_DEFAULT_TTL", default_value = "10s", value_parser = parse_duration)]
+    pub default_ttl: Duration,
+
+    /// Longest TTL a client may ask for.
+    #[arg(long, env = "LOCKSIDE_MAX_TTL", default_value = "1h", value_parser = parse_duration)]
+    pub max_ttl: Duration,
+
+    /// HTTP/2 PING interval on client connections.
+    #[arg(long, env = "LOCKSIDE_KEEPALIVE_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    pub keepalive_interval: Duration,
+
+    /// How long a PING may go unanswered before the client's sessions end.
+    #[arg(long, env = "LOCKSIDE_KEEPALIVE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub keepalive_timeout: Duration,
+
+    /// How long one store call may take before it counts as failed. 1 s is far above a
+    /// healthy Redis round trip and below the shortest TTL's renewal slack.
+    #[arg(long, env = "LOCKSIDE_STORE_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
+    pub store_timeout: Duration,
+
+    /// How long shutdown may take to release every lock.
+    #[arg(long, env = "LOCKSIDE_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+
+    /// Open Lease streams per sidecar.
+    #[arg(long, env = "LOCKSIDE_MAX_SESSIONS", default_value_t = 10_000)]
+    pub max_sessions: usize,
+
+    /// Locks held or being acquired per session.
+    #[arg(long, env = "LOCKSIDE_MAX_LOCKS_PER_SESSION", default_value_t = 1024)]
+    pub max_locks_per_session: usize,
+
+    /// Unanswered requests per session.
+    #[arg(long, env = "LOCKSIDE_MAX_PENDING_PER_SESSION", default_value_t = 1024)]
+    pub max_pending_per_session: usize,
+
+    /// Waiting acquires per key on this sidecar.
+    #[arg(long, env = "LOCKSIDE_MAX_WAITERS_PER_KEY", default_value_t = 1024)]
+    pub max_waiters_per_key: usize,
+}
+
+impl ServeArgs {
+    /// Checks values that clap cannot and builds the engine's configuration.
+    pub fn engine_config(&self) -> Result<EngineConfig, String> {
+        if self.max_ttl < crate::engine::MIN_TTL {
+            return Err("--max-ttl must be at least 1s".into());
+        }
+        if self.default_ttl < crate::engine::MIN_TTL || self.default_ttl > self.max_ttl {
+            return Err("--default-ttl must lie between 1s and --max-ttl".into());
+        }
+        if self.namespace.is_empty() || self.namespace.contains(['{', '}']) {
+            return Err("--namespace must be non-empty and without braces".into());
+        }
+        let positive = [
+            ("--max-sessions", self.max_sessions),
+            ("--max-locks-per-session", self.max_locks_per_session),
+            ("--max-pending-per-session", self.max_pending_per_session),
+            ("--max-waiters-per-key", self.max_waiters_per_key),
+        ];
+        if let Some((flag, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(format!("{flag} must be at least 1"));
+        }
+        if self.max_sessions > u32::MAX as usize {
+            return Err("--max-sessions is too large".into());
+        }
+        Ok(EngineConfig {
+            default_ttl: self.default_ttl,
+            max_ttl: self.max_ttl,
+            max_sessions: self.max_sessions,
+            max_locks_per_session: self.max_locks_per_session,
+            max_pending_per_session: self.max_pending_per_session,
+            max_waiters_per_key: self.max_waiters_per_key,
+        })
+    }
+
+    /// The server's settings.
+    pub fn server_config(&self) -> ServerConfig {
+        ServerConfig {
+            keepalive_interval: self.keepalive_interval,
+            keepalive_timeout: self.keepalive_timeout,
+            drain_timeout: self.drain_timeout,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("10d").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn stores_parse_and_redact() {
+        assert_eq!("memory".parse(), Ok(StoreSpec::Memory));
+        assert!(matches!("redis://h:1".parse(), Ok(StoreSpec::Redis(_))));
+        assert!("redlock://a,b,c".parse::<StoreSpec>().is_err());
+        assert!("mysql://x".parse::<StoreSpec>().is_err());
+        assert_eq!(redact("redis://u:secret@h:1/0"), "redis://***@h:1/0");
+        let shown = StoreSpec::Redis("rediss://:pw@h:1".into()).to_string();
+        assert!(!shown.contains("pw"));
+    }
+
+    #[test]
+    fn listen_addresses_parse() {
+        assert_eq!("unix:/tmp/s".parse(), Ok(ListenAddr::Unix("/tmp/s".into())));
+        assert_eq!(
+            "127.0.0.1:0".parse(),
+            Ok(ListenAddr::Tcp("127.0.0.1:0".into()))
+        );
+        assert!("unix:".parse::<ListenAddr>().is_err());
+        assert!("nowhere".parse::<ListenAddr>().is_err());
+    }
+}

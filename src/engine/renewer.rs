@@ -1,0 +1,265 @@
+//! One renewer per sidecar. It renews every grant of every session about every TTL/3,
+//! in batches: at each tick it takes every grant due within half a renewal period and
+//! sends them all in one store call (one round trip, whatever the number of locks).
+//!
+//! A successful renewal moves the grant's [`LeaseClock`] forward without waking its
+//! session; sessions hear from the renewer only on transitions: renewals failing
+//! (Jeopardy), succeeding again (Restored), or the store no longer holding the grant.
+//! The renewer never decides that a lock is lost by time: the session's own deadline
+//! timer does, so a renewal stuck in a slow store cannot delay a `Lost`.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::drift_margin;
+use crate::store::{Renewal, Store};
+
+/// Shortest pause before retrying a failed renewal.
+const MIN_RETRY: Duration = Duration::from_millis(50);
+
+/// The validity of one grant: until when the session may use it.
+/// Written by the renewer, read by the session's deadline timer.
+#[derive(Debug)]
+pub(crate) struct LeaseClock {
+    epoch: Instant,
+    /// Nanoseconds after `epoch`.
+    valid_until: AtomicU64,
+}
+
+impl LeaseClock {
+    pub(crate) fn new(valid_until: Instant) -> Self {
+        let epoch = Instant::now();
+        let clock = Self {
+            epoch,
+            valid_until: AtomicU64::new(0),
+        };
+        clock.set(valid_until);
+        clock
+    }
+
+    pub(crate) fn get(&self) -> Instant {
+        self.epoch + Duration::from_nanos(self.valid_until.load(Ordering::Acquire))
+    }
+
+    fn set(&self, valid_until: Instant) {
+        let nanos = valid_until.saturating_duration_since(self.epoch).as_nanos();
+        self.valid_until
+            .store(u64::try_from(nanos).unwrap_or(u64::MAX), Ordering::Release);
+    }
+}
+
+/// What the renewer tells a session about one of its grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RenewEvent {
+    /// A renewal failed after the previous one succeeded.
+    Failing(u64),
+    /// A renewal succeeded after failures.
+    Restored(u64),
+    /// The store no longer holds the grant.
+    NotHeld(u64),
+}
+
+/// A grant to keep alive.
+pub(crate) struct Lease {
+    pub(crate) id: u64,
+    pub(crate) key: String,
+    pub(crate) owner: String,
+    pub(crate) ttl: Duration,
+    /// When the write that last confirmed the grant was sent.
+    pub(crate) confirmed_at: Instant,
+    pub(crate) clock: Arc<LeaseClock>,
+    pub(crate) events: mpsc::UnboundedSender<RenewEvent>,
+}
+
+enum Cmd {
+    Add(Lease),
+    Remove(u64),
+}
+
+/// Handle to the renewer task.
+#[derive(Clone)]
+pub(crate) struct Renewer {
+    tx: mpsc::UnboundedSender<Cmd>,
+}
+
+impl Renewer {
+    pub(crate) fn spawn(store: Arc<dyn Store>, shutdown: CancellationToken) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(
+            Task {
+                store,
+                rx,
+                entries: HashMap::new(),
+                schedule: BTreeSet::new(),
+            }
+            .run(shutdown),
+        );
+        Self { tx }
+    }
+
+    pub(crate) fn add(&self, lease: Lease) {
+        // The task only ends at shutdown, after which nothing needs renewing.
+        let _ = self.tx.send(Cmd::Add(lease));
+    }
+
+    pub(crate) fn remove(&self, id: u64) {
+        let _ = self.tx.send(Cmd::Remove(id));
+    }
+}
+
+struct Entry {
+    lease: Lease,
+    due: Instant,
+    failing: bool,
+}
+
+fn period(ttl: Duration) -> Duration {
+    ttl / 3
+}
+
+struct Task {
+    store: Arc<dyn Store>,
+    rx: mpsc::UnboundedReceiver<Cmd>,
+    entries: HashMap<u64, Entry>,
+    schedule: BTreeSet<(Instant, u64)>,
+}
+
+impl Task {
+    async fn run(mut self, shutdown: CancellationToken) {
+        loop {
+            let next = self.schedule.first().map(|(due, _)| *due);
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                cmd = self.rx.recv() => match cmd {
+                    Some(cmd) => self.apply(cmd),
+                    None => return,
+                },
+                _ = tokio::time::sleep_until(next.unwrap_or_else(Instant::now)), if next.is_some() => {
+                    self.tick().await;
+                }
+            }
+        }
+    }
+
+    fn apply(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Add(lease) => {
+                let due = lease.confirmed_at + period(lease.ttl);
+                self.schedule.insert((due, lease.id));
+                self.entries.insert(
+                    lease.id,
+                    Entry {
+                        lease,
+                        due,
+                        failing: false,
+                    },
+                );
+            }
+            Cmd::Remove(id) => {
+                if let Some(entry) = self.entries.remove(&id) {
+                    self.schedule.remove(&(entry.due, id));
+                }
+            }
+        }
+    }
+
+    /// Renews every grant due within half its renewal period, in one store call.
+    async fn tick(&mut self) {
+        let now = Instant::now();
+        let mut ids = Vec::new();
+        for &(due, id) in &self.schedule {
+            let Some(entry) = self.entries.get(&id) else {
+                continue;
+            };
+            if due <= now + period(entry.lease.ttl) / 2 {
+                ids.push((due, id));
+            } else if due > now + Duration::from_secs(600) {
+                break;
+            }
+        }
+        let batch: Vec<Renewal> = ids
+            .iter()
+            .filter_map(|(_, id)| self.entries.get(id))
+            .map(|e| Renewal {
+                key: e.lease.key.clone(),
+                owner: e.lease.owner.clone(),
+                ttl: e.lease.ttl,
+            })
+            .collect();
+        for slot in &ids {
+            self.schedule.remove(slot);
+        }
+        let sent_at = Instant::now();
+        let result = self.store.renew(&batch).await;
+        // Removals that arrived during the call must be seen before its results: a
+        // renewal that landed for a grant dropped meanwhile is undone below.
+        while let Ok(cmd) = self.rx.try_recv() {
+            self.apply(cmd);
+        }
+        let done = Instant::now();
+        for (i, (_, id)) in ids.iter().enumerate() {
+            let renewed = result.as_ref().map(|r| r.get(i).copied().unwrap_or(false));
+            let Some(entry) = self.entries.get_mut(id) else {
+                if let Ok(true) = renewed {
+                    self.undo(&batch[i]);
+                }
+                continue;
+            };
+            let lease = &entry.lease;
+            match renewed {
+                Ok(true) => {
+                    lease
+                        .clock
+                        .set(sent_at + lease.ttl - drift_margin(lease.ttl));
+                    entry.due = sent_at + period(lease.ttl);
+                    if entry.failing {
+                        entry.failing = false;
+                        let _ = lease.events.send(RenewEvent::Restored(*id));
+                    }
+                    self.schedule.insert((entry.due, *id));
+                }
+                Ok(false) => {
+                    let _ = lease.events.send(RenewEvent::NotHeld(*id));
+                    self.entries.remove(id);
+                }
+                Err(ref e) => {
+                    if !entry.failing {
+                        tracing::warn!(key = %lease.key, error = %e, "renewal failed; retrying");
+                        entry.failing = true;
+                        let _ = lease.events.send(RenewEvent::Failing(*id));
+                    }
+                    entry.due = done + (lease.ttl / 20).max(MIN_RETRY);
+                    self.schedule.insert((entry.due, *id));
+                }
+            }
+        }
+    }
+
+    /// Releases a grant whose renewal landed after its session dropped it, so the
+    /// store does not keep it for a whole TTL.
+    fn undo(&self, renewal: &Renewal) {
+        let store = self.store.clone();
+        let (key, owner) = (renewal.key.clone(), renewal.owner.clone());
+        tokio::spawn(async move {
+            let _ = store.release(&key, &owner, true).await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn clocks_round_trip_instants() {
+        let t = Instant::now() + Duration::from_millis(1500);
+        let clock = LeaseClock::new(t);
+        assert_eq!(clock.get(), t);
+    }
+}

@@ -1,0 +1,37 @@
+//! Lockside: a per-pod gRPC sidecar that gives applications distributed locks on Redis.
+//! An application opens one `Lease` stream; while it stays open the sidecar renews the
+//! application's locks, and when it ends, for any reason, the sidecar releases them.
+//!
+//! # Layout
+//!
+//! Data flows one way: `api` → `engine` → `store`.
+//!
+//! - [`proto`]: the generated gRPC types of `proto/lockside/v1/lockside.proto`.
+//! - [`api`]: the tonic service; protobuf in, engine calls, protobuf out. The only place
+//!   where outcomes become gRPC codes.
+//! - [`engine`]: sessions (`engine/session.rs`, one task per `Lease` stream), the
+//!   sidecar-wide batched renewer (`engine/renewer.rs`), local waiters woken by release
+//!   notices (`engine/wakers.rs`). Knows no Redis and no protobuf.
+//! - [`store`]: the [`store::Store`] trait and its implementations: `store/memory.rs`
+//!   (embedded) and `store/redis.rs` with one Lua script per state change in
+//!   `store/lua/`.
+//! - [`server`]: listeners, HTTP/2 keepalive, and the shutdown sequence; [`server::run`]
+//!   is the entry point tests call on port 0.
+//! - [`config`]: the command line (`lockside serve`, `lockside bench`).
+//! - [`bench`]: the benchmark, sidecar against direct Redis in one run.
+//! - `main.rs`: a thin `main` that parses flags (exit 64 on bad ones) and runs.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod api;
+pub mod bench;
+pub mod config;
+pub mod engine;
+pub mod server;
+pub mod store;
+
+/// Generated gRPC types and stubs (package `lockside.v1`).
+#[allow(missing_docs, clippy::all)]
+pub mod proto {
+    tonic::include_proto!("lockside.v1");
+}

@@ -1,0 +1,113 @@
+//! `lockside`: parses the command line and runs a subcommand. Bad flags exit 64
+//! (EX_USAGE), like other sidecars, so an orchestrator can tell them from crashes.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use lockside::config::{Cli, CliCommand, ServeArgs, StoreSpec};
+use lockside::engine::Engine;
+use lockside::server::{self, Listener};
+use lockside::store::{Store, memory::MemoryStore, redis::RedisStore};
+
+const EX_USAGE: u8 = 64;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(EX_USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        match cli.command {
+            CliCommand::Serve(args) => serve(args).await,
+            CliCommand::Bench(args) => match lockside::bench::run(args).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("bench: {e}");
+                    ExitCode::FAILURE
+                }
+            },
+        }
+    })
+}
+
+async fn serve(args: ServeArgs) -> ExitCode {
+    let config = match args.engine_config() {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("lockside serve: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    let store: Arc<dyn Store> = match &args.store {
+        StoreSpec::Memory => Arc::new(MemoryStore::new()),
+        StoreSpec::Redis(url) => match RedisStore::new(url, &args.namespace, args.store_timeout) {
+            Ok(store) => Arc::new(store),
+            Err(e) => {
+                eprintln!("lockside serve: --store: {e}");
+                return ExitCode::from(EX_USAGE);
+            }
+        },
+    };
+    let listener = match Listener::bind(&args.listen).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            tracing::error!(listen = ?args.listen, error = %e, "cannot listen");
+            return ExitCode::FAILURE;
+        }
+    };
+    let engine = Engine::new(store, config);
+    if let Err(e) = engine.ping().await {
+        // Not fatal: the sidecar serves and answers UNAVAILABLE until the store is back.
+        tracing::warn!(store = %args.store, error = %e, "the store does not answer yet");
+    }
+    tracing::info!(
+        address = %listener.local_addr(),
+        store = %args.store,
+        namespace = %args.namespace,
+        "listening"
+    );
+    match server::run(listener, engine, args.server_config(), shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "server failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Completes on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; only SIGKILL stops this process");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM"),
+        _ = int.recv() => tracing::info!("SIGINT"),
+    }
+}

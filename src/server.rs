@@ -1,0 +1,186 @@
+//! The gRPC server: listeners (TCP or a Unix socket), HTTP/2 settings, and the
+//! shutdown sequence. [`run`] is what `lockside serve` and the tests call.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, UnixListener};
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Server;
+
+use crate::api::{LockApi, MAX_DECODED_BYTES};
+use crate::engine::Engine;
+use crate::proto::lock_service_server::LockServiceServer;
+
+/// Why the server stopped other than by shutdown.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The transport failed (for example, accepting connections).
+    #[error("gRPC transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// The server task panicked.
+    #[error("server task: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// Where to listen: `HOST:PORT` or `unix:PATH`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListenAddr {
+    /// A TCP address.
+    Tcp(String),
+    /// A Unix socket path.
+    Unix(PathBuf),
+}
+
+impl std::str::FromStr for ListenAddr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.strip_prefix("unix:") {
+            Some("") => Err("unix: needs a socket path".into()),
+            Some(path) => Ok(Self::Unix(PathBuf::from(path))),
+            None if s.contains(':') => Ok(Self::Tcp(s.to_owned())),
+            None => Err(format!("{s:?} is neither HOST:PORT nor unix:PATH")),
+        }
+    }
+}
+
+/// A bound listener.
+#[derive(Debug)]
+pub enum Listener {
+    /// TCP.
+    Tcp(TcpListener),
+    /// A Unix socket, removed again when the server stops.
+    Unix(UnixListener, PathBuf),
+}
+
+impl Listener {
+    /// Binds `addr`. A Unix socket file left by a dead sidecar is replaced; one that
+    /// a live process still listens on is an error.
+    pub async fn bind(addr: &ListenAddr) -> std::io::Result<Self> {
+        match addr {
+            ListenAddr::Tcp(a) => Ok(Self::Tcp(TcpListener::bind(a).await?)),
+            ListenAddr::Unix(path) => {
+                if path.exists() {
+                    if tokio::net::UnixStream::connect(path).await.is_ok() {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::AddrInUse,
+                            format!("{} is in use by a live process", path.display()),
+                        ));
+                    }
+                    std::fs::remove_file(path)?;
+                }
+                Ok(Self::Unix(UnixListener::bind(path)?, path.clone()))
+            }
+        }
+    }
+
+    /// The bound address, for logs and tests.
+    pub fn local_addr(&self) -> String {
+        match self {
+            Self::Tcp(l) => l
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|e| e.to_string()),
+            Self::Unix(_, path) => format!("unix:{}", path.display()),
+        }
+    }
+}
+
+/// HTTP/2 and shutdown settings of the server.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// How often to PING a client's connection.
+    pub keepalive_interval: Duration,
+    /// How long a PING may go unanswered before the connection (and every session on
+    /// it) is closed: a frozen client is noticed within interval + timeout.
+    pub keepalive_timeout: Duration,
+    /// How long shutdown may take to release every lock and close every stream.
+    pub drain_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            // 5 s + 5 s notices a frozen client well within the 10 s default TTL's
+            // expiry of a dead sidecar, at one PING per connection every 5 s.
+            keepalive_interval: Duration::from_secs(5),
+            keepalive_timeout: Duration::from_secs(5),
+            drain_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Serves `engine` on `listener` until `shutdown` completes, then stops accepting,
+/// releases every held lock, and returns once every session has ended or the drain
+/// deadline has passed.
+pub async fn run(
+    listener: Listener,
+    engine: Engine,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let service = LockServiceServer::new(LockApi::new(engine.clone()))
+        .max_decoding_message_size(MAX_DECODED_BYTES);
+    let router = Server::builder()
+        .http2_keepalive_interval(Some(config.keepalive_interval))
+        .http2_keepalive_timeout(Some(config.keepalive_timeout))
+        .tcp_nodelay(true)
+        .add_service(service);
+    let stop = CancellationToken::new();
+    let signal = stop.clone().cancelled_owned();
+    let mut socket_file = None;
+    let server = match listener {
+        Listener::Tcp(l) => {
+            Box::pin(router.serve_with_incoming_shutdown(TcpListenerStream::new(l), signal))
+                as std::pin::Pin<Box<dyn Future<Output = _> + Send>>
+        }
+        Listener::Unix(l, path) => {
+            socket_file = Some(path);
+            Box::pin(router.serve_with_incoming_shutdown(UnixListenerStream::new(l), signal))
+        }
+    };
+    let mut server = tokio::spawn(server);
+    tokio::select! {
+        result = &mut server => {
+            remove_socket(socket_file);
+            return Ok(result??);
+        }
+        _ = shutdown => {}
+    }
+    tracing::info!(
+        sessions = engine.sessions(),
+        "shutting down: releasing every lock"
+    );
+    let deadline = tokio::time::Instant::now() + config.drain_timeout;
+    engine.shutdown();
+    stop.cancel();
+    if tokio::time::timeout_at(deadline, engine.drained())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            sessions = engine.sessions(),
+            "drain deadline passed before every session released its locks"
+        );
+    }
+    let result = match tokio::time::timeout_at(deadline, &mut server).await {
+        Ok(result) => result?.map_err(ServeError::from),
+        Err(_) => {
+            tracing::warn!("drain deadline passed with connections still open");
+            server.abort();
+            Ok(())
+        }
+    };
+    remove_socket(socket_file);
+    tracing::info!("stopped");
+    result
+}
+
+fn remove_socket(path: Option<PathBuf>) {
+    if let Some(path) = path {
+        let _ = std::fs::remove_file(path);
+    }
+}

@@ -1,0 +1,204 @@
+//! The store: where locks live. Thin and atomic: every state change is one step (one Lua
+//! script in Redis, one critical section in memory), so the engine above it never sees a
+//! half-done change.
+//!
+//! Data model, shared by every implementation (the Redis key names are in `redis.rs`):
+//!
+//! - a lock has *holders*, each an **owner** (an unguessable per-grant token) with its own
+//!   expiry in store time, a hold count, its fencing token and the public session id and
+//!   client name shown by `Describe`;
+//! - a **fence** counter per lock that survives the lock's expiry and deletion;
+//! - *waiters*, each an owner with an expiry, registered atomically with the busy answer
+//!   that made it wait, so a release publishes a notification only when someone waits.
+//!
+//! Owners are per grant, not per session: a late renewal or release of an old grant can
+//! never touch a newer grant of the same key by the same session.
+
+pub mod memory;
+pub mod redis;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::broadcast;
+
+/// A future returned by a [`Store`] method.
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// What can go wrong talking to a store. Busy, not held and the like are outcomes, not
+/// errors: an error means the store could not be asked.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be reached or did not answer in time.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The store answered something this sidecar does not understand.
+    #[error("unexpected store reply: {0}")]
+    Protocol(String),
+}
+
+/// Who asks for a lock: the owner token and what `Describe` may show of it.
+#[derive(Clone, Debug)]
+pub struct Claim {
+    /// The lock's name, as the client gave it.
+    pub key: String,
+    /// The per-grant secret that the store value carries (never shown by `Describe`).
+    pub owner: String,
+    /// How long the store keeps the grant without a renewal.
+    pub ttl: Duration,
+    /// Register as a waiter when busy, so a release notifies this sidecar.
+    pub wait: bool,
+    /// The public session id, shown by `Describe`.
+    pub session_id: String,
+    /// The client's self-chosen name, shown by `Describe`.
+    pub client_name: String,
+}
+
+/// The answer to an acquire attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Acquired {
+    /// Granted with a fresh fencing token.
+    Granted {
+        /// The grant's fencing token.
+        fence: u64,
+    },
+    /// Held by someone else; `expires_in` is the time until the earliest holder's
+    /// expiry if nobody renews it, which is when a waiter should look again.
+    Busy {
+        /// Time until the earliest holder expires unless renewed.
+        expires_in: Duration,
+    },
+}
+
+/// One grant to renew, in a batch.
+#[derive(Clone, Debug)]
+pub struct Renewal {
+    /// The lock's name.
+    pub key: String,
+    /// The grant's owner token.
+    pub owner: String,
+    /// The new validity from now, in store time.
+    pub ttl: Duration,
+}
+
+/// One holder as `Describe` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HolderState {
+    /// Public session id of the holder.
+    pub session_id: String,
+    /// The client name the holder gave.
+    pub client_name: String,
+    /// Holds of this grant.
+    pub hold_count: u32,
+    /// Time until the store lets the grant go if it is not renewed.
+    pub ttl_remaining: Duration,
+    /// The fencing token of the grant.
+    pub fence: u64,
+}
+
+/// The state of one lock.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeyState {
+    /// Current holders.
+    pub holders: Vec<HolderState>,
+    /// Live waiter registrations, across sidecars.
+    pub waiters: u32,
+    /// The last fencing token issued for the key (0 if none).
+    pub fence: u64,
+}
+
+/// A notice from the store to every sidecar.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notice {
+    /// `key` was released while somebody waited for it.
+    Released(String),
+    /// Notices may have been missed (reconnect, lag): every waiter should look again.
+    Resync,
+}
+
+/// A place where locks live. Implementations must pass the conformance suite in
+/// `tests/conformance.rs`. Every method is one atomic step.
+pub trait Store: Send + Sync + 'static {
+    /// Grants `claim.key` to `claim.owner` when nobody holds it. When busy and
+    /// `claim.wait` is set, registers the owner as a waiter (with `claim.ttl` as the
+    /// registration's lifetime); a grant removes that registration.
+    fn acquire<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, Acquired>;
+
+    /// Adds one hold to a grant and extends it by `ttl`. Returns the new hold count, or
+    /// `None` when `owner` no longer holds `key`.
+    fn hold<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> StoreFuture<'a, Option<u32>>;
+
+    /// Takes one hold (or, with `all`, every hold) from a grant. Returns the holds left
+    /// (0: the grant is gone and waiters were notified), or `None` when `owner` did not
+    /// hold `key`.
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        all: bool,
+    ) -> StoreFuture<'a, Option<u32>>;
+
+    /// Extends every grant of the batch that is still held; `true` per renewed grant, in
+    /// order. One round trip for the whole batch, whatever its size.
+    fn renew<'a>(&'a self, batch: &'a [Renewal]) -> StoreFuture<'a, Vec<bool>>;
+
+    /// Removes a waiter registration (after a timeout or a cancel).
+    fn unwait<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, ()>;
+
+    /// The state of one lock.
+    fn describe<'a>(&'a self, key: &'a str) -> StoreFuture<'a, KeyState>;
+
+    /// Checks that the store answers.
+    fn ping(&self) -> StoreFuture<'_, ()>;
+
+    /// Subscribes to release notices. Every sidecar on the store sees every notice.
+    fn notices(&self) -> broadcast::Receiver<Notice>;
+}
+
+/// How many grants per millisecond a lock can take before its fencing tokens run ahead
+/// of the clock (they still increase; see [`next_fence`]).
+pub const FENCE_PER_MS: u64 = 1024;
+
+/// The next fencing token after `last`, given the store's clock.
+///
+/// Tokens are `max(last + 1, unix_ms × 1024)`. The counter alone makes them strictly
+/// increase while the store keeps its data; the clock component makes them increase
+/// across a store that lost the counter (a restarted memory store, a Redis failover that
+/// lost the last writes), assuming the store's clock does not go back by more than the
+/// time since the lost token was issued. Tokens stay below 2^53 until the year 2248, so
+/// JavaScript clients can hold them in a double.
+pub fn next_fence(last: u64, unix_ms: u64) -> u64 {
+    last.saturating_add(1)
+        .max(unix_ms.saturating_mul(FENCE_PER_MS))
+}
+
+/// The wall clock in milliseconds since the Unix epoch, for fencing tokens only.
+pub(crate) fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fences_follow_the_clock_and_never_go_back() {
+        assert_eq!(next_fence(0, 1000), 1000 * FENCE_PER_MS);
+        let high = 2000 * FENCE_PER_MS;
+        assert_eq!(
+            next_fence(high, 1000),
+            high + 1,
+            "a clock behind never lowers tokens"
+        );
+        assert_eq!(next_fence(u64::MAX, 1), u64::MAX);
+    }
+}

@@ -1,0 +1,403 @@
+//! Redis standalone through deadpool-redis. Every state change is one Lua script from
+//! `lua/`, run by EVALSHA (loaded again on NOSCRIPT). The key layout is documented at the
+//! top of `lua/common.lua`; all keys of one lock share the hash tag `{ns:KEY}`.
+//!
+//! Requests share one multiplexed connection taken from the pool: redis-rs pipelines
+//! concurrent requests on it, and the pool's per-checkout PING is paid only when the
+//! connection is replaced after an error, not once per lock operation.
+//! Release notices come from one pub/sub subscription per sidecar.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use deadpool_redis::redis::aio::MultiplexedConnection;
+use deadpool_redis::redis::{self, Script, Value};
+use deadpool_redis::{Config, Pool, Runtime};
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
+
+use super::{
+    Acquired, Claim, HolderState, KeyState, Notice, Renewal, Store, StoreError, StoreFuture,
+};
+
+macro_rules! script {
+    ($file:literal) => {
+        Script::new(concat!(
+            include_str!("lua/common.lua"),
+            include_str!(concat!("lua/", $file))
+        ))
+    };
+}
+
+/// Grants per script call in a renewal batch: large enough that 10,000 locks take ten
+/// calls pipelined in one round trip, small enough that one call does not stall Redis
+/// (about a millisecond each).
+const RENEW_CHUNK: usize = 1000;
+
+/// How many notices a slow sidecar task may fall behind before it resyncs.
+const NOTICE_BUFFER: usize = 4096;
+
+/// Reconnect backoff of the pub/sub subscription.
+const RESUBSCRIBE_MIN: Duration = Duration::from_millis(50);
+const RESUBSCRIBE_MAX: Duration = Duration::from_secs(2);
+
+struct Scripts {
+    acquire: Script,
+    hold: Script,
+    release: Script,
+    renew: Script,
+    unwait: Script,
+    describe: Script,
+}
+
+/// The Redis standalone store.
+pub struct RedisStore {
+    pool: Pool,
+    conn: Mutex<Option<MultiplexedConnection>>,
+    namespace: String,
+    channel: String,
+    timeout: Duration,
+    scripts: Scripts,
+    notices: broadcast::Sender<Notice>,
+    listener: JoinHandle<()>,
+}
+
+impl Drop for RedisStore {
+    fn drop(&mut self) {
+        self.listener.abort();
+    }
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may carry a password: never print it.
+        f.debug_struct("RedisStore")
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+fn unavailable(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+impl RedisStore {
+    /// Connects lazily to `url` (`redis://` or `rediss://`); keys live under `namespace`;
+    /// every call gives up after `timeout`. Must be called inside a tokio runtime.
+    pub fn new(url: &str, namespace: &str, timeout: Duration) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url).map_err(|e| StoreError::Protocol(e.to_string()))?;
+        let pool = Config::from_url(url)
+            .create_pool(Some(Runtime::Tokio1))
+            .map_err(|e| StoreError::Protocol(e.to_string()))?;
+        let channel = format!("{namespace}:released");
+        let notices = broadcast::channel(NOTICE_BUFFER).0;
+        let listener = tokio::spawn(listen(client, channel.clone(), notices.clone()));
+        Ok(Self {
+            pool,
+            conn: Mutex::new(None),
+            namespace: namespace.to_owned(),
+            channel,
+            timeout,
+            scripts: Scripts {
+                acquire: script!("acquire.lua"),
+                hold: script!("hold.lua"),
+                release: script!("release.lua"),
+                renew: script!("renew.lua"),
+                unwait: script!("unwait.lua"),
+                describe: script!("describe.lua"),
+            },
+            notices,
+            listener,
+        })
+    }
+
+    fn keys(&self, key: &str) -> [String; 4] {
+        let base = format!("{{{}:{}}}", self.namespace, key);
+        [
+            format!("{base}:h"),
+            format!("{base}:d"),
+            format!("{base}:f"),
+            format!("{base}:w"),
+        ]
+    }
+
+    async fn connection(&self) -> Result<MultiplexedConnection, StoreError> {
+        if let Some(conn) = self.lock_conn().as_ref() {
+            return Ok(conn.clone());
+        }
+        let pooled = self.pool.get().await.map_err(unavailable)?;
+        let conn = deadpool_redis::Connection::take(pooled);
+        *self.lock_conn() = Some(conn.clone());
+        Ok(conn)
+    }
+
+    fn lock_conn(&self) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the shared connection within the timeout. On a broken connection or a
+    /// timeout the connection is dropped, so the next call takes a fresh one.
+    async fn run<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(MultiplexedConnection) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        let attempt = async {
+            let conn = self.connection().await?;
+            f(conn).await.map_err(|e| {
+                if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
+                    self.lock_conn().take();
+                }
+                unavailable(e)
+            })
+        };
+        match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(result) => result,
+            Err(_) => {
+                self.lock_conn().take();
+                Err(StoreError::Unavailable(format!(
+                    "no answer within {:?}",
+                    self.timeout
+                )))
+            }
+        }
+    }
+
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        key: &str,
+        args: &[&str],
+    ) -> Result<T, StoreError> {
+        let keys = self.keys(key);
+        self.run(|mut conn| async move {
+            let mut call = script.prepare_invoke();
+            for k in &keys {
+                call.key(k);
+            }
+            for a in args {
+                call.arg(*a);
+            }
+            call.invoke_async(&mut conn).await
+        })
+        .await
+    }
+}
+
+fn ms(d: Duration) -> String {
+    d.as_millis().to_string()
+}
+
+fn int(v: &Value) -> Result<i64, StoreError> {
+    match v {
+        Value::Int(n) => Ok(*n),
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| StoreError::Protocol("expected a number".into())),
+        other => Err(StoreError::Protocol(format!(
+            "expected a number, got {other:?}"
+        ))),
+    }
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::Int(n) => n.to_string(),
+        _ => String::new(),
+    }
+}
+
+fn held_count(n: i64) -> Option<u32> {
+    u32::try_from(n).ok()
+}
+
+impl Store for RedisStore {
+    fn acquire<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, Acquired> {
+        Box::pin(async move {
+            let ttl = ms(claim.ttl);
+            let wait = if claim.wait { "1" } else { "0" };
+            let reply: Vec<Value> = self
+                .invoke(
+                    &self.scripts.acquire,
+                    &claim.key,
+                    &[
+                        &claim.owner,
+                        &ttl,
+                        wait,
+                        &claim.session_id,
+                        &claim.client_name,
+                    ],
+                )
+                .await?;
+            match reply.as_slice() {
+                [granted, value] if int(granted)? == 1 => Ok(Acquired::Granted {
+                    fence: int(value)? as u64,
+                }),
+                [_, value] => Ok(Acquired::Busy {
+                    expires_in: Duration::from_millis(int(value)?.max(0) as u64),
+                }),
+                _ => Err(StoreError::Protocol("acquire: bad reply".into())),
+            }
+        })
+    }
+
+    fn hold<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> StoreFuture<'a, Option<u32>> {
+        Box::pin(async move {
+            let n: i64 = self
+                .invoke(&self.scripts.hold, key, &[owner, &ms(ttl)])
+                .await?;
+            Ok(held_count(n))
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        all: bool,
+    ) -> StoreFuture<'a, Option<u32>> {
+        Box::pin(async move {
+            let all = if all { "1" } else { "0" };
+            let n: i64 = self
+                .invoke(
+                    &self.scripts.release,
+                    key,
+                    &[owner, all, &self.channel, key],
+                )
+                .await?;
+            Ok(held_count(n))
+        })
+    }
+
+    fn renew<'a>(&'a self, batch: &'a [Renewal]) -> StoreFuture<'a, Vec<bool>> {
+        Box::pin(async move {
+            if batch.is_empty() {
+                return Ok(Vec::new());
+            }
+            let script = &self.scripts.renew;
+            let chunks: Vec<(Vec<String>, Vec<String>)> = batch
+                .chunks(RENEW_CHUNK)
+                .map(|chunk| {
+                    let mut keys = Vec::with_capacity(chunk.len() * 2);
+                    let mut args = Vec::with_capacity(chunk.len() * 2);
+                    for r in chunk {
+                        let [h, d, _, _] = self.keys(&r.key);
+                        keys.push(h);
+                        keys.push(d);
+                        args.push(r.owner.clone());
+                        args.push(ms(r.ttl));
+                    }
+                    (keys, args)
+                })
+                .collect();
+            let replies: Vec<Vec<i64>> = self
+                .run(|conn| async move {
+                    // Concurrent calls on one multiplexed connection go out pipelined:
+                    // one round trip for the whole batch.
+                    let calls = chunks.iter().map(|(keys, args)| {
+                        let mut conn = conn.clone();
+                        async move {
+                            let mut call = script.prepare_invoke();
+                            call.key(keys).arg(args);
+                            call.invoke_async::<Vec<i64>>(&mut conn).await
+                        }
+                    });
+                    futures_util::future::join_all(calls)
+                        .await
+                        .into_iter()
+                        .collect::<redis::RedisResult<Vec<_>>>()
+                })
+                .await?;
+            let renewed: Vec<bool> = replies.into_iter().flatten().map(|n| n == 1).collect();
+            if renewed.len() != batch.len() {
+                return Err(StoreError::Protocol("renew: bad reply".into()));
+            }
+            Ok(renewed)
+        })
+    }
+
+    fn unwait<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let _: i64 = self.invoke(&self.scripts.unwait, key, &[owner]).await?;
+            Ok(())
+        })
+    }
+
+    fn describe<'a>(&'a self, key: &'a str) -> StoreFuture<'a, KeyState> {
+        Box::pin(async move {
+            let reply: Vec<Value> = self.invoke(&self.scripts.describe, key, &[]).await?;
+            let [fence, waiters, holders @ ..] = reply.as_slice() else {
+                return Err(StoreError::Protocol("describe: bad reply".into()));
+            };
+            let holders = holders
+                .chunks_exact(5)
+                .map(|h| {
+                    Ok(HolderState {
+                        session_id: text(&h[0]),
+                        client_name: text(&h[1]),
+                        hold_count: int(&h[2])?.max(0) as u32,
+                        ttl_remaining: Duration::from_millis(int(&h[3])?.max(0) as u64),
+                        fence: int(&h[4])? as u64,
+                    })
+                })
+                .collect::<Result<Vec<_>, StoreError>>()?;
+            Ok(KeyState {
+                holders,
+                waiters: int(waiters)?.max(0) as u32,
+                fence: int(fence)? as u64,
+            })
+        })
+    }
+
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            self.run(|mut conn| async move {
+                redis::cmd("PING").query_async::<String>(&mut conn).await
+            })
+            .await?;
+            Ok(())
+        })
+    }
+
+    fn notices(&self) -> broadcast::Receiver<Notice> {
+        self.notices.subscribe()
+    }
+}
+
+/// Keeps one subscription to the release channel, reconnecting with backoff. After every
+/// (re)subscription it sends `Resync`: releases published while it was away were missed.
+async fn listen(client: redis::Client, channel: String, notices: broadcast::Sender<Notice>) {
+    let mut backoff = RESUBSCRIBE_MIN;
+    loop {
+        match client.get_async_pubsub().await {
+            Ok(mut pubsub) => match pubsub.subscribe(&channel).await {
+                Ok(()) => {
+                    backoff = RESUBSCRIBE_MIN;
+                    tracing::debug!(%channel, "subscribed to release notices");
+                    let _ = notices.send(Notice::Resync);
+                    let mut messages = pubsub.on_message();
+                    while let Some(msg) = messages.next().await {
+                        if let Ok(key) = msg.get_payload::<String>() {
+                            let _ = notices.send(Notice::Released(key));
+                        }
+                    }
+                    tracing::warn!("release notice subscription ended; resubscribing");
+                }
+                Err(e) => tracing::warn!(error = %e, "subscribing to release notices failed"),
+            },
+            Err(e) => tracing::debug!(error = %e, "release notice connection failed"),
+        }
+        // Backoff between reconnects to an unreachable Redis (not a wait for a lock).
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(RESUBSCRIBE_MAX);
+    }
+}

@@ -1,0 +1,626 @@
+//! Test harness: real `redis-server` processes on free loopback ports, in-process and
+//! out-of-process sidecars, and a small `Lease` client. Every process started here is
+//! killed on drop, also when a test panics.
+#![allow(dead_code)]
+
+use std::net::TcpListener as StdListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockside::engine::{Engine, EngineConfig};
+use lockside::proto::lock_service_client::LockServiceClient;
+use lockside::proto::{self, lease_request, lease_response};
+use lockside::server::{self, Listener, ServerConfig};
+use lockside::store::{Store, memory::MemoryStore, redis::RedisStore};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, Endpoint};
+
+/// Upper bound for anything a test awaits. Generous: it only bounds a failing test.
+pub const PATIENCE: Duration = Duration::from_secs(10);
+
+/// A free loopback port (below 55536, so Cluster bus ports fit too).
+pub fn free_port() -> u16 {
+    loop {
+        let port = StdListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("bind a free port");
+        if port < 55536 {
+            return port;
+        }
+    }
+}
+
+/// A scratch directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let mut bytes = [0u8; 8];
+        getrandom::fill(&mut bytes).expect("randomness");
+        let name: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let path = std::env::temp_dir().join(format!("lockside-{tag}-{name}"));
+        std::fs::create_dir_all(&path).expect("create temp dir");
+        Self(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{sig} {pid} failed");
+}
+
+/// A `redis-server` on a free loopback port, killed on drop.
+pub struct Redis {
+    pub port: u16,
+    child: Option<Child>,
+    dir: TempDir,
+}
+
+impl Redis {
+    pub fn start() -> Self {
+        let dir = TempDir::new("redis");
+        let mut redis = Self {
+            port: 0,
+            child: None,
+            dir,
+        };
+        // A port found free can be taken before redis binds it: retry on failure.
+        for _ in 0..5 {
+            redis.port = free_port();
+            if redis.spawn() {
+                return redis;
+            }
+        }
+        panic!("redis-server did not start");
+    }
+
+    fn spawn(&mut self) -> bool {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--dir", &self.dir.0.to_string_lossy()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (.ci/run installs it)");
+        self.child = Some(child);
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while std::time::Instant::now() < deadline {
+            if self.ping() {
+                return true;
+            }
+            if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
+                self.child = None;
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.kill();
+        false
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn ping(&self) -> bool {
+        Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "ping"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "PONG")
+            .unwrap_or(false)
+    }
+
+    /// Runs one redis-cli command and returns its output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// Kills the server (SIGKILL) and waits for it to go.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.kill();
+        for _ in 0..50 {
+            if self.spawn() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("redis-server did not restart on port {}", self.port);
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Which store a test runs on.
+#[derive(Clone, Debug)]
+pub enum StoreKind {
+    Memory,
+    Redis(String),
+}
+
+/// A namespace unique to this call, so tests sharing a Redis never meet.
+pub fn namespace() -> String {
+    TempDir::new("ns")
+        .0
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+pub fn make_store(kind: &StoreKind, ns: &str) -> Arc<dyn Store> {
+    match kind {
+        StoreKind::Memory => Arc::new(MemoryStore::new()),
+        StoreKind::Redis(url) => {
+            Arc::new(RedisStore::new(url, ns, Duration::from_millis(500)).expect("redis store"))
+        }
+    }
+}
+
+/// Server settings for tests: short keepalive so a frozen client is noticed fast.
+pub fn test_server_config() -> ServerConfig {
+    ServerConfig {
+        keepalive_interval: Duration::from_millis(300),
+        keepalive_timeout: Duration::from_millis(300),
+        drain_timeout: Duration::from_secs(5),
+    }
+}
+
+/// A sidecar running in this process on a free port.
+pub struct Sidecar {
+    pub addr: String,
+    pub engine: Engine,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Sidecar {
+    pub async fn start(store: Arc<dyn Store>) -> Self {
+        Self::start_with(store, EngineConfig::default()).await
+    }
+
+    pub async fn start_with(store: Arc<dyn Store>, config: EngineConfig) -> Self {
+        let listener = Listener::bind(&"127.0.0.1:0".parse().expect("addr"))
+            .await
+            .expect("bind");
+        let addr = listener.local_addr();
+        let engine = Engine::new(store, config);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(server::run(
+            listener,
+            engine.clone(),
+            test_server_config(),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let task = tokio::spawn(async move {
+            task.await.expect("server task").expect("server");
+        });
+        Self {
+            addr,
+            engine,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Graceful shutdown, as on SIGTERM; returns when the server has stopped.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(PATIENCE, task)
+                .await
+                .expect("shutdown in time")
+                .expect("task");
+        }
+    }
+
+    pub async fn client(&self) -> Client {
+        Client::connect(&self.addr).await
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+        self.engine.shutdown();
+    }
+}
+
+/// The real `lockside` binary, killed on drop.
+pub struct SidecarProcess {
+    pub addr: String,
+    child: Option<Child>,
+}
+
+impl SidecarProcess {
+    pub fn start(store: &str, namespace: &str, extra: &[&str]) -> Self {
+        for _ in 0..5 {
+            let addr = format!("127.0.0.1:{}", free_port());
+            let child = Command::new(env!("CARGO_BIN_EXE_lockside"))
+                .args([
+                    "serve",
+                    "--listen",
+                    &addr,
+                    "--store",
+                    store,
+                    "--namespace",
+                    namespace,
+                ])
+                .args([
+                    "--keepalive-interval",
+                    "300ms",
+                    "--keepalive-timeout",
+                    "300ms",
+                ])
+                .args(extra)
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("spawn lockside");
+            let mut process = Self {
+                addr: addr.clone(),
+                child: Some(child),
+            };
+            let deadline = std::time::Instant::now() + PATIENCE;
+            while std::time::Instant::now() < deadline {
+                if std::net::TcpStream::connect(&addr).is_ok() {
+                    return process;
+                }
+                if let Some(Ok(Some(_))) = process.child.as_mut().map(|c| c.try_wait()) {
+                    break; // port taken: try another
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            process.kill();
+        }
+        panic!("lockside serve did not start");
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, then waits for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        signal(child.id(), "TERM");
+        let deadline = std::time::Instant::now() + PATIENCE;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "sidecar did not exit on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for SidecarProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A child process that runs `examples/holder.rs`: it takes a lock and holds it until
+/// killed, printing `granted TOKEN` when it has it.
+pub struct HolderProcess {
+    child: Option<Child>,
+}
+
+pub fn example_path(name: &str) -> PathBuf {
+    // target/debug/lockside -> target/debug/examples/NAME
+    Path::new(env!("CARGO_BIN_EXE_lockside"))
+        .parent()
+        .expect("target dir")
+        .join("examples")
+        .join(name)
+}
+
+impl HolderProcess {
+    /// Starts the holder and waits until it holds `key`. Returns its fencing token.
+    pub fn start(addr: &str, key: &str) -> (Self, u64) {
+        use std::io::BufRead;
+        let path = example_path("holder");
+        let mut child = Command::new(&path)
+            .args([addr, key])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("spawn {}: {e} (cargo test builds examples)", path.display())
+            });
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let _ = tx.send(line);
+            }
+        });
+        let line = rx.recv_timeout(PATIENCE).expect("holder reports its grant");
+        let token = line
+            .strip_prefix("granted ")
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected holder output {line:?}"));
+        (Self { child: Some(child) }, token)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    pub fn sigkill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn sigstop(&self) {
+        signal(self.pid(), "STOP");
+    }
+}
+
+impl Drop for HolderProcess {
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            // A stopped process must be continued to die cleanly.
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
+        }
+        self.sigkill();
+    }
+}
+
+/// A gRPC connection to a sidecar.
+#[derive(Clone)]
+pub struct Client {
+    pub grpc: LockServiceClient<Channel>,
+}
+
+impl Client {
+    pub async fn connect(addr: &str) -> Self {
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .expect("endpoint")
+            .http2_keep_alive_interval(Duration::from_secs(1))
+            .keep_alive_timeout(Duration::from_secs(1))
+            .connect()
+            .await
+            .expect("connect to sidecar");
+        Self {
+            grpc: LockServiceClient::new(channel),
+        }
+    }
+
+    /// Opens a Lease stream and reads its SessionStarted.
+    pub async fn lease(&self) -> Lease {
+        self.lease_named("").await
+    }
+
+    pub async fn lease_named(&self, name: &str) -> Lease {
+        let (tx, rx) = mpsc::channel(1024);
+        let mut request = tonic::Request::new(ReceiverStream::new(rx));
+        if !name.is_empty() {
+            request
+                .metadata_mut()
+                .insert("lockside-client-name", name.parse().expect("ascii name"));
+        }
+        let mut grpc = self.grpc.clone();
+        let responses = tokio::time::timeout(PATIENCE, grpc.lease(request))
+            .await
+            .expect("lease in time")
+            .expect("lease accepted")
+            .into_inner();
+        let mut lease = Lease {
+            tx: Some(tx),
+            rx: responses,
+            session_id: String::new(),
+            next_id: 1,
+        };
+        match lease.next().await {
+            lease_response::Event::Started(s) => lease.session_id = s.session_id,
+            other => panic!("first event must be SessionStarted, got {other:?}"),
+        }
+        lease
+    }
+
+    pub async fn describe(&self, key: &str) -> proto::DescribeResponse {
+        let mut grpc = self.grpc.clone();
+        grpc.describe(proto::DescribeRequest { key: key.into() })
+            .await
+            .expect("describe")
+            .into_inner()
+    }
+}
+
+/// One open `Lease` stream.
+pub struct Lease {
+    tx: Option<mpsc::Sender<proto::LeaseRequest>>,
+    rx: tonic::Streaming<proto::LeaseResponse>,
+    pub session_id: String,
+    next_id: u64,
+}
+
+pub fn secs(d: f64) -> prost_types::Duration {
+    prost_types::Duration::try_from(Duration::from_secs_f64(d)).expect("duration")
+}
+
+/// Builds an Acquire with everything but id and key at its default.
+pub fn acquire(key: &str) -> proto::Acquire {
+    proto::Acquire {
+        key: key.into(),
+        ..Default::default()
+    }
+}
+
+impl Lease {
+    pub async fn send(&self, command: lease_request::Command) {
+        self.tx
+            .as_ref()
+            .expect("stream open")
+            .send(proto::LeaseRequest {
+                command: Some(command),
+            })
+            .await
+            .expect("send");
+    }
+
+    pub async fn send_raw(&self, request: proto::LeaseRequest) {
+        self.tx
+            .as_ref()
+            .expect("stream open")
+            .send(request)
+            .await
+            .expect("send");
+    }
+
+    fn id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// Sends an Acquire (its request_id is set here) and returns the id.
+    pub async fn send_acquire(&mut self, mut a: proto::Acquire) -> u64 {
+        if a.request_id == 0 {
+            a.request_id = self.id();
+        }
+        let id = a.request_id;
+        self.send(lease_request::Command::Acquire(a)).await;
+        id
+    }
+
+    pub async fn send_release(&mut self, key: &str) -> u64 {
+        let id = self.id();
+        self.send(lease_request::Command::Release(proto::Release {
+            request_id: id,
+            key: key.into(),
+        }))
+        .await;
+        id
+    }
+
+    /// The next event; panics if none comes in time or the stream ends.
+    pub async fn next(&mut self) -> lease_response::Event {
+        match self.try_next().await {
+            Ok(Some(event)) => event,
+            Ok(None) => panic!("stream ended"),
+            Err(status) => panic!("stream failed: {status}"),
+        }
+    }
+
+    /// The next event, the end of the stream, or its error status.
+    pub async fn try_next(&mut self) -> Result<Option<lease_response::Event>, tonic::Status> {
+        let message = tokio::time::timeout(PATIENCE, self.rx.next())
+            .await
+            .expect("an event in time");
+        match message {
+            None => Ok(None),
+            Some(Err(status)) => Err(status),
+            Some(Ok(response)) => Ok(Some(response.event.expect("event set"))),
+        }
+    }
+
+    /// Acquires `key` without waiting and expects a grant; returns it.
+    pub async fn grant(&mut self, key: &str) -> proto::Granted {
+        let id = self.send_acquire(acquire(key)).await;
+        self.expect_granted(id).await
+    }
+
+    pub async fn expect_granted(&mut self, id: u64) -> proto::Granted {
+        match self.next().await {
+            lease_response::Event::Granted(g) if g.request_id == id => g,
+            other => panic!("expected Granted for {id}, got {other:?}"),
+        }
+    }
+
+    pub async fn expect_not_acquired(&mut self, id: u64) -> i32 {
+        match self.next().await {
+            lease_response::Event::NotAcquired(n) if n.request_id == id => n.reason,
+            other => panic!("expected NotAcquired for {id}, got {other:?}"),
+        }
+    }
+
+    pub async fn expect_waiting(&mut self, id: u64) {
+        match self.next().await {
+            lease_response::Event::Waiting(w) if w.request_id == id => {}
+            other => panic!("expected Waiting for {id}, got {other:?}"),
+        }
+    }
+
+    pub async fn expect_released(&mut self, id: u64) -> u32 {
+        match self.next().await {
+            lease_response::Event::Released(r) if r.request_id == id => r.hold_count,
+            other => panic!("expected Released for {id}, got {other:?}"),
+        }
+    }
+
+    pub async fn expect_rejected(&mut self, id: u64) -> proto::Rejected {
+        match self.next().await {
+            lease_response::Event::Rejected(r) if r.request_id == id => r,
+            other => panic!("expected Rejected for {id}, got {other:?}"),
+        }
+    }
+
+    pub async fn release(&mut self, key: &str) -> u32 {
+        let id = self.send_release(key).await;
+        self.expect_released(id).await
+    }
+
+    /// Half-closes the request side, as a client that is done.
+    pub fn close(&mut self) {
+        self.tx = None;
+    }
+}

@@ -1,0 +1,375 @@
+//! The engine's timing rules on a paused tokio clock: renewal at TTL/3 in batches,
+//! `Jeopardy` / `Restored` / `Lost` by the safe deadline, waits woken by the holder's
+//! expiry, and exact timeouts. The store is the real memory store behind a switch that
+//! makes it fail on demand, as an unreachable Redis would.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lockside::engine::{
+    AcquireRequest, Command, Engine, EngineConfig, Event, Inbound, Mode, NotAcquiredReason,
+    drift_margin,
+};
+use lockside::store::memory::MemoryStore;
+use lockside::store::{Acquired, Claim, KeyState, Notice, Renewal, Store, StoreError, StoreFuture};
+use tokio::sync::{broadcast, mpsc};
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+
+/// The memory store, with a switch that makes every call fail and counters of renewals.
+#[derive(Default)]
+struct Switchable {
+    inner: MemoryStore,
+    down: AtomicBool,
+    forget: AtomicBool,
+    renew_calls: AtomicUsize,
+    renew_items: AtomicUsize,
+}
+
+impl Switchable {
+    fn check(&self) -> Result<(), StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("switched off".into()));
+        }
+        Ok(())
+    }
+}
+
+macro_rules! guarded {
+    ($self:ident, $call:expr) => {
+        Box::pin(async move {
+            $self.check()?;
+            $call.await
+        })
+    };
+}
+
+impl Store for Switchable {
+    fn acquire<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, Acquired> {
+        guarded!(self, self.inner.acquire(claim))
+    }
+    fn hold<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> StoreFuture<'a, Option<u32>> {
+        guarded!(self, self.inner.hold(key, owner, ttl))
+    }
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        all: bool,
+    ) -> StoreFuture<'a, Option<u32>> {
+        guarded!(self, self.inner.release(key, owner, all))
+    }
+    fn renew<'a>(&'a self, batch: &'a [Renewal]) -> StoreFuture<'a, Vec<bool>> {
+        self.renew_calls.fetch_add(1, Ordering::SeqCst);
+        self.renew_items.fetch_add(batch.len(), Ordering::SeqCst);
+        Box::pin(async move {
+            self.check()?;
+            if self.forget.load(Ordering::SeqCst) {
+                return Ok(vec![false; batch.len()]);
+            }
+            self.inner.renew(batch).await
+        })
+    }
+    fn unwait<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, ()> {
+        guarded!(self, self.inner.unwait(key, owner))
+    }
+    fn describe<'a>(&'a self, key: &'a str) -> StoreFuture<'a, KeyState> {
+        guarded!(self, self.inner.describe(key))
+    }
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        guarded!(self, self.inner.ping())
+    }
+    fn notices(&self) -> broadcast::Receiver<Notice> {
+        self.inner.notices()
+    }
+}
+
+struct Session {
+    tx: mpsc::Sender<Inbound>,
+    rx: mpsc::Receiver<Event>,
+    next_id: u64,
+}
+
+fn start(engine: &Engine) -> Session {
+    let (tx, inbound) = mpsc::channel(64);
+    let (out, rx) = mpsc::channel(4096);
+    engine
+        .start_session("test".into(), ReceiverStream::new(inbound), out)
+        .expect("session");
+    Session { tx, rx, next_id: 0 }
+}
+
+fn request(key: &str, ttl: u64, wait: Option<u64>) -> AcquireRequest {
+    AcquireRequest {
+        request_id: 0,
+        key: key.into(),
+        wait: wait.map(Duration::from_secs),
+        mode: Mode::Exclusive,
+        limit: 0,
+        fair: false,
+        ttl: Some(Duration::from_secs(ttl)),
+    }
+}
+
+impl Session {
+    async fn next(&mut self) -> Event {
+        self.rx.recv().await.expect("an event")
+    }
+
+    async fn send(&mut self, mut r: AcquireRequest) -> u64 {
+        self.next_id += 1;
+        r.request_id = self.next_id;
+        self.tx
+            .send(Inbound::Command(Command::Acquire(r)))
+            .await
+            .expect("send");
+        self.next_id
+    }
+
+    async fn granted(&mut self, key: &str, ttl: u64) -> (u64, Duration) {
+        self.send(request(key, ttl, None)).await;
+        loop {
+            match self.next().await {
+                Event::Started { .. } => continue,
+                Event::Granted { fence, ttl, .. } => return (fence, ttl),
+                other => panic!("expected a grant, got {other:?}"),
+            }
+        }
+    }
+}
+
+fn setup() -> (Arc<Switchable>, Engine) {
+    let store = Arc::new(Switchable::default());
+    let engine = Engine::new(store.clone(), EngineConfig::default());
+    (store, engine)
+}
+
+#[tokio::test(start_paused = true)]
+async fn renewals_keep_locks_and_are_batched() {
+    let (store, engine) = setup();
+    let mut a = start(&engine);
+    let mut b = start(&engine);
+    for i in 0..100 {
+        a.granted(&format!("k{i}"), 3).await;
+    }
+    // Thirty seconds, ten TTLs: without renewal every lock would have expired.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let id = b.send(request("k50", 3, None)).await;
+    assert!(matches!(b.next().await, Event::Started { .. }));
+    assert_eq!(
+        b.next().await,
+        Event::NotAcquired {
+            request_id: id,
+            key: "k50".into(),
+            reason: NotAcquiredReason::Busy
+        }
+    );
+    // Renewed every ~TTL/3 = 1 s, in batches: about 30 calls for all 100 locks, not
+    // 3,000 (one per lock per tick).
+    let calls = store.renew_calls.load(Ordering::SeqCst);
+    let items = store.renew_items.load(Ordering::SeqCst);
+    assert!((25..=70).contains(&calls), "{calls} renewal calls");
+    assert!(items >= 100 * 25, "{items} renewals");
+    assert!(
+        items / calls >= 40,
+        "batches of {} on average",
+        items / calls
+    );
+    while let Ok(event) = a.rx.try_recv() {
+        panic!("no event expected while renewals succeed, got {event:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn lost_is_sent_at_the_safe_deadline_while_the_store_still_holds() {
+    let (store, engine) = setup();
+    let mut a = start(&engine);
+    let t0 = Instant::now();
+    let ttl = Duration::from_secs(3);
+    let (_, granted_ttl) = a.granted("k", 3).await;
+    assert_eq!(
+        granted_ttl,
+        ttl - drift_margin(ttl),
+        "validity counted from the send time"
+    );
+    store.down.store(true, Ordering::SeqCst);
+    match a.next().await {
+        Event::Jeopardy { key, ttl_remaining } => {
+            assert_eq!(key, "k");
+            // The first renewal is due at TTL/3.
+            assert_eq!(t0.elapsed(), ttl / 3);
+            assert_eq!(ttl_remaining, ttl - drift_margin(ttl) - ttl / 3);
+        }
+        other => panic!("expected Jeopardy, got {other:?}"),
+    }
+    match a.next().await {
+        Event::Lost { key, reason, .. } => {
+            assert_eq!(key, "k");
+            assert!(reason.contains("deadline"), "{reason}");
+        }
+        other => panic!("expected Lost, got {other:?}"),
+    }
+    assert_eq!(
+        t0.elapsed(),
+        ttl - drift_margin(ttl),
+        "Lost exactly at the safe deadline"
+    );
+    // The store has not let go yet: nobody else could have been granted meanwhile.
+    let state = store.inner.describe("k").await.expect("memory store");
+    assert_eq!(
+        state.holders.len(),
+        1,
+        "Lost came before the store's expiry"
+    );
+    assert!(state.holders[0].ttl_remaining >= drift_margin(ttl));
+}
+
+#[tokio::test(start_paused = true)]
+async fn restored_after_a_short_outage() {
+    let (store, engine) = setup();
+    let mut a = start(&engine);
+    let ttl = Duration::from_secs(3);
+    a.granted("k", 3).await;
+    store.down.store(true, Ordering::SeqCst);
+    assert!(matches!(a.next().await, Event::Jeopardy { .. }));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    store.down.store(false, Ordering::SeqCst);
+    match a.next().await {
+        Event::Restored { key, ttl: left } => {
+            assert_eq!(key, "k");
+            // Counted from the send time of the renewal that succeeded.
+            assert!(left <= ttl - drift_margin(ttl) && left > ttl - Duration::from_millis(300));
+        }
+        other => panic!("expected Restored, got {other:?}"),
+    }
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert!(a.rx.try_recv().is_err(), "no Lost after Restored");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grant_the_store_forgot_is_lost_at_once() {
+    let (store, engine) = setup();
+    let mut a = start(&engine);
+    let t0 = Instant::now();
+    a.granted("k", 3).await;
+    store.forget.store(true, Ordering::SeqCst);
+    match a.next().await {
+        Event::Lost { key, reason, .. } => {
+            assert_eq!(key, "k");
+            assert!(reason.contains("no longer holds"), "{reason}");
+        }
+        other => panic!("expected Lost, got {other:?}"),
+    }
+    assert_eq!(t0.elapsed(), Duration::from_secs(1), "at the first renewal");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_is_woken_by_the_holders_expiry() {
+    let (store, engine) = setup();
+    // A holder whose sidecar died: nobody renews it and nobody will release it.
+    let claim = Claim {
+        key: "k".into(),
+        owner: "dead".into(),
+        ttl: Duration::from_secs(2),
+        wait: false,
+        session_id: "dead".into(),
+        client_name: String::new(),
+    };
+    assert!(matches!(
+        store.acquire(&claim).await,
+        Ok(Acquired::Granted { .. })
+    ));
+    let t0 = Instant::now();
+    let mut b = start(&engine);
+    let id = b.send(request("k", 10, Some(60))).await;
+    assert!(matches!(b.next().await, Event::Started { .. }));
+    assert!(matches!(b.next().await, Event::Waiting { request_id, .. } if request_id == id));
+    assert!(matches!(b.next().await, Event::Granted { request_id, .. } if request_id == id));
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_secs(2) && waited <= Duration::from_millis(2002),
+        "granted just after the expiry, not later: {waited:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn waits_time_out_exactly() {
+    let (_store, engine) = setup();
+    let mut a = start(&engine);
+    let mut b = start(&engine);
+    a.granted("k", 10).await;
+    let t0 = Instant::now();
+    let id = b.send(request("k", 10, Some(5))).await;
+    assert!(matches!(b.next().await, Event::Started { .. }));
+    assert!(matches!(b.next().await, Event::Waiting { .. }));
+    assert_eq!(
+        b.next().await,
+        Event::NotAcquired {
+            request_id: id,
+            key: "k".into(),
+            reason: NotAcquiredReason::Timeout
+        }
+    );
+    assert_eq!(t0.elapsed(), Duration::from_secs(5));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unreachable_store_makes_acquires_unavailable_not_busy() {
+    let (store, engine) = setup();
+    let mut a = start(&engine);
+    store.down.store(true, Ordering::SeqCst);
+    let id = a.send(request("k", 10, None)).await;
+    assert!(matches!(a.next().await, Event::Started { .. }));
+    match a.next().await {
+        Event::Rejected(r) => {
+            assert_eq!(r.request_id, id);
+            assert_eq!(r.code, lockside::engine::RejectCode::Unavailable);
+        }
+        other => panic!("expected Rejected UNAVAILABLE, got {other:?}"),
+    }
+    store.down.store(false, Ordering::SeqCst);
+    a.granted("k", 10).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_releases_and_says_so() {
+    let (store, engine) = setup();
+    let mut a = start(&engine);
+    let (fence, _) = a.granted("k", 10).await;
+    engine.shutdown();
+    assert_eq!(
+        a.next().await,
+        Event::Lost {
+            key: "k".into(),
+            reason: "the sidecar is shutting down".into(),
+            fence
+        }
+    );
+    assert_eq!(
+        a.next().await,
+        Event::Ended(lockside::engine::EndReason::Shutdown)
+    );
+    tokio::time::timeout(Duration::from_secs(1), engine.drained())
+        .await
+        .expect("drained");
+    assert!(
+        store
+            .inner
+            .describe("k")
+            .await
+            .expect("memory")
+            .holders
+            .is_empty()
+    );
+    assert!(
+        engine
+            .start_session("late".into(), tokio_stream::empty(), mpsc::channel(1).0)
+            .is_err()
+    );
+}

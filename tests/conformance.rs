@@ -358,6 +358,33 @@ async fn redis_store_reports_unavailable_when_redis_is_gone() {
 }
 
 #[tokio::test]
+async fn redis_scripts_are_loaded_again_after_a_flush() {
+    let redis = Redis::start();
+    let store = make_store(&StoreKind::Redis(redis.url()), &namespace());
+    let Acquired::Granted { fence: a } = store
+        .acquire(&claim("k", "a", 10_000))
+        .await
+        .expect("answer")
+    else {
+        panic!("grant")
+    };
+    // EVALSHA answers NOSCRIPT now; the store must load the script and go on.
+    assert_eq!(redis.cli(&["script", "flush"]), "OK");
+    assert_eq!(
+        store.release("k", "a", false).await.expect("answer"),
+        Some(0)
+    );
+    let Acquired::Granted { fence: b } = store
+        .acquire(&claim("k", "b", 10_000))
+        .await
+        .expect("answer")
+    else {
+        panic!("grant")
+    };
+    assert!(b > a);
+}
+
+#[tokio::test]
 async fn memory_fences_keep_increasing_across_a_new_store() {
     let first = make_store(&StoreKind::Memory, "ns");
     let Acquired::Granted { fence: a } = first

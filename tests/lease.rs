@@ -582,3 +582,49 @@ async fn client_names_are_shown_and_cut() {
     let d = s.client.describe("k").await;
     assert_eq!(d.holders[0].client_name.len(), 128);
 }
+
+#[tokio::test]
+async fn serves_on_a_unix_socket() {
+    use hyper_util::rt::TokioIo;
+    use lockside::server::{self, Listener};
+    let dir = common::TempDir::new("uds");
+    let path = dir.0.join("lockside.sock");
+    let addr = format!("unix:{}", path.display()).parse().expect("addr");
+    let listener = Listener::bind(&addr).await.expect("bind");
+    assert_eq!(listener.local_addr(), format!("unix:{}", path.display()));
+    let engine = lockside::engine::Engine::new(
+        make_store(&StoreKind::Memory, "ns"),
+        EngineConfig::default(),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(server::run(
+        listener,
+        engine,
+        common::test_server_config(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let socket = path.clone();
+    let channel = tonic::transport::Endpoint::from_static("http://lockside")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = socket.clone();
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(
+                    tokio::net::UnixStream::connect(socket).await?,
+                ))
+            }
+        }))
+        .await
+        .expect("connect over the socket");
+    let client = Client {
+        grpc: proto::lock_service_client::LockServiceClient::new(channel),
+    };
+    let mut a = client.lease().await;
+    a.grant("k").await;
+    // A second sidecar cannot take over a socket that a live one serves.
+    assert!(Listener::bind(&addr).await.is_err());
+    let _ = stop.send(());
+    server.await.expect("task").expect("server");
+    assert!(!path.exists(), "the socket file is removed at shutdown");
+}

@@ -294,7 +294,7 @@ impl SidecarProcess {
                 ])
                 .args(extra)
                 .stdout(Stdio::null())
-                .stderr(Stdio::inherit())
+                .stderr(Stdio::null())
                 .spawn()
                 .expect("spawn lockside");
             let mut process = Self {
@@ -328,19 +328,19 @@ impl SidecarProcess {
     }
 
     /// SIGTERM, then waits for the exit status.
-    pub fn terminate(&mut self) -> std::process::ExitStatus {
+    pub async fn terminate(&mut self) -> std::process::ExitStatus {
         let mut child = self.child.take().expect("running");
         signal(child.id(), "TERM");
-        let deadline = std::time::Instant::now() + PATIENCE;
+        let deadline = tokio::time::Instant::now() + PATIENCE;
         loop {
             if let Ok(Some(status)) = child.try_wait() {
                 return status;
             }
             assert!(
-                std::time::Instant::now() < deadline,
+                tokio::time::Instant::now() < deadline,
                 "sidecar did not exit on SIGTERM"
             );
-            std::thread::sleep(Duration::from_millis(10));
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 }
@@ -368,7 +368,7 @@ pub fn example_path(name: &str) -> PathBuf {
 
 impl HolderProcess {
     /// Starts the holder and waits until it holds `key`. Returns its fencing token.
-    pub fn start(addr: &str, key: &str) -> (Self, u64) {
+    pub async fn start(addr: &str, key: &str) -> (Self, u64) {
         use std::io::BufRead;
         let path = example_path("holder");
         let mut child = Command::new(&path)
@@ -376,11 +376,9 @@ impl HolderProcess {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .unwrap_or_else(|e| {
-                panic!("spawn {}: {e} (cargo test builds examples)", path.display())
-            });
+            .unwrap_or_else(|e| panic!("spawn {}: {e} (plain `cargo test` builds it; with a filter, run `cargo build --examples` first)", path.display()));
         let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
+        let (tx, mut rx) = mpsc::unbounded_channel();
         std::thread::spawn(move || {
             for line in std::io::BufReader::new(stdout)
                 .lines()
@@ -389,7 +387,10 @@ impl HolderProcess {
                 let _ = tx.send(line);
             }
         });
-        let line = rx.recv_timeout(PATIENCE).expect("holder reports its grant");
+        let line = tokio::time::timeout(PATIENCE, rx.recv())
+            .await
+            .expect("holder reports its grant in time")
+            .expect("holder reports its grant");
         let token = line
             .strip_prefix("granted ")
             .and_then(|t| t.parse().ok())

@@ -1,0 +1,256 @@
+//! Faults with real processes: client processes SIGKILLed and SIGSTOPped, the sidecar
+//! binary SIGKILLed and SIGTERMed, Redis killed under a held lock, and two sidecars on
+//! one Redis. Every process is started by the harness on loopback and killed on drop.
+//! Tests run on two workers: the harness blocks briefly while it starts processes.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{
+    Client, HolderProcess, Redis, Sidecar, SidecarProcess, StoreKind, acquire, make_store,
+    namespace, secs,
+};
+use lockside::proto::{self, lease_response};
+use tokio::time::Instant;
+use tonic::Code;
+
+fn waiting_for(key: &str, seconds: f64) -> proto::Acquire {
+    proto::Acquire {
+        wait_timeout: Some(secs(seconds)),
+        ..acquire(key)
+    }
+}
+
+async fn in_process(redis: &Redis, ns: &str) -> Sidecar {
+    Sidecar::start(make_store(&StoreKind::Redis(redis.url()), ns)).await
+}
+
+/// Starts a wait for `key` and returns its request id once `Waiting` arrived.
+async fn wait_for(lease: &mut common::Lease, key: &str) -> u64 {
+    let id = lease.send_acquire(waiting_for(key, 30.0)).await;
+    lease.expect_waiting(id).await;
+    id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sidecars_on_one_redis_exclude_each_other() {
+    let redis = Redis::start();
+    let ns = namespace();
+    let (s1, s2) = (in_process(&redis, &ns).await, in_process(&redis, &ns).await);
+    let mut a = s1.client().await.lease().await;
+    let mut b = s2.client().await.lease().await;
+    let first = a.grant("k").await.fencing_token;
+    let id = b.send_acquire(acquire("k")).await;
+    assert_eq!(
+        b.expect_not_acquired(id).await,
+        proto::not_acquired::Reason::Busy as i32
+    );
+    let id = wait_for(&mut b, "k").await;
+    let released = Instant::now();
+    assert_eq!(a.release("k").await, 0);
+    let g = b.expect_granted(id).await;
+    // Woken by the release notice from the other sidecar, not by a periodic look
+    // (the next look would be at TTL/3 = 3.3 s).
+    assert!(
+        released.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        released.elapsed()
+    );
+    assert!(g.fencing_token > first);
+    let id = a.send_acquire(acquire("k")).await;
+    assert_eq!(
+        a.expect_not_acquired(id).await,
+        proto::not_acquired::Reason::Busy as i32
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_client_process_releases_at_once() {
+    let redis = Redis::start();
+    let sidecar = in_process(&redis, &namespace()).await;
+    let (mut holder, token) = HolderProcess::start(&sidecar.addr, "k").await;
+    let mut b = sidecar.client().await.lease().await;
+    let id = wait_for(&mut b, "k").await;
+    let killed = Instant::now();
+    holder.sigkill();
+    let g = b.expect_granted(id).await;
+    let took = killed.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "freed when the stream broke: {took:?}"
+    );
+    assert!(g.fencing_token > token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_client_process_is_ended_by_keepalive() {
+    let redis = Redis::start();
+    let sidecar = in_process(&redis, &namespace()).await;
+    let (holder, token) = HolderProcess::start(&sidecar.addr, "k").await;
+    let mut b = sidecar.client().await.lease().await;
+    let id = wait_for(&mut b, "k").await;
+    let stopped = Instant::now();
+    holder.sigstop();
+    let g = b.expect_granted(id).await;
+    let took = stopped.elapsed();
+    // Keepalive in tests: 300 ms interval + 300 ms timeout. A frozen process closes
+    // nothing, so only the unanswered PING can have ended its session.
+    assert!(took >= Duration::from_millis(300), "{took:?}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    assert!(g.fencing_token > token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_sidecar_keeps_its_locks_until_the_ttl_and_not_after() {
+    let redis = Redis::start();
+    let ns = namespace();
+    let mut doomed = SidecarProcess::start(&redis.url(), &ns, &["--default-ttl", "2s"]);
+    let mut a = Client::connect(&doomed.addr).await.lease().await;
+    let first = a.grant("k").await;
+    let other = in_process(&redis, &ns).await;
+    let watcher = other.client().await;
+    let mut b = watcher.lease().await;
+    let id = wait_for(&mut b, "k").await;
+    let killed = Instant::now();
+    doomed.kill();
+    // Nobody renews it any more, yet the store keeps it: the sidecar may only be
+    // frozen, and its client may still be using the resource.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        watcher.describe("k").await.holders.len(),
+        1,
+        "still held 1 s after the kill"
+    );
+    let g = b.expect_granted(id).await;
+    let took = killed.elapsed();
+    assert!(
+        took >= Duration::from_millis(1900) && took < Duration::from_millis(3000),
+        "free after the 2 s TTL, woken by the expiry: {took:?}"
+    );
+    assert!(g.fencing_token > first.fencing_token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_redis_sends_jeopardy_then_lost_and_grants_resume_when_it_returns() {
+    let mut redis = Redis::start();
+    let sidecar = in_process(&redis, &namespace()).await;
+    let client = sidecar.client().await;
+    let mut a = client.lease().await;
+    let id = a
+        .send_acquire(proto::Acquire {
+            ttl: Some(secs(2.0)),
+            ..acquire("k")
+        })
+        .await;
+    let g = a.expect_granted(id).await;
+    let killed = Instant::now();
+    redis.kill();
+    let promised = match a.next().await {
+        lease_response::Event::Jeopardy(j) => {
+            assert_eq!(j.key, "k");
+            let left = j.ttl_remaining.expect("ttl");
+            Instant::now() + Duration::new(left.seconds as u64, left.nanos as u32)
+        }
+        other => panic!("expected Jeopardy, got {other:?}"),
+    };
+    // A new acquire meanwhile is UNAVAILABLE, not BUSY.
+    let id = a.send_acquire(acquire("other")).await;
+    assert_eq!(a.expect_rejected(id).await.code, Code::Unavailable as i32);
+    match a.next().await {
+        lease_response::Event::Lost(l) => {
+            assert_eq!((l.key.as_str(), l.fencing_token), ("k", g.fencing_token));
+        }
+        other => panic!("expected Lost, got {other:?}"),
+    }
+    let now = Instant::now();
+    assert!(
+        now <= promised + Duration::from_millis(50),
+        "Lost keeps Jeopardy's promise"
+    );
+    assert!(
+        killed.elapsed() < Duration::from_secs(2),
+        "Lost before the store's TTL could pass"
+    );
+    // Redis comes back (empty): new grants work without restarting the sidecar.
+    redis.restart();
+    let mut granted = None;
+    for _ in 0..40 {
+        let id = a.send_acquire(acquire("k")).await;
+        match a.next().await {
+            lease_response::Event::Granted(g) if g.request_id == id => {
+                granted = Some(g);
+                break;
+            }
+            lease_response::Event::Rejected(r) if r.code == Code::Unavailable as i32 => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let again = granted.expect("granted once Redis is back");
+    assert!(
+        again.fencing_token > g.fencing_token,
+        "the clock part of the token survives an empty Redis"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_releases_held_locks_at_once() {
+    let redis = Redis::start();
+    let ns = namespace();
+    let mut leaving = SidecarProcess::start(&redis.url(), &ns, &[]);
+    let mut a = Client::connect(&leaving.addr).await.lease().await;
+    let g = a.grant("k").await;
+    let staying = in_process(&redis, &ns).await;
+    let mut b = staying.client().await.lease().await;
+    let id = wait_for(&mut b, "k").await;
+    let asked = Instant::now();
+    let status = leaving.terminate().await;
+    assert!(status.success(), "clean exit: {status:?}");
+    match a.try_next().await {
+        Ok(Some(lease_response::Event::Lost(l))) => {
+            assert_eq!(l.key, "k");
+            assert!(l.reason.contains("shutting down"), "{}", l.reason);
+        }
+        other => panic!("expected Lost before the end, got {other:?}"),
+    }
+    let end = a
+        .try_next()
+        .await
+        .expect_err("the stream ends with a status");
+    assert_eq!(end.code(), Code::Unavailable);
+    let b_granted = b.expect_granted(id).await;
+    assert!(b_granted.fencing_token > g.fencing_token);
+    assert!(
+        asked.elapsed() < Duration::from_secs(3),
+        "released at shutdown, not at the 10 s TTL: {:?}",
+        asked.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_increase_across_sidecar_restarts() {
+    let redis = Redis::start();
+    let ns = namespace();
+    for store in [redis.url(), "memory".to_owned()] {
+        let mut last = 0;
+        for _ in 0..3 {
+            let mut sidecar = SidecarProcess::start(&store, &ns, &["--default-ttl", "1s"]);
+            let mut lease = Client::connect(&sidecar.addr).await.lease().await;
+            let id = lease.send_acquire(waiting_for("k", 5.0)).await;
+            let token = loop {
+                match lease.next().await {
+                    lease_response::Event::Waiting(_) => continue,
+                    lease_response::Event::Granted(g) if g.request_id == id => {
+                        break g.fencing_token;
+                    }
+                    other => panic!("unexpected {other:?}"),
+                }
+            };
+            assert!(token > last, "{store}: {token} > {last}");
+            last = token;
+            sidecar.kill();
+        }
+    }
+}

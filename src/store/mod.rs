@@ -33,6 +33,9 @@ pub enum StoreError {
     /// The store could not be reached or did not answer in time.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// The store's address or settings are wrong.
+    #[error("bad store configuration: {0}")]
+    Config(String),
     /// The store answered something this sidecar does not understand.
     #[error("unexpected store reply: {0}")]
     Protocol(String),

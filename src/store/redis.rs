@@ -86,10 +86,10 @@ impl RedisStore {
     /// Connects lazily to `url` (`redis://` or `rediss://`); keys live under `namespace`;
     /// every call gives up after `timeout`. Must be called inside a tokio runtime.
     pub fn new(url: &str, namespace: &str, timeout: Duration) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(|e| StoreError::Protocol(e.to_string()))?;
+        let client = redis::Client::open(url).map_err(|e| StoreError::Config(e.to_string()))?;
         let pool = Config::from_url(url)
             .create_pool(Some(Runtime::Tokio1))
-            .map_err(|e| StoreError::Protocol(e.to_string()))?;
+            .map_err(|e| StoreError::Config(e.to_string()))?;
         let channel = format!("{namespace}:released");
         let notices = broadcast::channel(NOTICE_BUFFER).0;
         let listener = tokio::spawn(listen(client, channel.clone(), notices.clone()));

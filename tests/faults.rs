@@ -156,7 +156,9 @@ async fn losing_redis_sends_jeopardy_then_lost_and_grants_resume_when_it_returns
     };
     // A new acquire meanwhile is UNAVAILABLE, not BUSY.
     let id = a.send_acquire(acquire("other")).await;
-    assert_eq!(a.expect_rejected(id).await.code, Code::Unavailable as i32);
+    let r = a.expect_rejected(id).await;
+    assert_eq!(r.code, Code::Unavailable as i32);
+    assert_eq!(r.message, "the lock store is unavailable", "no addresses or driver errors");
     match a.next().await {
         lease_response::Event::Lost(l) => {
             assert_eq!((l.key.as_str(), l.fencing_token), ("k", g.fencing_token));

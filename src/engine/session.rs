@@ -84,7 +84,7 @@ enum Outcome {
     Busy,
     Timeout,
     Cancelled,
-    Unavailable(String),
+    Unavailable(StoreError),
 }
 
 enum End {
@@ -212,6 +212,18 @@ impl Session {
         self.send(Event::Rejected(Rejection::new(
             request_id, key, code, message,
         )));
+    }
+
+    /// Answers UNAVAILABLE. The client learns that the store cannot be reached, not
+    /// how: addresses and driver messages stay in the log.
+    fn store_failed(&mut self, request_id: u64, key: &str, error: &StoreError) {
+        tracing::warn!(%key, %error, "store call failed");
+        self.reject(
+            request_id,
+            key,
+            RejectCode::Unavailable,
+            "the lock store is unavailable",
+        );
     }
 
     fn handle(&mut self, command: Command) {
@@ -479,12 +491,7 @@ impl Session {
                         self.redispatch(queue);
                     }
                     Err(e) => {
-                        self.reject(
-                            request.request_id,
-                            &key,
-                            RejectCode::Unavailable,
-                            e.to_string(),
-                        );
+                        self.store_failed(request.request_id, &key, &e);
                         self.drain(&key);
                     }
                 }
@@ -536,7 +543,7 @@ impl Session {
                         self.released(key, request_id);
                     }
                     Err(e) => {
-                        self.reject(request_id, &key, RejectCode::Unavailable, e.to_string());
+                        self.store_failed(request_id, &key, &e);
                         self.drain(&key);
                     }
                 }
@@ -592,8 +599,8 @@ impl Session {
             Outcome::Busy => Some(NotAcquiredReason::Busy),
             Outcome::Timeout => Some(NotAcquiredReason::Timeout),
             Outcome::Cancelled => Some(NotAcquiredReason::Cancelled),
-            Outcome::Unavailable(message) => {
-                self.reject(request_id, &key, RejectCode::Unavailable, message);
+            Outcome::Unavailable(e) => {
+                self.store_failed(request_id, &key, &e);
                 None
             }
         };
@@ -903,7 +910,7 @@ async fn attempts(op: &AcquireOp) -> Outcome {
         let expires_in = match op.store.acquire(&op.claim).await {
             Ok(Acquired::Granted { fence }) => return Outcome::Granted { fence, sent_at },
             Ok(Acquired::Busy { expires_in }) => expires_in,
-            Err(e) => return Outcome::Unavailable(e.to_string()),
+            Err(e) => return Outcome::Unavailable(e),
         };
         let (Some(until), Some(guard)) = (op.wait_until, op.guard.as_ref()) else {
             return Outcome::Busy;

@@ -11,8 +11,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use deadpool_redis::redis::aio::MultiplexedConnection;
-use deadpool_redis::redis::{self, Script, Value};
-use deadpool_redis::{Config, Pool, Runtime};
+use deadpool_redis::redis::io::tcp::TcpSettings;
+use deadpool_redis::redis::{self, IntoConnectionInfo, Script, Value};
+use deadpool_redis::{Manager, Pool, Runtime};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
@@ -34,6 +35,10 @@ macro_rules! script {
 /// calls pipelined in one round trip, small enough that one call does not stall Redis
 /// (about a millisecond each).
 const RENEW_CHUNK: usize = 1000;
+
+/// Connections the pool may open. Requests share one multiplexed connection; the pool
+/// replaces it after an error and serves the few callers that race the replacement.
+const POOL_SIZE: usize = 4;
 
 /// How many notices a slow sidecar task may fall behind before it resyncs.
 const NOTICE_BUFFER: usize = 4096;
@@ -86,9 +91,18 @@ impl RedisStore {
     /// Connects lazily to `url` (`redis://` or `rediss://`); keys live under `namespace`;
     /// every call gives up after `timeout`. Must be called inside a tokio runtime.
     pub fn new(url: &str, namespace: &str, timeout: Duration) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(|e| StoreError::Config(e.to_string()))?;
-        let pool = Config::from_url(url)
-            .create_pool(Some(Runtime::Tokio1))
+        let config = |e: redis::RedisError| StoreError::Config(e.to_string());
+        // Nagle's algorithm would hold back the second of two pipelined requests until
+        // the first is acknowledged; lock handoffs are latency-bound.
+        let info = url
+            .into_connection_info()
+            .map_err(config)?
+            .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+        let client = redis::Client::open(info.clone()).map_err(config)?;
+        let pool = Pool::builder(Manager::new(info).map_err(config)?)
+            .max_size(POOL_SIZE)
+            .runtime(Runtime::Tokio1)
+            .build()
             .map_err(|e| StoreError::Config(e.to_string()))?;
         let channel = format!("{namespace}:released");
         let notices = broadcast::channel(NOTICE_BUFFER).0;

@@ -177,10 +177,10 @@ async fn grants_expire_and_fences_survive(s: Subject) {
     assert!(second > first, "tokens survive expiry");
 }
 
-fn renewal(key: &str, owner: &str, ttl_ms: u64) -> Renewal {
+fn renewal<'a>(key: &'a str, owner: &'a str, ttl_ms: u64) -> Renewal<'a> {
     Renewal {
-        key: key.into(),
-        owner: owner.into(),
+        key,
+        owner,
         ttl: Duration::from_millis(ttl_ms),
     }
 }
@@ -209,14 +209,13 @@ async fn renewals_extend_only_held_grants(s: Subject) {
 }
 
 async fn large_batches_keep_their_order(s: Subject) {
-    let mut batch = Vec::new();
-    for i in 0..2500 {
-        let key = format!("k{i}");
+    let keys: Vec<String> = (0..2500).map(|i| format!("k{i}")).collect();
+    for (i, key) in keys.iter().enumerate() {
         if i % 3 != 0 {
-            fence(&s, &claim(&key, "a", 10_000)).await;
+            fence(&s, &claim(key, "a", 10_000)).await;
         }
-        batch.push(renewal(&key, "a", 10_000));
     }
+    let batch: Vec<_> = keys.iter().map(|key| renewal(key, "a", 10_000)).collect();
     let renewed = s.store.renew(&batch).await.expect("answer");
     let expected: Vec<bool> = (0..2500).map(|i| i % 3 != 0).collect();
     assert_eq!(renewed, expected);

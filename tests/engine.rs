@@ -65,7 +65,7 @@ impl Store for Switchable {
     ) -> StoreFuture<'a, Option<u32>> {
         guarded!(self, self.inner.release(key, owner, all))
     }
-    fn renew<'a>(&'a self, batch: &'a [Renewal]) -> StoreFuture<'a, Vec<bool>> {
+    fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<bool>> {
         self.renew_calls.fetch_add(1, Ordering::SeqCst);
         self.renew_items.fetch_add(batch.len(), Ordering::SeqCst);
         Box::pin(async move {

@@ -137,7 +137,9 @@ impl Task {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 cmd = self.rx.recv() => match cmd {
-                    Some(cmd) => self.apply(cmd),
+                    Some(cmd) => {
+                        self.apply(cmd);
+                    }
                     None => return,
                 },
                 _ = tokio::time::sleep_until(next.unwrap_or_else(Instant::now)), if next.is_some() => {
@@ -147,7 +149,8 @@ impl Task {
         }
     }
 
-    fn apply(&mut self, cmd: Cmd) {
+    /// Applies a command; returns the entry a removal took out.
+    fn apply(&mut self, cmd: Cmd) -> Option<Entry> {
         match cmd {
             Cmd::Add(lease) => {
                 let due = lease.confirmed_at + period(lease.ttl);
@@ -160,11 +163,12 @@ impl Task {
                         failing: false,
                     },
                 );
+                None
             }
             Cmd::Remove(id) => {
-                if let Some(entry) = self.entries.remove(&id) {
-                    self.schedule.remove(&(entry.due, id));
-                }
+                let entry = self.entries.remove(&id)?;
+                self.schedule.remove(&(entry.due, id));
+                Some(entry)
             }
         }
     }
@@ -183,31 +187,36 @@ impl Task {
                 break;
             }
         }
-        let batch: Vec<Renewal> = ids
-            .iter()
-            .filter_map(|(_, id)| self.entries.get(id))
-            .map(|e| Renewal {
-                key: e.lease.key.clone(),
-                owner: e.lease.owner.clone(),
-                ttl: e.lease.ttl,
-            })
-            .collect();
         for slot in &ids {
             self.schedule.remove(slot);
         }
         let sent_at = Instant::now();
-        let result = self.store.renew(&batch).await;
+        let result = {
+            let batch: Vec<Renewal> = ids
+                .iter()
+                .filter_map(|(_, id)| self.entries.get(id))
+                .map(|e| Renewal {
+                    key: &e.lease.key,
+                    owner: &e.lease.owner,
+                    ttl: e.lease.ttl,
+                })
+                .collect();
+            self.store.renew(&batch).await
+        };
         // Removals that arrived during the call must be seen before its results: a
         // renewal that landed for a grant dropped meanwhile is undone below.
+        let mut dropped = HashMap::new();
         while let Ok(cmd) = self.rx.try_recv() {
-            self.apply(cmd);
+            if let Some(entry) = self.apply(cmd) {
+                dropped.insert(entry.lease.id, entry.lease);
+            }
         }
         let done = Instant::now();
         for (i, (_, id)) in ids.iter().enumerate() {
             let renewed = result.as_ref().map(|r| r.get(i).copied().unwrap_or(false));
             let Some(entry) = self.entries.get_mut(id) else {
-                if let Ok(true) = renewed {
-                    self.undo(&batch[i]);
+                if let (Ok(true), Some(lease)) = (&renewed, dropped.get(id)) {
+                    self.undo(lease);
                 }
                 continue;
             };
@@ -243,9 +252,9 @@ impl Task {
 
     /// Releases a grant whose renewal landed after its session dropped it, so the
     /// store does not keep it for a whole TTL.
-    fn undo(&self, renewal: &Renewal) {
+    fn undo(&self, lease: &Lease) {
         let store = self.store.clone();
-        let (key, owner) = (renewal.key.clone(), renewal.owner.clone());
+        let (key, owner) = (lease.key.clone(), lease.owner.clone());
         tokio::spawn(async move {
             let _ = store.release(&key, &owner, true).await;
         });

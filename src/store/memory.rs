@@ -147,11 +147,11 @@ impl Store for MemoryStore {
         ready(answer)
     }
 
-    fn renew<'a>(&'a self, batch: &'a [Renewal]) -> StoreFuture<'a, Vec<bool>> {
+    fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<bool>> {
         let answers = batch
             .iter()
             .map(|r| {
-                self.with_lock(&r.key, |lock, now| match lock.holder(&r.owner) {
+                self.with_lock(r.key, |lock, now| match lock.holder(r.owner) {
                     Some(holder) => {
                         holder.expires = now + r.ttl;
                         true

@@ -126,20 +126,26 @@ impl RedisStore {
         })
     }
 
+    /// The Redis key of one part of a lock (see `lua/common.lua`).
+    fn key(&self, key: &str, part: &str) -> String {
+        format!("{{{}:{}}}:{}", self.namespace, key, part)
+    }
+
     fn keys(&self, key: &str) -> [String; 4] {
-        let base = format!("{{{}:{}}}", self.namespace, key);
-        [
-            format!("{base}:h"),
-            format!("{base}:d"),
-            format!("{base}:f"),
-            format!("{base}:w"),
-        ]
+        ["h", "d", "f", "w"].map(|part| self.key(key, part))
     }
 
     async fn connection(&self) -> Result<MultiplexedConnection, StoreError> {
         if let Some(conn) = self.lock_conn().as_ref() {
             return Ok(conn.clone());
         }
+        // Boxed: the pool's future is large and rarely needed, and every in-flight call
+        // would otherwise carry its size (7 KB per call before, a 100 MB peak with 10,000
+        // acquires in flight).
+        Box::pin(self.fresh_connection()).await
+    }
+
+    async fn fresh_connection(&self) -> Result<MultiplexedConnection, StoreError> {
         let pooled = self.pool.get().await.map_err(unavailable)?;
         let conn = deadpool_redis::Connection::take(pooled);
         *self.lock_conn() = Some(conn.clone());
@@ -292,38 +298,30 @@ impl Store for RedisStore {
         })
     }
 
-    fn renew<'a>(&'a self, batch: &'a [Renewal]) -> StoreFuture<'a, Vec<bool>> {
+    fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<bool>> {
         Box::pin(async move {
             if batch.is_empty() {
                 return Ok(Vec::new());
             }
             let script = &self.scripts.renew;
-            let chunks: Vec<(Vec<String>, Vec<String>)> = batch
+            let calls: Vec<_> = batch
                 .chunks(RENEW_CHUNK)
                 .map(|chunk| {
-                    let mut keys = Vec::with_capacity(chunk.len() * 2);
-                    let mut args = Vec::with_capacity(chunk.len() * 2);
+                    let mut call = script.prepare_invoke();
                     for r in chunk {
-                        let [h, d, _, _] = self.keys(&r.key);
-                        keys.push(h);
-                        keys.push(d);
-                        args.push(r.owner.clone());
-                        args.push(ms(r.ttl));
+                        call.key(self.key(r.key, "h")).key(self.key(r.key, "d"));
+                        call.arg(r.owner).arg(r.ttl.as_millis() as u64);
                     }
-                    (keys, args)
+                    call
                 })
                 .collect();
             let replies: Vec<Vec<i64>> = self
                 .run(|conn| async move {
                     // Concurrent calls on one multiplexed connection go out pipelined:
                     // one round trip for the whole batch.
-                    let calls = chunks.iter().map(|(keys, args)| {
+                    let calls = calls.iter().map(|call| {
                         let mut conn = conn.clone();
-                        async move {
-                            let mut call = script.prepare_invoke();
-                            call.key(keys).arg(args);
-                            call.invoke_async::<Vec<i64>>(&mut conn).await
-                        }
+                        async move { call.invoke_async::<Vec<i64>>(&mut conn).await }
                     });
                     futures_util::future::join_all(calls)
                         .await

@@ -28,6 +28,10 @@ pub const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
 pub const MAX_KEY_BYTES: usize = 512;
 /// Longest client name kept from the `lockside-client-name` header.
 pub const MAX_CLIENT_NAME_BYTES: usize = 128;
+/// Store calls that sessions may have in flight at once; more wait their turn. A burst
+/// of 10,000 acquires then costs Redis and the sidecar's memory what 256 cost, while
+/// 256 concurrent round trips keep the store busy.
+pub const MAX_STORE_CALLS: usize = 256;
 /// How much of bad client input an answer may echo.
 const ECHO_BYTES: usize = 64;
 
@@ -313,6 +317,8 @@ pub fn drift_margin(ttl: Duration) -> Duration {
 /// Everything sessions share.
 pub(crate) struct Shared {
     pub(crate) store: Arc<dyn Store>,
+    /// Turns for sessions' store calls; see [`MAX_STORE_CALLS`].
+    pub(crate) store_calls: Arc<Semaphore>,
     pub(crate) config: EngineConfig,
     pub(crate) wakers: Arc<Wakers>,
     pub(crate) renewer: Renewer,
@@ -361,6 +367,7 @@ impl Engine {
                 wakers,
                 renewer,
                 shutdown,
+                store_calls: Arc::new(Semaphore::new(MAX_STORE_CALLS)),
                 next_lease: AtomicU64::new(1),
             }),
             sessions,

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_stream::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
@@ -320,10 +320,11 @@ impl Session {
                 // acquire keeps the grant's TTL.
                 h.busy = true;
                 self.pending.insert(request.request_id);
-                let store = self.shared.store.clone();
+                let (store, turns) = (self.shared.store.clone(), self.shared.store_calls.clone());
                 let (key, owner, ttl, lease_id) =
                     (request.key.clone(), h.owner.clone(), h.ttl, h.lease_id);
                 self.ops.push(Box::pin(async move {
+                    let _turn = turns.acquire().await;
                     let result = store.hold(&key, &owner, ttl).await;
                     Done::Hold {
                         key,
@@ -387,6 +388,7 @@ impl Session {
                 self.pending.insert(request.request_id);
                 self.ops.push(Box::pin(acquire(AcquireOp {
                     store: self.shared.store.clone(),
+                    turns: self.shared.store_calls.clone(),
                     claim,
                     request_id: request.request_id,
                     wait_until,
@@ -413,9 +415,10 @@ impl Session {
             Some(Slot::Held(h)) => {
                 h.busy = true;
                 self.pending.insert(request_id);
-                let store = self.shared.store.clone();
+                let (store, turns) = (self.shared.store.clone(), self.shared.store_calls.clone());
                 let (owner, lease_id) = (h.owner.clone(), h.lease_id);
                 self.ops.push(Box::pin(async move {
+                    let _turn = turns.acquire().await;
                     let result = store.release(&key, &owner, false).await;
                     Done::Release {
                         key,
@@ -873,6 +876,7 @@ async fn release_quietly(store: &Arc<dyn Store>, key: &str, owner: &str) {
 
 struct AcquireOp {
     store: Arc<dyn Store>,
+    turns: Arc<Semaphore>,
     claim: Claim,
     request_id: u64,
     wait_until: Option<Instant>,
@@ -907,7 +911,10 @@ async fn attempts(op: &AcquireOp) -> Outcome {
     let mut told = false;
     loop {
         let sent_at = Instant::now();
-        let expires_in = match op.store.acquire(&op.claim).await {
+        let turn = op.turns.acquire().await;
+        let answer = op.store.acquire(&op.claim).await;
+        drop(turn);
+        let expires_in = match answer {
             Ok(Acquired::Granted { fence }) => return Outcome::Granted { fence, sent_at },
             Ok(Acquired::Busy { expires_in }) => expires_in,
             Err(e) => return Outcome::Unavailable(e),

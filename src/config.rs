@@ -138,6 +138,14 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKSIDE_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
 
+    /// Threads that run sessions. One by default, like linkerd2-proxy: a sidecar shares
+    /// its node with the app, and on one thread a lock's round trip skips the cross-thread
+    /// wake-ups (measured: 1.6× instead of 2.0× the direct-Redis cycle, same throughput
+    /// with 64 sessions on 2 cores). Raise it for very busy pods.
+    #[arg(long, env = "LOCKSIDE_WORKER_THREADS", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub worker_threads: u16,
+
     /// Open Lease streams per sidecar.
     #[arg(long, env = "LOCKSIDE_MAX_SESSIONS", default_value_t = 10_000)]
     pub max_sessions: usize,

@@ -30,7 +30,21 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let runtime = match tokio::runtime::Runtime::new() {
+    let workers = match &cli.command {
+        CliCommand::Serve(args) => usize::from(args.worker_threads),
+        CliCommand::Bench(_) => 0,
+    };
+    let runtime = match workers {
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        0 => tokio::runtime::Runtime::new(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+    };
+    let runtime = match runtime {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!(error = %e, "cannot start the runtime");

@@ -158,7 +158,10 @@ async fn losing_redis_sends_jeopardy_then_lost_and_grants_resume_when_it_returns
     let id = a.send_acquire(acquire("other")).await;
     let r = a.expect_rejected(id).await;
     assert_eq!(r.code, Code::Unavailable as i32);
-    assert_eq!(r.message, "the lock store is unavailable", "no addresses or driver errors");
+    assert_eq!(
+        r.message, "the lock store is unavailable",
+        "no addresses or driver errors"
+    );
     match a.next().await {
         lease_response::Event::Lost(l) => {
             assert_eq!((l.key.as_str(), l.fencing_token), ("k", g.fencing_token));

@@ -1,0 +1,81 @@
+//! One acquire: try, and while busy and allowed to, wait for a wake-up and try again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, mpsc};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{Done, Outcome};
+use crate::engine::wakers::WaitGuard;
+use crate::store::{Acquired, Claim, Store};
+
+pub(super) struct AcquireOp {
+    pub(super) store: Arc<dyn Store>,
+    pub(super) turns: Arc<Semaphore>,
+    pub(super) claim: Claim,
+    pub(super) request_id: u64,
+    pub(super) wait_until: Option<Instant>,
+    pub(super) guard: Option<WaitGuard>,
+    pub(super) cancel: CancellationToken,
+    pub(super) waiting: mpsc::UnboundedSender<(u64, String)>,
+}
+
+pub(super) async fn acquire(op: AcquireOp) -> Done {
+    let outcome = attempts(&op).await;
+    if op.claim.wait && !matches!(outcome, Outcome::Granted { .. }) {
+        // Leave the waiters of the key in the store, in the background: the answer
+        // need not wait for it, and the registration expires anyway.
+        let store = op.store.clone();
+        let (key, owner) = (op.claim.key.clone(), op.claim.owner.clone());
+        tokio::spawn(async move {
+            let _ = store.unwait(&key, &owner).await;
+        });
+    }
+    Done::Acquire {
+        key: op.claim.key,
+        request_id: op.request_id,
+        owner: op.claim.owner,
+        ttl: op.claim.ttl,
+        outcome,
+    }
+}
+
+/// Tries to acquire; while busy and allowed to wait, sleeps until a release notice, the
+/// holder's expiry, or a refresh of the waiter registration at TTL/3, whichever first.
+async fn attempts(op: &AcquireOp) -> Outcome {
+    let mut told = false;
+    loop {
+        let sent_at = Instant::now();
+        let turn = op.turns.acquire().await;
+        let answer = op.store.acquire(&op.claim).await;
+        drop(turn);
+        let expires_in = match answer {
+            Ok(Acquired::Granted { fence }) => return Outcome::Granted { fence, sent_at },
+            Ok(Acquired::Busy { expires_in }) => expires_in,
+            Err(e) => return Outcome::Unavailable(e),
+        };
+        let (Some(until), Some(guard)) = (op.wait_until, op.guard.as_ref()) else {
+            return Outcome::Busy;
+        };
+        if Instant::now() >= until {
+            return Outcome::Timeout;
+        }
+        if !told {
+            told = true;
+            let _ = op.waiting.send((op.request_id, op.claim.key.clone()));
+        }
+        // +1 ms: look just after the holder's expiry, not just before it.
+        let look_again =
+            Instant::now() + (expires_in + Duration::from_millis(1)).min(op.claim.ttl / 3);
+        tokio::select! {
+            // A wake first: a woken waiter always tries once more, so no wake is lost.
+            biased;
+            _ = guard.notified() => {}
+            _ = op.cancel.cancelled() => return Outcome::Cancelled,
+            _ = tokio::time::sleep_until(until) => return Outcome::Timeout,
+            _ = tokio::time::sleep_until(look_again) => {}
+        }
+    }
+}

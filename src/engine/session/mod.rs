@@ -1,0 +1,310 @@
+//! A session: one `Lease` stream, one task that owns all of its state: the locks it
+//! holds, the requests it has pending, and its outbound sender.
+//!
+//! Each key of the session has a [`Slot`]. Store calls run concurrently as futures in
+//! `ops`, but at most one per key: commands that arrive for a key with a call under way
+//! queue behind it, so the store sees each session's operations on a key in order. The
+//! one exception is a `Release` of a key the session waits for: it cancels the wait.
+//!
+//! The session, not the renewer, decides when a lock is lost by time: its timer fires
+//! at the earliest safe deadline of its grants, so a renewal stuck in a slow store can
+//! never delay `Lost`.
+//!
+//! Files: this one has the state and the main loop; `requests.rs` turns client
+//! commands into store calls; `results.rs` handles what the store, the renewer and the
+//! clock answer; `attempt.rs` is one acquire, with its waiting.
+
+mod attempt;
+mod requests;
+mod results;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use futures_util::stream::FuturesUnordered;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_stream::{Stream, StreamExt};
+use tokio_util::sync::CancellationToken;
+
+use super::renewer::{LeaseClock, RenewEvent};
+use super::{
+    AcquireRequest, Command, EndReason, EngineError, Event, Inbound, RejectCode, Rejection, Shared,
+};
+use crate::store::{Store, StoreError};
+
+enum Slot {
+    Acquiring(Acquiring),
+    Held(Held),
+}
+
+struct Acquiring {
+    request_id: u64,
+    cancel: CancellationToken,
+    cancelled: bool,
+    queue: VecDeque<Command>,
+}
+
+struct Held {
+    lease_id: u64,
+    owner: String,
+    fence: u64,
+    ttl: Duration,
+    count: u32,
+    clock: Arc<LeaseClock>,
+    /// Last value read from `clock`: the timer fires at it, then reads the clock again.
+    valid_until: Instant,
+    jeopardy: bool,
+    /// A store call for this grant is under way.
+    busy: bool,
+    queue: VecDeque<Command>,
+}
+
+/// The result of a store call made for the session.
+enum Done {
+    Acquire {
+        key: String,
+        request_id: u64,
+        owner: String,
+        ttl: Duration,
+        outcome: Outcome,
+    },
+    Hold {
+        key: String,
+        lease_id: u64,
+        request: AcquireRequest,
+        result: Result<Option<u32>, StoreError>,
+    },
+    Release {
+        key: String,
+        lease_id: u64,
+        request_id: u64,
+        result: Result<Option<u32>, StoreError>,
+    },
+}
+
+enum Outcome {
+    Granted { fence: u64, sent_at: Instant },
+    Busy,
+    Timeout,
+    Cancelled,
+    Unavailable(StoreError),
+}
+
+enum End {
+    /// The client closed its side or the transport broke.
+    Client,
+    /// The sidecar shuts down.
+    Shutdown,
+    /// The client stopped reading its answers (or is gone).
+    Overflow,
+}
+
+pub(crate) struct Session {
+    shared: Arc<Shared>,
+    id: String,
+    secret: String,
+    client_name: String,
+    grants: u64,
+    out: mpsc::Sender<Event>,
+    overflow: bool,
+    slots: HashMap<String, Slot>,
+    pending: HashSet<u64>,
+    ops: FuturesUnordered<BoxFuture<'static, Done>>,
+    leases: HashMap<u64, String>,
+    renew_tx: mpsc::UnboundedSender<RenewEvent>,
+    renew_rx: mpsc::UnboundedReceiver<RenewEvent>,
+    waiting_tx: mpsc::UnboundedSender<(u64, String)>,
+    waiting_rx: mpsc::UnboundedReceiver<(u64, String)>,
+}
+
+fn random_hex(bytes: usize) -> Result<String, EngineError> {
+    let mut buf = vec![0u8; bytes];
+    getrandom::fill(&mut buf).map_err(|e| EngineError::Random(e.to_string()))?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+impl Session {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        client_name: String,
+        out: mpsc::Sender<Event>,
+    ) -> Result<Self, EngineError> {
+        let (renew_tx, renew_rx) = mpsc::unbounded_channel();
+        let (waiting_tx, waiting_rx) = mpsc::unbounded_channel();
+        Ok(Self {
+            shared,
+            // Public: shown by Describe. 64 bits tell sessions apart in logs.
+            id: random_hex(8)?,
+            // Secret: 128 bits make owner tokens unguessable.
+            secret: random_hex(16)?,
+            client_name,
+            grants: 0,
+            out,
+            overflow: false,
+            slots: HashMap::new(),
+            pending: HashSet::new(),
+            ops: FuturesUnordered::new(),
+            leases: HashMap::new(),
+            renew_tx,
+            renew_rx,
+            waiting_tx,
+            waiting_rx,
+        })
+    }
+
+    pub(crate) fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub(crate) async fn run<S>(mut self, mut inbound: S)
+    where
+        S: Stream<Item = Inbound> + Unpin,
+    {
+        tracing::debug!("session started");
+        self.send(Event::Started {
+            session_id: self.id.clone(),
+            default_ttl: self.shared.config.default_ttl,
+        });
+        let shutdown = self.shared.shutdown.clone();
+        let end = loop {
+            if self.overflow {
+                break End::Overflow;
+            }
+            let deadline = self.next_deadline();
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break End::Shutdown,
+                Some(event) = self.renew_rx.recv() => self.on_renew_event(event),
+                Some((request_id, key)) = self.waiting_rx.recv() => self.on_waiting(request_id, key),
+                _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+                    self.check_deadlines();
+                }
+                Some(done) = self.ops.next(), if !self.ops.is_empty() => self.on_done(done),
+                message = inbound.next() => match message {
+                    Some(Inbound::Command(command)) => self.handle(command),
+                    Some(Inbound::Invalid(rejection)) => self.send(Event::Rejected(rejection)),
+                    Some(Inbound::Broken(why)) => {
+                        tracing::debug!(%why, "stream broken");
+                        break End::Client;
+                    }
+                    None => break End::Client,
+                },
+            }
+        };
+        self.finish(end).await;
+        tracing::debug!("session ended");
+    }
+
+    /// Sends an event, ending the session if the client does not read its answers. The
+    /// last slot of the buffer is kept for the `Ended` event that says so.
+    fn send(&mut self, event: Event) {
+        if self.overflow {
+            return;
+        }
+        if self.out.capacity() <= 1 {
+            self.overflow = true;
+            let _ = self.out.try_send(Event::Ended(EndReason::Overflow));
+            return;
+        }
+        if self.out.try_send(event).is_err() {
+            self.overflow = true;
+        }
+    }
+
+    fn reject(&mut self, request_id: u64, key: &str, code: RejectCode, message: impl Into<String>) {
+        self.send(Event::Rejected(Rejection::new(
+            request_id, key, code, message,
+        )));
+    }
+
+    /// Answers UNAVAILABLE. The client learns that the store cannot be reached, not
+    /// how: addresses and driver messages stay in the log.
+    fn store_failed(&mut self, request_id: u64, key: &str, error: &StoreError) {
+        tracing::warn!(%key, %error, "store call failed");
+        self.reject(
+            request_id,
+            key,
+            RejectCode::Unavailable,
+            "the lock store is unavailable",
+        );
+    }
+
+    /// Releases everything: held grants at once, grants that in-flight calls produce as
+    /// they finish. Waits are cancelled first.
+    async fn finish(mut self, end: End) {
+        for slot in self.slots.values() {
+            if let Slot::Acquiring(a) = slot {
+                a.cancel.cancel();
+            }
+        }
+        let mut held = Vec::new();
+        for (key, slot) in self.slots.drain() {
+            if let Slot::Held(h) = slot {
+                self.shared.renewer.remove(h.lease_id);
+                held.push((key, h.owner, h.fence));
+            }
+        }
+        if let End::Shutdown = end {
+            for (key, _, fence) in &held {
+                let reason = "the sidecar is shutting down".to_owned();
+                let _ = self.out.try_send(Event::Lost {
+                    key: key.clone(),
+                    reason,
+                    fence: *fence,
+                });
+            }
+        }
+        let store = self.shared.store.clone();
+        let release_held = futures_util::future::join_all(
+            held.iter()
+                .map(|(key, owner, _)| release_quietly(&store, key, owner)),
+        );
+        let mut ops = std::mem::take(&mut self.ops);
+        let finish_ops = async {
+            let mut granted = Vec::new();
+            while let Some(done) = ops.next().await {
+                if let Done::Acquire {
+                    key,
+                    owner,
+                    outcome: Outcome::Granted { .. },
+                    ..
+                } = done
+                {
+                    granted.push((key, owner));
+                }
+            }
+            granted
+        };
+        let ((), granted) = tokio::join!(
+            async {
+                release_held.await;
+            },
+            finish_ops
+        );
+        futures_util::future::join_all(
+            granted
+                .iter()
+                .map(|(key, owner)| release_quietly(&store, key, owner)),
+        )
+        .await;
+        match end {
+            End::Shutdown => {
+                let _ = self.out.try_send(Event::Ended(EndReason::Shutdown));
+            }
+            End::Client | End::Overflow => {}
+        }
+        tracing::debug!(
+            released = held.len() + granted.len(),
+            "session released its locks"
+        );
+    }
+}
+
+async fn release_quietly(store: &Arc<dyn Store>, key: &str, owner: &str) {
+    if let Err(e) = store.release(key, owner, true).await {
+        tracing::warn!(%key, error = %e, "release at session end failed; the lock expires at its TTL");
+    }
+}

@@ -1,0 +1,226 @@
+//! Client commands: validated, then turned into store calls (one per key at a time)
+//! or answered at once.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::attempt::{AcquireOp, acquire};
+use super::{Acquiring, Done, Session, Slot};
+use crate::engine::{AcquireRequest, Command, MAX_WAIT, MIN_TTL, Mode, RejectCode, validate_key};
+use crate::store::Claim;
+
+impl Session {
+    pub(super) fn handle(&mut self, command: Command) {
+        let (request_id, key) = match &command {
+            Command::Acquire(r) => (r.request_id, r.key.as_str()),
+            Command::Release { request_id, key } => (*request_id, key.as_str()),
+        };
+        if self.pending.contains(&request_id) {
+            let message = format!("request_id {request_id} is still pending on this session");
+            self.reject(request_id, key, RejectCode::InvalidArgument, message);
+            return;
+        }
+        if let Err(message) = validate_key(key) {
+            self.reject(request_id, key, RejectCode::InvalidArgument, message);
+            return;
+        }
+        if self.pending.len() >= self.shared.config.max_pending_per_session {
+            let message = format!(
+                "this session has {} requests pending, its limit",
+                self.pending.len()
+            );
+            self.reject(request_id, key, RejectCode::ResourceExhausted, message);
+            return;
+        }
+        match command {
+            Command::Acquire(request) => self.acquire(request),
+            Command::Release { request_id, key } => self.release(request_id, key),
+        }
+    }
+
+    /// Checks the values of an `Acquire` that do not depend on the session's state.
+    pub(super) fn check(&self, r: &AcquireRequest) -> Result<Duration, (RejectCode, String)> {
+        use RejectCode::*;
+        if r.mode == Mode::Shared {
+            return Err((Unimplemented, "SHARED mode is not implemented yet".into()));
+        }
+        if r.limit > 1 {
+            return Err((
+                Unimplemented,
+                "limit > 1 (semaphores) is not implemented yet".into(),
+            ));
+        }
+        if r.fair {
+            return Err((Unimplemented, "fair queues are not implemented yet".into()));
+        }
+        let max_ttl = self.shared.config.max_ttl;
+        let ttl = r.ttl.unwrap_or(self.shared.config.default_ttl);
+        if ttl < MIN_TTL || ttl > max_ttl {
+            return Err((
+                InvalidArgument,
+                format!("ttl {ttl:?} is outside the allowed range {MIN_TTL:?} to {max_ttl:?}"),
+            ));
+        }
+        if let Some(wait) = r.wait
+            && wait > MAX_WAIT
+        {
+            return Err((
+                InvalidArgument,
+                format!("wait_timeout {wait:?} is longer than the maximum {MAX_WAIT:?}"),
+            ));
+        }
+        Ok(ttl)
+    }
+
+    pub(super) fn acquire(&mut self, request: AcquireRequest) {
+        let ttl = match self.check(&request) {
+            Ok(ttl) => ttl,
+            Err((code, message)) => {
+                return self.reject(request.request_id, &request.key, code, message);
+            }
+        };
+        let config = &self.shared.config;
+        let (max_locks, max_waiters) = (config.max_locks_per_session, config.max_waiters_per_key);
+        match self.slots.get_mut(&request.key) {
+            Some(Slot::Acquiring(a)) => {
+                self.pending.insert(request.request_id);
+                a.queue.push_back(Command::Acquire(request));
+            }
+            Some(Slot::Held(h)) if h.busy => {
+                self.pending.insert(request.request_id);
+                h.queue.push_back(Command::Acquire(request));
+            }
+            Some(Slot::Held(h)) => {
+                if h.count == u32::MAX {
+                    let message = "hold count is at its maximum";
+                    return self.reject(
+                        request.request_id,
+                        &request.key,
+                        RejectCode::ResourceExhausted,
+                        message,
+                    );
+                }
+                // Reentrant: the store counts holds so Describe shows them. A reentrant
+                // acquire keeps the grant's TTL.
+                h.busy = true;
+                self.pending.insert(request.request_id);
+                let (store, turns) = (self.shared.store.clone(), self.shared.store_calls.clone());
+                let (key, owner, ttl, lease_id) =
+                    (request.key.clone(), h.owner.clone(), h.ttl, h.lease_id);
+                self.ops.push(Box::pin(async move {
+                    let _turn = turns.acquire().await;
+                    let result = store.hold(&key, &owner, ttl).await;
+                    Done::Hold {
+                        key,
+                        lease_id,
+                        request,
+                        result,
+                    }
+                }));
+            }
+            None => {
+                if self.slots.len() >= max_locks {
+                    let message =
+                        format!("this session holds or waits for {max_locks} locks, its limit");
+                    return self.reject(
+                        request.request_id,
+                        &request.key,
+                        RejectCode::ResourceExhausted,
+                        message,
+                    );
+                }
+                let wait_until = request
+                    .wait
+                    .filter(|w| !w.is_zero())
+                    .map(|w| Instant::now() + w);
+                let guard = match wait_until {
+                    None => None,
+                    Some(_) => match self.shared.wakers.register(&request.key, max_waiters) {
+                        Some(guard) => Some(guard),
+                        None => {
+                            let message = format!(
+                                "{max_waiters} requests already wait for this key on this sidecar, the limit"
+                            );
+                            return self.reject(
+                                request.request_id,
+                                &request.key,
+                                RejectCode::ResourceExhausted,
+                                message,
+                            );
+                        }
+                    },
+                };
+                self.grants += 1;
+                let claim = Claim {
+                    key: request.key.clone(),
+                    owner: format!("{}.{}", self.secret, self.grants),
+                    ttl,
+                    wait: guard.is_some(),
+                    session_id: self.id.clone(),
+                    client_name: self.client_name.clone(),
+                };
+                let cancel = CancellationToken::new();
+                self.slots.insert(
+                    request.key.clone(),
+                    Slot::Acquiring(Acquiring {
+                        request_id: request.request_id,
+                        cancel: cancel.clone(),
+                        cancelled: false,
+                        queue: VecDeque::new(),
+                    }),
+                );
+                self.pending.insert(request.request_id);
+                self.ops.push(Box::pin(acquire(AcquireOp {
+                    store: self.shared.store.clone(),
+                    turns: self.shared.store_calls.clone(),
+                    claim,
+                    request_id: request.request_id,
+                    wait_until,
+                    guard,
+                    cancel,
+                    waiting: self.waiting_tx.clone(),
+                })));
+            }
+        }
+    }
+
+    pub(super) fn release(&mut self, request_id: u64, key: String) {
+        match self.slots.get_mut(&key) {
+            Some(Slot::Acquiring(a)) => {
+                // A Release of a key the session waits for cancels the wait; the pending
+                // Acquire is answered NotAcquired CANCELLED, the Release not at all.
+                a.cancelled = true;
+                a.cancel.cancel();
+            }
+            Some(Slot::Held(h)) if h.busy => {
+                self.pending.insert(request_id);
+                h.queue.push_back(Command::Release { request_id, key });
+            }
+            Some(Slot::Held(h)) => {
+                h.busy = true;
+                self.pending.insert(request_id);
+                let (store, turns) = (self.shared.store.clone(), self.shared.store_calls.clone());
+                let (owner, lease_id) = (h.owner.clone(), h.lease_id);
+                self.ops.push(Box::pin(async move {
+                    let _turn = turns.acquire().await;
+                    let result = store.release(&key, &owner, false).await;
+                    Done::Release {
+                        key,
+                        lease_id,
+                        request_id,
+                        result,
+                    }
+                }));
+            }
+            None => self.reject(
+                request_id,
+                &key,
+                RejectCode::FailedPrecondition,
+                "this session does not hold this key",
+            ),
+        }
+    }
+}

@@ -1,0 +1,374 @@
+//! What comes back: results of store calls, renewal events, and the safe-deadline
+//! timer. Every request gets its answer here.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Done, Held, Outcome, Session, Slot};
+use crate::engine::renewer::{Lease, LeaseClock, RenewEvent};
+use crate::engine::{Command, Event, NotAcquiredReason, RejectCode, drift_margin};
+
+impl Session {
+    pub(super) fn on_waiting(&mut self, request_id: u64, key: String) {
+        if let Some(Slot::Acquiring(a)) = self.slots.get(&key)
+            && a.request_id == request_id
+            && !a.cancelled
+        {
+            self.send(Event::Waiting {
+                request_id,
+                key,
+                position: 0,
+            });
+        }
+    }
+
+    pub(super) fn on_done(&mut self, done: Done) {
+        match done {
+            Done::Acquire {
+                key,
+                request_id,
+                owner,
+                ttl,
+                outcome,
+            } => self.acquired(key, request_id, owner, ttl, outcome),
+            Done::Hold {
+                key,
+                lease_id,
+                request,
+                result,
+            } => {
+                self.pending.remove(&request.request_id);
+                let Some(Slot::Held(h)) = self
+                    .slots
+                    .get_mut(&key)
+                    .filter(|s| lease_of(s) == Some(lease_id))
+                else {
+                    // The grant was lost while the call ran: acquire afresh.
+                    return self.handle(Command::Acquire(request));
+                };
+                h.busy = false;
+                match result {
+                    Ok(Some(count)) => {
+                        h.count = count;
+                        let event = Event::Granted {
+                            request_id: request.request_id,
+                            key: key.clone(),
+                            fence: h.fence,
+                            ttl: h.clock.get().saturating_duration_since(Instant::now()),
+                            hold_count: count,
+                        };
+                        self.send(event);
+                        self.drain(&key);
+                    }
+                    Ok(None) => {
+                        let queue = self.lose(&key, "the store no longer held the lock");
+                        self.handle(Command::Acquire(request));
+                        self.redispatch(queue);
+                    }
+                    Err(e) => {
+                        self.store_failed(request.request_id, &key, &e);
+                        self.drain(&key);
+                    }
+                }
+            }
+            Done::Release {
+                key,
+                lease_id,
+                request_id,
+                result,
+            } => {
+                self.pending.remove(&request_id);
+                let Some(Slot::Held(h)) = self
+                    .slots
+                    .get_mut(&key)
+                    .filter(|s| lease_of(s) == Some(lease_id))
+                else {
+                    // Lost while the call ran: nothing is held any more.
+                    return self.send(Event::Released {
+                        request_id,
+                        key,
+                        hold_count: 0,
+                    });
+                };
+                h.busy = false;
+                let last = h.count <= 1;
+                match result {
+                    Ok(Some(count)) if count > 0 => {
+                        h.count = count;
+                        self.send(Event::Released {
+                            request_id,
+                            key: key.clone(),
+                            hold_count: count,
+                        });
+                        self.drain(&key);
+                    }
+                    Ok(Some(_)) => self.released(key, request_id),
+                    Ok(None) => {
+                        let queue = self.lose(&key, "the store no longer held the lock");
+                        self.send(Event::Released {
+                            request_id,
+                            key,
+                            hold_count: 0,
+                        });
+                        self.redispatch(queue);
+                    }
+                    Err(e) if last => {
+                        // Stop renewing: the store lets the lock go at its expiry.
+                        tracing::warn!(%key, error = %e, "release not confirmed by the store; the lock expires at its TTL");
+                        self.released(key, request_id);
+                    }
+                    Err(e) => {
+                        self.store_failed(request_id, &key, &e);
+                        self.drain(&key);
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn acquired(
+        &mut self,
+        key: String,
+        request_id: u64,
+        owner: String,
+        ttl: Duration,
+        outcome: Outcome,
+    ) {
+        self.pending.remove(&request_id);
+        let Some(Slot::Acquiring(a)) = self.slots.remove(&key) else {
+            // Cannot happen: an Acquiring slot only leaves through here.
+            tracing::error!(%key, "acquire finished without its slot");
+            if let Outcome::Granted { .. } = outcome {
+                self.release_in_background(key, owner);
+            }
+            return;
+        };
+        let reason = match outcome {
+            Outcome::Granted { .. } if a.cancelled => {
+                self.release_in_background(key.clone(), owner);
+                Some(NotAcquiredReason::Cancelled)
+            }
+            _ if a.cancelled => Some(NotAcquiredReason::Cancelled),
+            Outcome::Granted { fence, sent_at } => {
+                let valid_until = sent_at + ttl - drift_margin(ttl);
+                let now = Instant::now();
+                if valid_until <= now {
+                    self.release_in_background(key.clone(), owner);
+                    let message = "the store answered too late for the grant to be safe";
+                    self.reject(request_id, &key, RejectCode::Unavailable, message);
+                } else {
+                    self.hold_grant(
+                        key.clone(),
+                        request_id,
+                        owner,
+                        ttl,
+                        fence,
+                        sent_at,
+                        valid_until,
+                        a.queue,
+                    );
+                    return self.drain(&key);
+                }
+                None
+            }
+            Outcome::Busy => Some(NotAcquiredReason::Busy),
+            Outcome::Timeout => Some(NotAcquiredReason::Timeout),
+            Outcome::Cancelled => Some(NotAcquiredReason::Cancelled),
+            Outcome::Unavailable(e) => {
+                self.store_failed(request_id, &key, &e);
+                None
+            }
+        };
+        if let Some(reason) = reason {
+            self.send(Event::NotAcquired {
+                request_id,
+                key,
+                reason,
+            });
+        }
+        self.redispatch(a.queue);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn hold_grant(
+        &mut self,
+        key: String,
+        request_id: u64,
+        owner: String,
+        ttl: Duration,
+        fence: u64,
+        sent_at: Instant,
+        valid_until: Instant,
+        queue: VecDeque<Command>,
+    ) {
+        let lease_id = self.shared.next_lease_id();
+        let clock = Arc::new(LeaseClock::new(valid_until));
+        self.shared.renewer.add(Lease {
+            id: lease_id,
+            key: key.clone(),
+            owner: owner.clone(),
+            ttl,
+            confirmed_at: sent_at,
+            clock: clock.clone(),
+            events: self.renew_tx.clone(),
+        });
+        self.leases.insert(lease_id, key.clone());
+        let remaining = valid_until.saturating_duration_since(Instant::now());
+        self.slots.insert(
+            key.clone(),
+            Slot::Held(Held {
+                lease_id,
+                owner,
+                fence,
+                ttl,
+                count: 1,
+                clock,
+                valid_until,
+                jeopardy: false,
+                busy: false,
+                queue,
+            }),
+        );
+        tracing::debug!(%key, fence, "granted");
+        self.send(Event::Granted {
+            request_id,
+            key,
+            fence,
+            ttl: remaining,
+            hold_count: 1,
+        });
+    }
+
+    /// The last hold is gone: forget the grant and answer.
+    pub(super) fn released(&mut self, key: String, request_id: u64) {
+        let queue = match self.slots.remove(&key) {
+            Some(Slot::Held(h)) => {
+                self.shared.renewer.remove(h.lease_id);
+                self.leases.remove(&h.lease_id);
+                h.queue
+            }
+            _ => VecDeque::new(),
+        };
+        self.send(Event::Released {
+            request_id,
+            key,
+            hold_count: 0,
+        });
+        self.redispatch(queue);
+    }
+
+    /// Drops a grant the session can no longer count on and says so. Returns the
+    /// commands that were queued behind it.
+    pub(super) fn lose(&mut self, key: &str, reason: &str) -> VecDeque<Command> {
+        let Some(Slot::Held(h)) = self.slots.remove(key) else {
+            return VecDeque::new();
+        };
+        tracing::warn!(%key, fence = h.fence, %reason, "lock lost");
+        self.shared.renewer.remove(h.lease_id);
+        self.leases.remove(&h.lease_id);
+        // If the store is reachable again, let the others in now rather than at expiry.
+        self.release_in_background(key.to_owned(), h.owner);
+        self.send(Event::Lost {
+            key: key.to_owned(),
+            reason: reason.to_owned(),
+            fence: h.fence,
+        });
+        h.queue
+    }
+
+    pub(super) fn release_in_background(&self, key: String, owner: String) {
+        let store = self.shared.store.clone();
+        tokio::spawn(async move {
+            let _ = store.release(&key, &owner, true).await;
+        });
+    }
+
+    /// Runs the commands queued behind a key while the key has no call under way.
+    pub(super) fn drain(&mut self, key: &str) {
+        loop {
+            let command = match self.slots.get_mut(key) {
+                Some(Slot::Held(h)) if !h.busy => h.queue.pop_front(),
+                _ => None,
+            };
+            let Some(command) = command else { return };
+            self.redispatch(VecDeque::from([command]));
+        }
+    }
+
+    pub(super) fn redispatch(&mut self, queue: VecDeque<Command>) {
+        for command in queue {
+            let request_id = match &command {
+                Command::Acquire(r) => r.request_id,
+                Command::Release { request_id, .. } => *request_id,
+            };
+            self.pending.remove(&request_id);
+            self.handle(command);
+        }
+    }
+
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
+        self.slots
+            .values()
+            .filter_map(|s| match s {
+                Slot::Held(h) => Some(h.valid_until),
+                Slot::Acquiring(_) => None,
+            })
+            .min()
+    }
+
+    pub(super) fn check_deadlines(&mut self) {
+        let now = Instant::now();
+        let mut lost = Vec::new();
+        for (key, slot) in &mut self.slots {
+            if let Slot::Held(h) = slot {
+                h.valid_until = h.clock.get();
+                if h.valid_until <= now {
+                    lost.push(key.clone());
+                }
+            }
+        }
+        for key in lost {
+            let queue = self.lose(&key, "renewal not confirmed before the safe deadline");
+            self.redispatch(queue);
+        }
+    }
+
+    pub(super) fn on_renew_event(&mut self, event: RenewEvent) {
+        let (RenewEvent::Failing(id) | RenewEvent::Restored(id) | RenewEvent::NotHeld(id)) = event;
+        let Some(key) = self.leases.get(&id).cloned() else {
+            return;
+        };
+        let Some(Slot::Held(h)) = self.slots.get_mut(&key) else {
+            return;
+        };
+        let left = h.clock.get().saturating_duration_since(Instant::now());
+        match event {
+            RenewEvent::Failing(_) if !h.jeopardy => {
+                h.jeopardy = true;
+                self.send(Event::Jeopardy {
+                    key,
+                    ttl_remaining: left,
+                });
+            }
+            RenewEvent::Restored(_) if h.jeopardy => {
+                h.jeopardy = false;
+                self.send(Event::Restored { key, ttl: left });
+            }
+            RenewEvent::NotHeld(_) => {
+                let queue = self.lose(&key, "the store no longer holds the lock");
+                self.redispatch(queue);
+            }
+            _ => {}
+        }
+    }
+}
+
+fn lease_of(slot: &Slot) -> Option<u64> {
+    match slot {
+        Slot::Held(h) => Some(h.lease_id),
+        Slot::Acquiring(_) => None,
+    }
+}

@@ -9,7 +9,7 @@
 //! - [`proto`]: the generated gRPC types of `proto/lockside/v1/lockside.proto`.
 //! - [`api`]: the tonic service; protobuf in, engine calls, protobuf out. The only place
 //!   where outcomes become gRPC codes.
-//! - [`engine`]: sessions (`engine/session.rs`, one task per `Lease` stream), the
+//! - [`engine`]: sessions (`engine/session/`, one task per `Lease` stream), the
 //!   sidecar-wide batched renewer (`engine/renewer.rs`), local waiters woken by release
 //!   notices (`engine/wakers.rs`). Knows no Redis and no protobuf.
 //! - [`store`]: the [`store::Store`] trait and its implementations: `store/memory.rs`

@@ -178,6 +178,10 @@ impl Session {
             Outcome::Timeout => Some(NotAcquiredReason::Timeout),
             Outcome::Cancelled => Some(NotAcquiredReason::Cancelled),
             Outcome::Unavailable(e) => {
+                // A call that timed out may still have been granted: the grant's owner
+                // token is unique, so releasing it blindly is safe and frees the key
+                // now rather than at its TTL.
+                self.release_in_background(key.clone(), owner);
                 self.store_failed(request_id, &key, &e);
                 None
             }

@@ -1,0 +1,181 @@
+//! Phase 5: `--locks` locks held and renewed by the sidecar, and what that costs: Redis
+//! commands and EVALSHA calls per second, the sidecar's CPU time and memory.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use deadpool_redis::redis::{self, aio::MultiplexedConnection};
+use tokio::task::JoinSet;
+use tokio::time::{Instant, timeout};
+
+use super::process::{clock_ticks, cpu_ticks, rss_kb};
+use super::report::{Report, mb};
+use super::session::Session;
+use super::{Ctx, err, join_all, plain_redis};
+use crate::proto::LeaseResponse;
+use crate::proto::lease_response::Event as E;
+
+/// Locks per session (a sidecar allows 1024 by default).
+const LOCKS_PER_SESSION: u64 = 1000;
+/// Renewal rounds the phase samples (its window is this many renewal periods, TTL/3).
+const HOLD_ROUNDS: u32 = 6;
+/// Bound on taking every lock.
+const HOLD_SETUP: Duration = Duration::from_secs(60);
+/// The bench's own INFO calls between two `total_commands_processed` readings.
+const OWN_INFO_CALLS: u64 = 2;
+
+/// Phase 5: `locks` locks held and renewed by the sidecar.
+pub(super) async fn hold_phase(
+    ctx: &Ctx,
+    locks: u64,
+    ttl: Duration,
+    pid: Option<u32>,
+    report: &mut Report,
+) -> Result<(), String> {
+    let mut redis = plain_redis(&ctx.redis_url).await?;
+    // Earlier phases leave allocator caches behind: show where memory stood before.
+    let rss_before = pid.map(rss_kb).transpose()?;
+    let sessions = hold_locks(ctx, locks, ttl).await?;
+    let events = Arc::new(AtomicU64::new(0));
+    let held: Vec<_> = sessions
+        .into_iter()
+        .map(|s| (s.tx, tokio::spawn(count_events(s.rx, events.clone()))))
+        .collect();
+    let ticks_per_s = clock_ticks().await;
+    let before = sample(&mut redis, pid).await?;
+    // The measurement window itself, not a wait for an event.
+    tokio::time::sleep(ttl / 3 * HOLD_ROUNDS).await;
+    let after = sample(&mut redis, pid).await?;
+    for (tx, reader) in held {
+        reader.abort();
+        drop(tx);
+    }
+    let secs = (after.at - before.at).as_secs_f64();
+    let commands = after
+        .commands
+        .saturating_sub(before.commands + OWN_INFO_CALLS) as f64;
+    let evalsha = after.evalsha.saturating_sub(before.evalsha) as f64 / secs;
+    let cpu = match (before.cpu_ticks, after.cpu_ticks) {
+        (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / ticks_per_s / secs * 100.0),
+        _ => None,
+    };
+    report.put("hold_commands_per_s", Some(commands / secs), None);
+    report.put("hold_evalsha_per_s", Some(evalsha), None);
+    report.put(
+        "hold_evalsha_per_s_1k",
+        Some(evalsha * 1000.0 / locks as f64),
+        None,
+    );
+    report.put("hold_cpu_percent", cpu, None);
+    report.put("hold_rss_before_mb", rss_before.map(mb), None);
+    report.put("hold_rss_mb", after.rss_kb.map(mb), None);
+    if pid.is_none() {
+        report
+            .notes
+            .push("CPU and RSS are n/a with --sidecar: no child pid".into());
+    }
+    let unexpected = events.load(Ordering::Relaxed);
+    if unexpected > 0 {
+        report.notes.push(format!(
+            "{unexpected} events or stream ends while holding locks"
+        ));
+    }
+    report.notes.push(format!(
+        "{locks} locks held with ttl {ttl:?} (renewed every {:?}); Redis commands/s counts \
+         every client of that Redis and the commands run inside scripts",
+        ttl / 3
+    ));
+    Ok(())
+}
+
+/// Opens one session per 1000 keys and takes every lock, all requests in flight at once.
+async fn hold_locks(ctx: &Ctx, locks: u64, ttl: Duration) -> Result<Vec<Session>, String> {
+    let mut set = JoinSet::new();
+    for first in (0..locks).step_by(LOCKS_PER_SESSION as usize) {
+        let last = (first + LOCKS_PER_SESSION).min(locks);
+        let keys = (first..last)
+            .map(|i| ctx.key(format!("hold/{i}")))
+            .collect();
+        set.spawn(take_all(
+            Session::open(ctx.channel.clone()).await?,
+            keys,
+            ttl,
+        ));
+    }
+    let taken = timeout(HOLD_SETUP, join_all(set)).await;
+    taken.map_err(err(format!("taking {locks} locks")))?
+}
+
+/// Acquires every key on `s`, all requests in flight at once, and returns the session.
+async fn take_all(mut s: Session, keys: Vec<String>, ttl: Duration) -> Result<Session, String> {
+    for key in &keys {
+        s.acquire(key, None, Some(ttl)).await?;
+    }
+    for _ in 0..keys.len() {
+        match s.event().await? {
+            E::Granted(_) => {}
+            other => return Err(format!("taking {} locks: got {other:?}", keys.len())),
+        }
+    }
+    Ok(s)
+}
+
+/// Counts what arrives on a session that asks for nothing: every event is unexpected.
+async fn count_events(mut rx: tonic::Streaming<LeaseResponse>, events: Arc<AtomicU64>) {
+    loop {
+        let next = rx.message().await;
+        events.fetch_add(1, Ordering::Relaxed);
+        if !matches!(next, Ok(Some(_))) {
+            return;
+        }
+    }
+}
+
+/// One reading of Redis counters and of the sidecar process.
+struct Sample {
+    at: Instant,
+    commands: u64,
+    evalsha: u64,
+    cpu_ticks: Option<u64>,
+    rss_kb: Option<u64>,
+}
+
+async fn sample(redis: &mut MultiplexedConnection, pid: Option<u32>) -> Result<Sample, String> {
+    let at = Instant::now();
+    let (stats, commandstats) = (
+        info(redis, "stats").await?,
+        info(redis, "commandstats").await?,
+    );
+    Ok(Sample {
+        at,
+        commands: info_field(&stats, "total_commands_processed:")
+            .ok_or("INFO stats has no total_commands_processed")?,
+        evalsha: info_field(&commandstats, "cmdstat_evalsha:calls=").unwrap_or(0),
+        cpu_ticks: pid.map(cpu_ticks).transpose()?,
+        rss_kb: pid.map(rss_kb).transpose()?,
+    })
+}
+
+async fn info(redis: &mut MultiplexedConnection, section: &str) -> Result<String, String> {
+    let reply = redis::cmd("INFO").arg(section).query_async(redis).await;
+    reply.map_err(err(format!("INFO {section}")))
+}
+
+fn info_field(info: &str, prefix: &str) -> Option<u64> {
+    let rest = info.lines().find_map(|line| line.strip_prefix(prefix))?;
+    rest.split(',').next()?.trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn info_fields() {
+        let info = "# Stats\r\ntotal_commands_processed:42\r\ncmdstat_evalsha:calls=7,usec=1\r\n";
+        assert_eq!(info_field(info, "total_commands_processed:"), Some(42));
+        assert_eq!(info_field(info, "cmdstat_evalsha:calls="), Some(7));
+        assert_eq!(info_field(info, "cmdstat_get:calls="), None);
+    }
+}

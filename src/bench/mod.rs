@@ -1,0 +1,380 @@
+//! `lockside bench`: measures a live sidecar and, in the same run and from the same
+//! process, the same Redis called directly with the same Lua scripts (through
+//! [`RedisStore`]), so the table shows what the sidecar adds on top of Redis.
+//!
+//! Phases, each bounded in time and in count, over loopback only:
+//! 1. acquire→release cycles on one session (p50, p99, cycles/s), sidecar and direct;
+//! 2. the same with 64 concurrent sessions;
+//! 3. handoff: 16 sessions contend for one key; the next `Granted` minus the time the
+//!    previous holder sent its `Release`;
+//! 4. death to grant: a holder's connection closes while another session waits;
+//! 5. `--locks` locks held and renewed: Redis load, sidecar CPU and memory.
+//!
+//! Without `--sidecar` the bench spawns `lockside serve` on a free loopback port and
+//! stops it with SIGTERM at the end, also after an error.
+//!
+//! Files: this one has the flags, the run and phases 1 to 4; `hold.rs` is phase 5 with
+//! its Redis and process readings; `process.rs` spawns and stops the sidecar and reads
+//! its CPU and memory from /proc; `session.rs` is one `Lease` stream as a client drives
+//! it; `report.rs` turns samples into the table and the JSON.
+
+mod hold;
+mod process;
+mod report;
+mod session;
+
+use std::fmt::Display;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::Args;
+use deadpool_redis::redis::{self, aio::MultiplexedConnection};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tonic::transport::Channel;
+
+use crate::store::redis::RedisStore;
+use crate::store::{Acquired, Claim, Store};
+use hold::hold_phase;
+use process::{Sidecar, connect};
+use report::{Report, Stats, ms, us};
+use session::{Session, Want};
+
+/// `wait_timeout` of contended acquires (phases 3 and 4).
+const WAIT: Duration = Duration::from_secs(30);
+/// TTL of direct grants: the sidecar's default, so both sides do the same work.
+const DIRECT_TTL: Duration = Duration::from_secs(10);
+/// Timeout of one direct store call, as `lockside serve` defaults to.
+const STORE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Samples per task at most, so a very fast store cannot grow memory without bound.
+const MAX_SAMPLES: usize = 1_000_000;
+/// Sessions contending for one key in phase 3.
+const CONTENDERS: usize = 16;
+/// Rounds of phase 4.
+const DEATH_ROUNDS: usize = 20;
+
+/// Flags of `lockside bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Redis to measure against, directly and through the sidecar.
+    #[arg(long, env = "LOCKSIDE_BENCH_REDIS")]
+    pub redis: String,
+
+    /// A running sidecar (HOST:PORT) on the same Redis. Unset: the bench spawns one.
+    #[arg(long, env = "LOCKSIDE_BENCH_SIDECAR")]
+    pub sidecar: Option<String>,
+
+    /// Seconds per timed phase: 3 gives thousands of samples even on a slow machine.
+    #[arg(long, env = "LOCKSIDE_BENCH_SECONDS", default_value_t = 3,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub seconds: u64,
+
+    /// Locks held in the renewal phase; the targets are set for 10,000.
+    #[arg(long, env = "LOCKSIDE_BENCH_LOCKS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub locks: u64,
+
+    /// TTL of the locks held in the renewal phase (renewed every TTL/3); the sidecar's
+    /// default TTL by default.
+    #[arg(long, env = "LOCKSIDE_BENCH_HOLD_TTL", default_value = "10s",
+          value_parser = crate::config::parse_duration)]
+    pub hold_ttl: Duration,
+
+    /// Also write the JSON result to this file.
+    #[arg(long, env = "LOCKSIDE_BENCH_JSON")]
+    pub json: Option<PathBuf>,
+}
+
+/// Runs the benchmark; prints the table, then the JSON object on one line.
+pub async fn run(args: BenchArgs) -> Result<(), String> {
+    let tag = random_hex(6)?;
+    let (sidecar, channel) = Sidecar::start(&args, &tag).await?;
+    let measured = measure(&args, &sidecar, channel, &tag).await;
+    let mut notes: Vec<String> = sidecar.stop().await.into_iter().collect();
+    notes.extend(cleanup(&args.redis, &tag).await.err());
+    let mut report = measured?;
+    report.notes.extend(notes);
+    report.print();
+    let json = report.json(&args);
+    println!("{json}");
+    if let Some(path) = &args.json {
+        std::fs::write(path, format!("{json}\n")).map_err(err(path.display()))?;
+    }
+    Ok(())
+}
+
+/// Context for an error: `.map_err(err("INFO"))` gives "INFO: <error>".
+fn err<E: Display>(what: impl Display) -> impl FnOnce(E) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+/// The name of run `tag`: the namespace of the spawned sidecar and of the direct store,
+/// and the prefix of every key, so that [`cleanup`] finds all of them with one pattern.
+fn namespace(tag: &str) -> String {
+    format!("bench-{tag}")
+}
+
+fn random_hex(bytes: usize) -> Result<String, String> {
+    let mut buf = vec![0u8; bytes];
+    getrandom::fill(&mut buf).map_err(err("no randomness"))?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Deletes every key of this run: fence counters never expire on their own.
+async fn cleanup(url: &str, tag: &str) -> Result<(), String> {
+    let mut conn = plain_redis(url).await?;
+    let mut cursor = 0u64;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("*{}*", namespace(tag)))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+            .map_err(err("cleanup SCAN"))?;
+        if !keys.is_empty() {
+            let mut unlink = redis::cmd("UNLINK");
+            let done = unlink.arg(&keys).query_async::<u64>(&mut conn).await;
+            done.map_err(err("cleanup UNLINK"))?;
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}
+
+async fn plain_redis(url: &str) -> Result<MultiplexedConnection, String> {
+    let client = redis::Client::open(url).map_err(err("--redis"))?;
+    let conn = client.get_multiplexed_async_connection().await;
+    conn.map_err(err("connecting to Redis"))
+}
+
+/// What every phase needs.
+struct Ctx {
+    addr: String,
+    channel: Channel,
+    store: Arc<RedisStore>,
+    redis_url: String,
+    seconds: Duration,
+    namespace: String,
+}
+
+impl Ctx {
+    fn key(&self, name: impl Display) -> String {
+        format!("{}/{name}", self.namespace)
+    }
+
+    async fn sessions(&self, n: usize) -> Result<Vec<Session>, String> {
+        let mut sessions = Vec::with_capacity(n);
+        for _ in 0..n {
+            sessions.push(Session::open(self.channel.clone()).await?);
+        }
+        Ok(sessions)
+    }
+}
+
+async fn measure(
+    args: &BenchArgs,
+    sidecar: &Sidecar,
+    channel: Channel,
+    tag: &str,
+) -> Result<Report, String> {
+    let store = RedisStore::new(&args.redis, &namespace(tag), STORE_TIMEOUT);
+    let ctx = Ctx {
+        addr: sidecar.addr.clone(),
+        channel,
+        store: Arc::new(store.map_err(err("--redis"))?),
+        redis_url: args.redis.clone(),
+        seconds: Duration::from_secs(args.seconds),
+        namespace: namespace(tag),
+    };
+    let mut report = Report::default();
+    eprintln!(
+        "bench: sidecar at {}; phase 1/5: cycles, 1 session",
+        ctx.addr
+    );
+    cycle_phase(&ctx, 1, &mut report).await?;
+    eprintln!("bench: phase 2/5: cycles, 64 sessions");
+    cycle_phase(&ctx, 64, &mut report).await?;
+    eprintln!("bench: phase 3/5: handoff, {CONTENDERS} sessions on one key");
+    handoff_phase(&ctx, &mut report).await?;
+    eprintln!("bench: phase 4/5: death to grant, {DEATH_ROUNDS} rounds");
+    death_phase(&ctx, &mut report).await?;
+    eprintln!("bench: phase 5/5: {} locks held", args.locks);
+    hold_phase(&ctx, args.locks, args.hold_ttl, sidecar.pid(), &mut report).await?;
+    Ok(report)
+}
+
+/// Waits for every task; a failed or panicked one fails the phase.
+async fn join_all<T: Send + 'static>(
+    mut set: JoinSet<Result<T, String>>,
+) -> Result<Vec<T>, String> {
+    let mut all = Vec::new();
+    while let Some(joined) = set.join_next().await {
+        all.push(joined.map_err(err("bench task"))??);
+    }
+    Ok(all)
+}
+
+/// Whether a sampling loop goes on: until `until`, and for at most [`MAX_SAMPLES`].
+fn sampling(until: Instant, samples: &[Duration]) -> bool {
+    Instant::now() < until && samples.len() < MAX_SAMPLES
+}
+
+/// Spawns `task(item, until)` for every item, with one window of `seconds` from now for
+/// all, and pools their samples; the rate is over the time the tasks actually took.
+async fn timed<T, F, Fut>(
+    items: impl IntoIterator<Item = T>,
+    seconds: Duration,
+    what: &str,
+    mut task: F,
+) -> Result<Stats, String>
+where
+    F: FnMut(T, Instant) -> Fut,
+    Fut: Future<Output = Result<Vec<Duration>, String>> + Send + 'static,
+{
+    let (start, mut set) = (Instant::now(), JoinSet::new());
+    for item in items {
+        set.spawn(task(item, start + seconds));
+    }
+    Stats::new(join_all(set).await?.concat(), start.elapsed(), what)
+}
+
+/// Phases 1 and 2: `n` sessions, then `n` direct tasks, each cycling on its own key.
+async fn cycle_phase(ctx: &Ctx, n: usize, report: &mut Report) -> Result<(), String> {
+    let sessions = ctx.sessions(n).await?.into_iter().enumerate();
+    let side = timed(sessions, ctx.seconds, "sidecar cycles", |(i, s), until| {
+        sidecar_cycles(s, ctx.key(format!("cycle{n}/{i}")), until)
+    })
+    .await?;
+    let direct = timed(0..n, ctx.seconds, "direct cycles", |i, until| {
+        let key = ctx.key(format!("direct{n}/{i}"));
+        direct_cycles(ctx.store.clone(), key, until)
+    })
+    .await?;
+
+    report.put(format!("cycle{n}_p50_us"), us(side.p50), us(direct.p50));
+    report.put(format!("cycle{n}_p99_us"), us(side.p99), us(direct.p99));
+    report.put(
+        format!("cycle{n}_per_s"),
+        Some(side.rate),
+        Some(direct.rate),
+    );
+    Ok(())
+}
+
+async fn sidecar_cycles(
+    mut s: Session,
+    key: String,
+    until: Instant,
+) -> Result<Vec<Duration>, String> {
+    let mut samples = Vec::new();
+    while sampling(until, &samples) {
+        let start = Instant::now();
+        let id = s.acquire(&key, None, None).await?;
+        s.wait_for(id, Want::Granted).await?;
+        let id = s.release(&key).await?;
+        s.wait_for(id, Want::Released).await?;
+        samples.push(start.elapsed());
+    }
+    Ok(samples)
+}
+
+async fn direct_cycles(
+    store: Arc<RedisStore>,
+    key: String,
+    until: Instant,
+) -> Result<Vec<Duration>, String> {
+    let mut samples = Vec::new();
+    while sampling(until, &samples) {
+        let claim = Claim {
+            key: key.clone(),
+            owner: random_hex(16)?,
+            ttl: DIRECT_TTL,
+            wait: false,
+            session_id: "bench".into(),
+            client_name: "lockside-bench".into(),
+        };
+        let start = Instant::now();
+        match store.acquire(&claim).await {
+            Ok(Acquired::Granted { .. }) => {}
+            other => return Err(format!("direct acquire of {key}: {other:?}")),
+        }
+        match store.release(&key, &claim.owner, false).await {
+            Ok(Some(0)) => {}
+            other => return Err(format!("direct release of {key}: {other:?}")),
+        }
+        samples.push(start.elapsed());
+    }
+    Ok(samples)
+}
+
+/// Phase 3: handoff latency between sessions contending for one key.
+async fn handoff_phase(ctx: &Ctx, report: &mut Report) -> Result<(), String> {
+    let (sessions, key) = (ctx.sessions(CONTENDERS).await?, ctx.key("handoff"));
+    let released_at = Arc::new(Mutex::new(None));
+    let (until, mut set) = (Instant::now() + ctx.seconds, JoinSet::new());
+    for session in sessions {
+        set.spawn(contend(session, key.clone(), until, released_at.clone()));
+    }
+    let stats = Stats::new(join_all(set).await?.concat(), ctx.seconds, "handoffs")?;
+    report.put("handoff_p50_us", us(stats.p50), None);
+    report.put("handoff_p99_us", us(stats.p99), None);
+    report.put("handoff_per_s", Some(stats.rate), None);
+    Ok(())
+}
+
+/// Acquires and releases until `until`; returns the handoff latency of every grant in
+/// the window that followed another session's release.
+async fn contend(
+    mut s: Session,
+    key: String,
+    until: Instant,
+    released_at: Arc<Mutex<Option<Instant>>>,
+) -> Result<Vec<Duration>, String> {
+    let last = || released_at.lock().unwrap_or_else(|e| e.into_inner());
+    let mut handoffs = Vec::new();
+    while sampling(until, &handoffs) {
+        let id = s.acquire(&key, Some(WAIT), None).await?;
+        s.wait_for(id, Want::Granted).await?;
+        let granted_at = Instant::now();
+        if let Some(sent) = last().take().filter(|_| granted_at < until) {
+            handoffs.push(granted_at - sent);
+        }
+        // Stamped before the send, so the next holder cannot see its grant first.
+        *last() = Some(Instant::now());
+        let id = s.release(&key).await?;
+        s.wait_for(id, Want::Released).await?;
+    }
+    Ok(handoffs)
+}
+
+/// Phase 4: a holder's client disappears while another session waits for its key.
+async fn death_phase(ctx: &Ctx, report: &mut Report) -> Result<(), String> {
+    let key = ctx.key("death");
+    let mut waiter = Session::open(connect(&ctx.addr).await?).await?;
+    let mut samples = Vec::with_capacity(DEATH_ROUNDS);
+    for _ in 0..DEATH_ROUNDS {
+        // Its own connection, so that dropping it closes a TCP connection.
+        let channel = connect(&ctx.addr).await?;
+        let mut holder = Session::open(channel.clone()).await?;
+        let id = holder.acquire(&key, None, None).await?;
+        holder.wait_for(id, Want::Granted).await?;
+        let id = waiter.acquire(&key, Some(WAIT), None).await?;
+        waiter.wait_for(id, Want::Waiting).await?;
+        let t0 = Instant::now();
+        drop((holder, channel));
+        waiter.wait_for(id, Want::Granted).await?;
+        samples.push(t0.elapsed());
+        let id = waiter.release(&key).await?;
+        waiter.wait_for(id, Want::Released).await?;
+    }
+    let stats = Stats::new(samples, ctx.seconds, "death to grant")?;
+    report.put("death_p50_ms", ms(stats.p50), None);
+    report.put("death_max_ms", ms(stats.max), None);
+    Ok(())
+}

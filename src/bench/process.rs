@@ -1,0 +1,170 @@
+//! The sidecar under test as a process: spawning `lockside serve` and stopping it, and
+//! reading its CPU time and memory from /proc.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+use tokio::time::{Instant, timeout};
+use tonic::transport::{Channel, Endpoint};
+
+use super::{BenchArgs, err, namespace};
+
+/// How long a spawned sidecar may take to accept gRPC connections.
+const STARTUP: Duration = Duration::from_secs(10);
+/// How long a spawned sidecar may take to stop after SIGTERM (its drain takes ≤ 10 s).
+const STOP: Duration = Duration::from_secs(15);
+
+/// The sidecar under test: spawned by the bench or given with `--sidecar`.
+pub(super) struct Sidecar {
+    /// Its gRPC address, HOST:PORT.
+    pub(super) addr: String,
+    /// The spawned process; `None` with `--sidecar`.
+    child: Option<Child>,
+}
+
+impl Sidecar {
+    /// Connects to `--sidecar`, or spawns one on a free loopback port in the run's
+    /// namespace and waits until it accepts connections.
+    pub(super) async fn start(args: &BenchArgs, tag: &str) -> Result<(Self, Channel), String> {
+        if let Some(addr) = &args.sidecar {
+            let sidecar = Self {
+                addr: addr.clone(),
+                child: None,
+            };
+            return Ok((sidecar, connect(addr).await?));
+        }
+        let addr = format!("127.0.0.1:{}", free_port()?);
+        let namespace = namespace(tag);
+        let mut command = Command::new(std::env::current_exe().map_err(err("own path"))?);
+        command
+            .args(["serve", "--listen", &addr, "--namespace", &namespace])
+            // Through the environment, not argv: a password in the URL stays out of `ps`.
+            .env("LOCKSIDE_STORE", &args.redis)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .kill_on_drop(true);
+        if std::env::var_os("RUST_LOG").is_none() {
+            command.env("RUST_LOG", "warn");
+        }
+        let mut child = command.spawn().map_err(err("spawning the sidecar"))?;
+        match wait_ready(&addr, &mut child).await {
+            Ok(channel) => Ok((
+                Self {
+                    addr,
+                    child: Some(child),
+                },
+                channel,
+            )),
+            Err(e) => {
+                let _ = child.kill().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The pid of a spawned sidecar, for /proc readings.
+    pub(super) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+
+    /// SIGTERM, then SIGKILL if it has not drained in time. A note if it did not stop
+    /// cleanly.
+    pub(super) async fn stop(mut self) -> Option<String> {
+        let mut child = self.child.take()?;
+        let pid = child.id()?.to_string();
+        let term = Command::new("kill").args(["-TERM", &pid]).status().await;
+        if !matches!(term, Ok(status) if status.success()) {
+            let _ = child.kill().await;
+            return Some(format!(
+                "SIGTERM to the sidecar failed ({term:?}); killed it"
+            ));
+        }
+        match timeout(STOP, child.wait()).await {
+            Ok(Ok(status)) if status.success() => None,
+            Ok(Ok(status)) => Some(format!("the sidecar exited with {status} on SIGTERM")),
+            Ok(Err(e)) => Some(format!("waiting for the sidecar: {e}")),
+            Err(_) => {
+                let _ = child.kill().await;
+                Some(format!(
+                    "the sidecar did not stop within {STOP:?}; killed it"
+                ))
+            }
+        }
+    }
+}
+
+fn free_port() -> Result<u16, String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(err("free port"))?;
+    Ok(listener.local_addr().map_err(err("free port"))?.port())
+}
+
+/// A new gRPC connection to the sidecar at `addr`.
+pub(super) async fn connect(addr: &str) -> Result<Channel, String> {
+    Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(err(format!("sidecar address {addr:?}")))?
+        .connect_timeout(Duration::from_secs(1))
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .map_err(err(format!("connecting to the sidecar at {addr}")))
+}
+
+async fn wait_ready(addr: &str, child: &mut Child) -> Result<Channel, String> {
+    let deadline = Instant::now() + STARTUP;
+    loop {
+        if let Some(status) = child.try_wait().map_err(err("sidecar"))? {
+            return Err(format!("the sidecar exited at startup ({status})"));
+        }
+        match connect(addr).await {
+            Ok(channel) => return Ok(channel),
+            Err(e) if Instant::now() >= deadline => {
+                return Err(format!("not ready in {STARTUP:?}: {e}"));
+            }
+            // Another process's startup has no event to await: poll the port.
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+/// utime + stime of `pid` in clock ticks: fields 14 and 15 of /proc/PID/stat.
+pub(super) fn cpu_ticks(pid: u32) -> Result<u64, String> {
+    let (path, stat) = read_proc(pid, "stat")?;
+    // The command name (field 2) may hold spaces: count the fields after its ')'.
+    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .flat_map(str::parse::<u64>)
+        .collect();
+    match fields[..] {
+        [utime, stime] => Ok(utime + stime),
+        _ => Err(format!("{path}: no utime and stime")),
+    }
+}
+
+/// Resident memory of `pid` in kB: `VmRSS` of /proc/PID/status.
+pub(super) fn rss_kb(pid: u32) -> Result<u64, String> {
+    let (path, status) = read_proc(pid, "status")?;
+    let rss = status.lines().find_map(|line| line.strip_prefix("VmRSS:"));
+    let kb = rss.and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok());
+    kb.ok_or(format!("{path}: no VmRSS"))
+}
+
+/// The path of /proc/PID/`file`, for error messages, and its contents.
+fn read_proc(pid: u32, file: &str) -> Result<(String, String), String> {
+    let path = format!("/proc/{pid}/{file}");
+    let text = std::fs::read_to_string(&path).map_err(err(&path))?;
+    Ok((path, text))
+}
+
+/// Clock ticks per second from `getconf CLK_TCK`; Linux's usual 100 if that fails.
+pub(super) async fn clock_ticks() -> f64 {
+    let output = Command::new("getconf").arg("CLK_TCK").output().await;
+    let ticks = output.ok().and_then(|o| String::from_utf8(o.stdout).ok());
+    ticks
+        .and_then(|s| s.trim().parse().ok())
+        .filter(|t| *t > 0.0)
+        .unwrap_or(100.0)
+}

@@ -1,0 +1,230 @@
+//! What the bench prints: latency statistics, the table with its targets, and the same
+//! figures as one JSON object.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::BenchArgs;
+
+/// Latency percentiles and a rate.
+pub(super) struct Stats {
+    pub(super) p50: Duration,
+    pub(super) p99: Duration,
+    pub(super) max: Duration,
+    /// Samples per second of `elapsed`.
+    pub(super) rate: f64,
+}
+
+impl Stats {
+    /// Statistics of `samples` taken over `elapsed`; no sample at all is an error named
+    /// by `what`.
+    pub(super) fn new(
+        mut samples: Vec<Duration>,
+        elapsed: Duration,
+        what: &str,
+    ) -> Result<Self, String> {
+        if samples.is_empty() {
+            return Err(format!("{what}: not one sample in {elapsed:?}"));
+        }
+        samples.sort_unstable();
+        let rate = samples.len() as f64 / elapsed.as_secs_f64();
+        let (p50, p99) = (percentile(&samples, 0.50), percentile(&samples, 0.99));
+        Ok(Self {
+            p50,
+            p99,
+            max: percentile(&samples, 1.0),
+            rate,
+        })
+    }
+}
+
+/// Nearest-rank percentile of a sorted slice (zero when empty).
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    sorted.get(rank.max(1) - 1).copied().unwrap_or_default()
+}
+
+/// A duration as a figure in microseconds.
+pub(super) fn us(d: Duration) -> Option<f64> {
+    Some(d.as_secs_f64() * 1e6)
+}
+
+/// A duration as a figure in milliseconds.
+pub(super) fn ms(d: Duration) -> Option<f64> {
+    Some(d.as_secs_f64() * 1e3)
+}
+
+/// kB as MB.
+pub(super) fn mb(kb: u64) -> f64 {
+    kb as f64 / 1024.0
+}
+
+/// The table, in order: JSON id and label.
+const TABLE: [(&str, &str); 17] = [
+    ("cycle1_p50_us", "cycle, 1 session: p50 (µs)"),
+    ("cycle1_p99_us", "cycle, 1 session: p99 (µs)"),
+    ("cycle1_per_s", "cycle, 1 session: cycles/s"),
+    ("cycle64_p50_us", "cycle, 64 sessions: p50 (µs)"),
+    ("cycle64_p99_us", "cycle, 64 sessions: p99 (µs)"),
+    ("cycle64_per_s", "cycle, 64 sessions: cycles/s"),
+    ("handoff_p50_us", "handoff, 16 on 1 key: p50 (µs)"),
+    ("handoff_p99_us", "handoff, 16 on 1 key: p99 (µs)"),
+    ("handoff_per_s", "handoff, 16 on 1 key: grants/s"),
+    ("death_p50_ms", "death to grant: p50 (ms)"),
+    ("death_max_ms", "death to grant: max (ms)"),
+    ("hold_commands_per_s", "locks held: Redis commands/s"),
+    ("hold_evalsha_per_s", "locks held: EVALSHA/s"),
+    ("hold_evalsha_per_s_1k", "locks held: EVALSHA/s per 1k"),
+    ("hold_cpu_percent", "locks held: sidecar CPU (% core)"),
+    ("hold_rss_before_mb", "locks held: RSS before taking (MB)"),
+    ("hold_rss_mb", "locks held: sidecar RSS (MB)"),
+];
+
+/// The target of figure `id` (DESIGN.md and the benchmark issue) and whether `f` meets
+/// it (`None`: nothing measured to compare).
+fn target(id: &str, f: Figures) -> Option<(&'static str, Option<bool>)> {
+    let (ratio, v) = (f.ratio(), f.sidecar);
+    Some(match id {
+        "cycle1_p50_us" | "cycle64_p50_us" => ("≤ 2× direct", ratio.map(|r| r <= 2.0)),
+        "cycle1_per_s" | "cycle64_per_s" => ("≥ 0.5× direct", ratio.map(|r| r >= 0.5)),
+        "handoff_p50_us" => ("≤ 1 ms", v.map(|v| v <= 1000.0)),
+        "death_p50_ms" => ("≤ 50 ms", v.map(|v| v <= 50.0)),
+        "hold_cpu_percent" => ("≤ 1% of a core", v.map(|v| v <= 1.0)),
+        "hold_rss_mb" => ("≤ 50 MB", v.map(|v| v <= 50.0)),
+        _ => return None,
+    })
+}
+
+/// One measured line: the sidecar's figure and, where there is one, the direct figure.
+#[derive(Clone, Copy, Default)]
+struct Figures {
+    sidecar: Option<f64>,
+    direct: Option<f64>,
+}
+
+impl Figures {
+    fn ratio(self) -> Option<f64> {
+        self.sidecar
+            .zip(self.direct.filter(|d| *d > 0.0))
+            .map(|(s, d)| s / d)
+    }
+}
+
+/// Everything measured, by JSON id.
+#[derive(Default)]
+pub(super) struct Report {
+    figures: HashMap<String, Figures>,
+    /// Printed under the table and listed in the JSON.
+    pub(super) notes: Vec<String>,
+}
+
+impl Report {
+    /// Records figure `id`; `direct` is `None` where Redis alone has no counterpart.
+    pub(super) fn put(&mut self, id: impl Into<String>, sidecar: Option<f64>, direct: Option<f64>) {
+        self.figures.insert(id.into(), Figures { sidecar, direct });
+    }
+
+    fn rows(&self) -> impl Iterator<Item = (&'static str, &'static str, Figures)> + '_ {
+        let figures = |id| self.figures.get(id).copied().unwrap_or_default();
+        TABLE
+            .iter()
+            .map(move |&(id, label)| (id, label, figures(id)))
+    }
+
+    /// Prints the table, then the notes.
+    pub(super) fn print(&self) {
+        let head = ("phase", "sidecar", "direct", "ratio");
+        println!(
+            "{:<44} {:>10} {:>10} {:>8}   target",
+            head.0, head.1, head.2, head.3
+        );
+        for (id, label, f) in self.rows() {
+            let ratio = f.ratio().map_or(String::new(), |r| format!("{r:.2}×"));
+            let target = target(id, f).map_or(String::new(), |(text, met)| {
+                let verdict = met.map_or("n/a", |met| if met { "ok" } else { "MISSED" });
+                format!("{text} {verdict}")
+            });
+            let direct = f.direct.map_or(String::new(), |d| figure(Some(d)));
+            let sidecar = figure(f.sidecar);
+            println!("{label:<44} {sidecar:>10} {direct:>10} {ratio:>8}   {target}");
+        }
+        for note in &self.notes {
+            println!("note: {note}");
+        }
+    }
+
+    /// The whole result as one line of JSON, with the flags that shaped it.
+    pub(super) fn json(&self, args: &BenchArgs) -> String {
+        let result = |(id, _, f): (&str, &str, Figures)| {
+            let (text, met) = target(id, f).map_or((None, None), |(t, m)| (Some(t), m));
+            let text = text.map_or("null".into(), json_str);
+            let met = met.map_or("null".into(), |m| m.to_string());
+            let (s, d, r) = (json_num(f.sidecar), json_num(f.direct), json_num(f.ratio()));
+            let figures = format!("\"sidecar\":{s},\"direct\":{d},\"ratio\":{r}");
+            format!("\"{id}\":{{{figures},\"target\":{text},\"met\":{met}}}")
+        };
+        let results: Vec<String> = self.rows().map(result).collect();
+        let notes: Vec<String> = self.notes.iter().map(|n| json_str(n)).collect();
+        let sidecar = args.sidecar.as_deref().map_or("null".into(), json_str);
+        format!(
+            "{{\"lockside_version\":\"{}\",\"seconds\":{},\"locks\":{},\"sidecar\":{sidecar},\
+             \"results\":{{{}}},\"notes\":[{}]}}",
+            env!("CARGO_PKG_VERSION"),
+            args.seconds,
+            args.locks,
+            results.join(","),
+            notes.join(",")
+        )
+    }
+}
+
+/// A table cell: three significant digits or so, "n/a" when nothing was measured.
+fn figure(v: Option<f64>) -> String {
+    match v {
+        None => "n/a".into(),
+        Some(v) if v >= 100.0 => format!("{v:.0}"),
+        Some(v) if v >= 10.0 => format!("{v:.1}"),
+        Some(v) => format!("{v:.2}"),
+    }
+}
+
+/// A JSON number; `null` for nothing measured, and for NaN and infinities, which JSON
+/// cannot carry.
+fn json_num(v: Option<f64>) -> String {
+    v.filter(|v| v.is_finite())
+        .map_or("null".into(), |v| format!("{v:.3}"))
+}
+
+/// A JSON string literal, escaped by hand: one flat object does not earn a JSON crate.
+fn json_str(s: &str) -> String {
+    let escaped: String = s
+        .chars()
+        .map(|c| match c {
+            '"' => "\\\"".into(),
+            '\\' => "\\\\".into(),
+            c if c.is_control() => format!("\\u{:04x}", u32::from(c)),
+            c => c.to_string(),
+        })
+        .collect();
+    format!("\"{escaped}\"")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_use_nearest_rank() {
+        let samples: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        assert_eq!(percentile(&samples, 0.50), Duration::from_millis(50));
+        assert_eq!(percentile(&samples, 0.99), Duration::from_millis(99));
+        assert_eq!(percentile(&samples, 1.0), Duration::from_millis(100));
+        assert_eq!(percentile(&samples[..1], 0.99), Duration::from_millis(1));
+        assert_eq!(percentile(&[], 0.5), Duration::ZERO);
+    }
+
+    #[test]
+    fn json_strings_are_escaped() {
+        assert_eq!(json_str("a\"b\\c\n"), "\"a\\\"b\\\\c\\u000a\"");
+    }
+}

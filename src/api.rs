@@ -17,6 +17,7 @@ use crate::engine::{
 };
 use crate::proto::lock_service_server::LockService;
 use crate::proto::{self, lease_request, lease_response, not_acquired};
+use crate::store::Sharing;
 
 /// Largest `LeaseRequest` the sidecar answers; larger ones are `Rejected`
 /// RESOURCE_EXHAUSTED and the session goes on. No valid request comes near it (a key
@@ -85,14 +86,11 @@ impl LockService for LockApi {
     ) -> Result<Response<proto::DescribeResponse>, Status> {
         let key = request.into_inner().key;
         let state = self.engine.describe(&key).await.map_err(status)?;
-        let held = !state.holders.is_empty();
         Ok(Response::new(proto::DescribeResponse {
-            mode: if held {
-                proto::LockMode::Exclusive as i32
-            } else {
-                proto::LockMode::Unspecified as i32
-            },
-            limit: u32::from(held),
+            mode: state
+                .sharing
+                .map_or(proto::LockMode::Unspecified, lock_mode) as i32,
+            limit: state.limit,
             holders: state
                 .holders
                 .into_iter()
@@ -105,6 +103,17 @@ impl LockService for LockApi {
                 .collect(),
             waiters: state.waiters,
             fencing_token: state.fence,
+            queue: state
+                .queue
+                .into_iter()
+                .zip(1..)
+                .map(|(w, position)| proto::QueueEntry {
+                    session_id: w.session_id,
+                    client_name: w.client_name,
+                    mode: lock_mode(w.sharing) as i32,
+                    position,
+                })
+                .collect(),
             key,
         }))
     }
@@ -125,6 +134,13 @@ pub fn status(error: EngineError) -> Status {
             tracing::error!(error = %e, "no randomness");
             Status::internal("the sidecar cannot create session tokens")
         }
+    }
+}
+
+fn lock_mode(sharing: Sharing) -> proto::LockMode {
+    match sharing {
+        Sharing::Exclusive => proto::LockMode::Exclusive,
+        Sharing::Shared => proto::LockMode::Shared,
     }
 }
 

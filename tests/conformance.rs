@@ -10,7 +10,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Redis, StoreKind, make_store, namespace};
-use lockside::store::{Acquired, Claim, Notice, Renewal, Store};
+use lockside::store::{Acquired, Claim, Notice, Renewal, Sharing, Store};
+
+const NO_DELAY: Duration = Duration::ZERO;
+
+/// A release notice naming no fair waiter.
+fn released(key: &str) -> Notice {
+    Notice::Released {
+        key: key.into(),
+        owners: Vec::new(),
+    }
+}
 use tokio::sync::broadcast;
 
 /// A store under test, with its notices subscribed and (for Redis) live.
@@ -53,6 +63,9 @@ fn claim(key: &str, owner: &str, ttl_ms: u64) -> Claim {
         wait: false,
         session_id: format!("sid-{owner}"),
         client_name: format!("name|{owner}"),
+        sharing: Sharing::Exclusive,
+        limit: 1,
+        fair: false,
     }
 }
 
@@ -93,7 +106,7 @@ async fn grants_then_busy(s: Subject) {
         .await
         .expect("answer")
     {
-        Acquired::Busy { expires_in } => {
+        Acquired::Busy { expires_in, .. } => {
             assert!(expires_in <= Duration::from_secs(10) && expires_in > Duration::from_secs(9))
         }
         other => panic!("expected busy, got {other:?}"),
@@ -107,13 +120,19 @@ async fn grants_then_busy(s: Subject) {
 async fn release_frees_and_fences_increase(s: Subject) {
     let first = fence(&s, &claim("k", "a", 10_000)).await;
     assert_eq!(
-        s.store.release("k", "a", false).await.expect("answer"),
+        s.store
+            .release("k", "a", false, NO_DELAY)
+            .await
+            .expect("answer"),
         Some(0)
     );
     let second = fence(&s, &claim("k", "b", 10_000)).await;
     assert!(second > first, "{second} > {first}");
     assert_eq!(
-        s.store.release("k", "b", false).await.expect("answer"),
+        s.store
+            .release("k", "b", false, NO_DELAY)
+            .await
+            .expect("answer"),
         Some(0)
     );
     let third = fence(&s, &claim("k", "a", 10_000)).await;
@@ -123,13 +142,25 @@ async fn release_frees_and_fences_increase(s: Subject) {
 async fn only_the_owner_releases(s: Subject) {
     fence(&s, &claim("k", "a", 10_000)).await;
     assert_eq!(
-        s.store.release("k", "b", false).await.expect("answer"),
+        s.store
+            .release("k", "b", false, NO_DELAY)
+            .await
+            .expect("answer"),
         None
     );
-    assert_eq!(s.store.release("k", "b", true).await.expect("answer"), None);
+    assert_eq!(
+        s.store
+            .release("k", "b", true, NO_DELAY)
+            .await
+            .expect("answer"),
+        None
+    );
     assert!(is_busy(&s, &claim("k", "b", 10_000)).await);
     assert_eq!(
-        s.store.release("nothing", "a", true).await.expect("answer"),
+        s.store
+            .release("nothing", "a", true, NO_DELAY)
+            .await
+            .expect("answer"),
         None
     );
 }
@@ -145,12 +176,18 @@ async fn holds_are_counted(s: Subject) {
         3
     );
     assert_eq!(
-        s.store.release("k", "a", false).await.expect("answer"),
+        s.store
+            .release("k", "a", false, NO_DELAY)
+            .await
+            .expect("answer"),
         Some(2)
     );
     assert!(is_busy(&s, &claim("k", "b", 10_000)).await);
     assert_eq!(
-        s.store.release("k", "a", true).await.expect("answer"),
+        s.store
+            .release("k", "a", true, NO_DELAY)
+            .await
+            .expect("answer"),
         Some(0)
     );
     assert_eq!(s.store.hold("k", "a", ttl).await.expect("answer"), None);
@@ -170,7 +207,10 @@ async fn grants_expire_and_fences_survive(s: Subject) {
         vec![false]
     );
     assert_eq!(
-        s.store.release("k", "a", false).await.expect("answer"),
+        s.store
+            .release("k", "a", false, NO_DELAY)
+            .await
+            .expect("answer"),
         None
     );
     let second = fence(&s, &claim("k", "b", 10_000)).await;
@@ -235,10 +275,16 @@ async fn releases_notify_only_when_someone_waits(mut s: Subject) {
     );
     assert_eq!(s.store.describe("busy").await.expect("answer").waiters, 1);
     assert_eq!(s.store.describe("quiet").await.expect("answer").waiters, 0);
-    s.store.release("quiet", "a", false).await.expect("answer");
-    s.store.release("busy", "a", false).await.expect("answer");
+    s.store
+        .release("quiet", "a", false, NO_DELAY)
+        .await
+        .expect("answer");
+    s.store
+        .release("busy", "a", false, NO_DELAY)
+        .await
+        .expect("answer");
     // Notices arrive in order: the first one proves "quiet" published nothing.
-    assert_eq!(next_notice(&mut s).await, Notice::Released("busy".into()));
+    assert_eq!(next_notice(&mut s).await, released("busy"));
     // The waiter's grant removes its registration.
     fence(&s, &waiting("busy", "b", 10_000)).await;
     assert_eq!(s.store.describe("busy").await.expect("answer").waiters, 0);
@@ -249,14 +295,23 @@ async fn unwait_and_expiry_remove_waiters(mut s: Subject) {
     assert!(is_busy(&s, &waiting("k", "b", 10_000)).await);
     assert!(is_busy(&s, &waiting("k", "c", 100)).await);
     assert_eq!(s.store.describe("k").await.expect("answer").waiters, 2);
-    s.store.unwait("k", "b").await.expect("answer");
+    s.store
+        .unwait(&waiting("k", "b", 10_000))
+        .await
+        .expect("answer");
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(s.store.describe("k").await.expect("answer").waiters, 0);
     fence(&s, &claim("other", "a", 10_000)).await;
     assert!(is_busy(&s, &waiting("other", "b", 10_000)).await);
-    s.store.release("k", "a", false).await.expect("answer");
-    s.store.release("other", "a", false).await.expect("answer");
-    assert_eq!(next_notice(&mut s).await, Notice::Released("other".into()));
+    s.store
+        .release("k", "a", false, NO_DELAY)
+        .await
+        .expect("answer");
+    s.store
+        .release("other", "a", false, NO_DELAY)
+        .await
+        .expect("answer");
+    assert_eq!(next_notice(&mut s).await, released("other"));
 }
 
 async fn describe_shows_holders_but_no_secrets(s: Subject) {
@@ -282,7 +337,7 @@ async fn describe_shows_holders_but_no_secrets(s: Subject) {
         "owner tokens stay secret"
     );
     s.store
-        .release("k", "0wner-secret", true)
+        .release("k", "0wner-secret", true, NO_DELAY)
         .await
         .expect("answer");
     let after = s.store.describe("k").await.expect("answer");
@@ -295,11 +350,293 @@ async fn keys_are_opaque(s: Subject) {
         let first = fence(&s, &claim(key, "a", 10_000)).await;
         assert!(is_busy(&s, &claim(key, "b", 10_000)).await, "{key}");
         assert_eq!(
-            s.store.release(key, "a", false).await.expect("answer"),
+            s.store
+                .release(key, "a", false, NO_DELAY)
+                .await
+                .expect("answer"),
             Some(0)
         );
         assert!(fence(&s, &claim(key, "b", 10_000)).await > first);
     }
+}
+
+fn shared(key: &str, owner: &str) -> Claim {
+    Claim {
+        sharing: Sharing::Shared,
+        ..claim(key, owner, 10_000)
+    }
+}
+
+fn permit(key: &str, owner: &str, limit: u32) -> Claim {
+    Claim {
+        limit,
+        ..claim(key, owner, 10_000)
+    }
+}
+
+fn fair(mut c: Claim) -> Claim {
+    c.fair = true;
+    c.wait = true;
+    c
+}
+
+async fn position(s: &Subject, c: &Claim) -> u32 {
+    match s.store.acquire(c).await.expect("answer") {
+        Acquired::Busy { position, .. } => position,
+        other => panic!("expected busy for {}, got {other:?}", c.owner),
+    }
+}
+
+fn names(notice: Notice) -> Vec<String> {
+    match notice {
+        Notice::Released { owners, .. } => owners,
+        Notice::Resync => panic!("expected a release notice"),
+    }
+}
+
+async fn readers_share_and_exclude_writers(s: Subject) {
+    let (r1, r2) = (
+        fence(&s, &shared("k", "r1")).await,
+        fence(&s, &shared("k", "r2")).await,
+    );
+    assert!(r2 > r1, "every reader has its own token");
+    assert!(is_busy(&s, &claim("k", "w", 10_000)).await);
+    let state = s.store.describe("k").await.expect("answer");
+    assert_eq!(
+        (state.sharing, state.limit, state.holders.len()),
+        (Some(Sharing::Shared), 1, 2)
+    );
+    s.store
+        .release("k", "r1", false, NO_DELAY)
+        .await
+        .expect("answer");
+    assert!(
+        is_busy(&s, &claim("k", "w", 10_000)).await,
+        "one reader still holds it"
+    );
+    s.store
+        .release("k", "r2", false, NO_DELAY)
+        .await
+        .expect("answer");
+    fence(&s, &claim("k", "w", 10_000)).await;
+    assert!(
+        is_busy(&s, &shared("k", "r3")).await,
+        "a writer excludes readers"
+    );
+    assert_eq!(
+        s.store.describe("k").await.expect("answer").sharing,
+        Some(Sharing::Exclusive)
+    );
+}
+
+async fn semaphores_admit_up_to_their_limit(s: Subject) {
+    let mut tokens = Vec::new();
+    for owner in ["a", "b", "c"] {
+        tokens.push(fence(&s, &permit("k", owner, 3)).await);
+    }
+    assert!(
+        tokens.windows(2).all(|t| t[0] < t[1]),
+        "one token per permit"
+    );
+    assert!(is_busy(&s, &permit("k", "d", 3)).await);
+    for other in [permit("k", "d", 2), claim("k", "d", 10_000)] {
+        assert_eq!(
+            s.store.acquire(&other).await.expect("answer"),
+            Acquired::Conflict { limit: 3 },
+            "limit {} against holders with 3",
+            other.limit
+        );
+    }
+    let state = s.store.describe("k").await.expect("answer");
+    assert_eq!((state.limit, state.holders.len()), (3, 3));
+    s.store
+        .release("k", "b", false, NO_DELAY)
+        .await
+        .expect("answer");
+    fence(&s, &permit("k", "d", 3)).await;
+    for owner in ["a", "c", "d"] {
+        s.store
+            .release("k", owner, false, NO_DELAY)
+            .await
+            .expect("answer");
+    }
+    fence(&s, &claim("k", "plain", 10_000)).await;
+    assert_eq!(
+        s.store.describe("k").await.expect("answer").limit,
+        1,
+        "limits go with the holders"
+    );
+}
+
+async fn fair_waiters_go_in_arrival_order(mut s: Subject) {
+    fence(&s, &claim("k", "holder", 10_000)).await;
+    let waiters: Vec<Claim> = ["b", "c", "d"]
+        .iter()
+        .map(|o| fair(claim("k", o, 10_000)))
+        .collect();
+    for (i, w) in waiters.iter().enumerate() {
+        assert_eq!(position(&s, w).await, i as u32 + 1);
+    }
+    assert_eq!(
+        position(&s, &waiters[1]).await,
+        2,
+        "asking again keeps the place"
+    );
+    let state = s.store.describe("k").await.expect("answer");
+    let queue: Vec<&str> = state.queue.iter().map(|q| q.session_id.as_str()).collect();
+    assert_eq!(queue, ["sid-b", "sid-c", "sid-d"]);
+    s.store
+        .release("k", "holder", false, NO_DELAY)
+        .await
+        .expect("answer");
+    assert_eq!(
+        names(next_notice(&mut s).await),
+        ["b"],
+        "only the head is woken"
+    );
+    assert_eq!(position(&s, &waiters[1]).await, 2, "c cannot pass b");
+    // Unfair requests do not queue: one can take the free lock ahead of b.
+    fence(&s, &claim("k", "x", 10_000)).await;
+    s.store
+        .release("k", "x", true, NO_DELAY)
+        .await
+        .expect("answer");
+    assert_eq!(
+        names(next_notice(&mut s).await),
+        ["b"],
+        "b is still the head"
+    );
+    fence(&s, &waiters[0]).await;
+    assert_eq!(position(&s, &waiters[1]).await, 1);
+    s.store
+        .release("k", "b", false, NO_DELAY)
+        .await
+        .expect("answer");
+    assert_eq!(names(next_notice(&mut s).await), ["c"]);
+    fence(&s, &waiters[1]).await;
+}
+
+async fn next_notice_if_any(s: &mut Subject) -> Option<Notice> {
+    tokio::time::timeout(Duration::from_millis(50), s.notices.recv())
+        .await
+        .ok()
+        .and_then(Result::ok)
+}
+
+async fn fair_readers_go_together_until_a_writer(mut s: Subject) {
+    fence(&s, &claim("k", "w0", 10_000)).await;
+    let r1 = fair(shared("k", "r1"));
+    let r2 = fair(shared("k", "r2"));
+    let w1 = fair(claim("k", "w1", 10_000));
+    let r3 = fair(shared("k", "r3"));
+    for (i, c) in [&r1, &r2, &w1, &r3].into_iter().enumerate() {
+        assert_eq!(position(&s, c).await, i as u32 + 1);
+    }
+    s.store
+        .release("k", "w0", false, NO_DELAY)
+        .await
+        .expect("answer");
+    assert_eq!(
+        names(next_notice(&mut s).await),
+        ["r1", "r2"],
+        "the readers at the head, together"
+    );
+    assert_eq!(
+        position(&s, &r3).await,
+        4,
+        "a reader behind a waiting writer waits: no writer starvation"
+    );
+    fence(&s, &r2).await;
+    fence(&s, &r1).await;
+    assert_eq!(position(&s, &w1).await, 1);
+    s.store
+        .release("k", "r1", false, NO_DELAY)
+        .await
+        .expect("answer");
+    s.store
+        .release("k", "r2", false, NO_DELAY)
+        .await
+        .expect("answer");
+    let mut woken = Vec::new();
+    while let Some(notice) = next_notice_if_any(&mut s).await {
+        woken.extend(names(notice));
+    }
+    assert!(woken.contains(&"w1".to_owned()), "{woken:?}");
+    assert!(!woken.contains(&"r3".to_owned()), "{woken:?}");
+    fence(&s, &w1).await;
+    assert!(is_busy(&s, &r3).await);
+}
+
+async fn a_dead_fair_waiter_leaves_the_queue_at_its_expiry(s: Subject) {
+    fence(&s, &claim("k", "holder", 10_000)).await;
+    let dead = fair(claim("k", "dead", 150));
+    let alive = fair(claim("k", "alive", 10_000));
+    assert_eq!(position(&s, &dead).await, 1);
+    assert_eq!(position(&s, &alive).await, 2);
+    s.store
+        .release("k", "holder", false, NO_DELAY)
+        .await
+        .expect("answer");
+    match s.store.acquire(&alive).await.expect("answer") {
+        Acquired::Busy {
+            expires_in,
+            position,
+        } => {
+            assert_eq!(position, 2);
+            assert!(
+                expires_in <= Duration::from_millis(150),
+                "look again when the one ahead may be gone: {expires_in:?}"
+            );
+        }
+        other => panic!("expected busy, got {other:?}"),
+    }
+    // Real time: the dead waiter never refreshes its 150 ms registration.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    fence(&s, &alive).await;
+    assert!(
+        s.store
+            .describe("k")
+            .await
+            .expect("answer")
+            .queue
+            .is_empty()
+    );
+}
+
+async fn lock_delay_keeps_an_abandoned_lock_free_of_holders(s: Subject) {
+    fence(&s, &claim("k", "a", 10_000)).await;
+    s.store
+        .release("k", "a", true, Duration::from_millis(200))
+        .await
+        .expect("answer");
+    match s
+        .store
+        .acquire(&claim("k", "b", 10_000))
+        .await
+        .expect("answer")
+    {
+        Acquired::Busy { expires_in, .. } => assert!(expires_in <= Duration::from_millis(200)),
+        other => panic!("the lock-delay keeps it: {other:?}"),
+    }
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    fence(&s, &claim("k", "b", 10_000)).await;
+    // Readers and semaphores are not delayed: only exclusive locks protect a writer.
+    fence(&s, &shared("r", "a")).await;
+    s.store
+        .release("r", "a", true, Duration::from_secs(10))
+        .await
+        .expect("answer");
+    fence(&s, &shared("r", "b")).await;
+}
+
+async fn unwait_leaves_the_fair_queue(s: Subject) {
+    fence(&s, &claim("k", "holder", 10_000)).await;
+    let (b, c) = (fair(claim("k", "b", 10_000)), fair(claim("k", "c", 10_000)));
+    position(&s, &b).await;
+    assert_eq!(position(&s, &c).await, 2);
+    s.store.unwait(&b).await.expect("answer");
+    assert_eq!(position(&s, &c).await, 1);
+    assert_eq!(s.store.describe("k").await.expect("answer").waiters, 1);
 }
 
 async fn pings(s: Subject) {
@@ -330,6 +667,13 @@ conformance!(
     describe_shows_holders_but_no_secrets,
     keys_are_opaque,
     pings,
+    readers_share_and_exclude_writers,
+    semaphores_admit_up_to_their_limit,
+    fair_waiters_go_in_arrival_order,
+    fair_readers_go_together_until_a_writer,
+    a_dead_fair_waiter_leaves_the_queue_at_its_expiry,
+    lock_delay_keeps_an_abandoned_lock_free_of_holders,
+    unwait_leaves_the_fair_queue,
 );
 
 #[tokio::test]
@@ -370,7 +714,10 @@ async fn redis_scripts_are_loaded_again_after_a_flush() {
     // EVALSHA answers NOSCRIPT now; the store must load the script and go on.
     assert_eq!(redis.cli(&["script", "flush"]), "OK");
     assert_eq!(
-        store.release("k", "a", false).await.expect("answer"),
+        store
+            .release("k", "a", false, NO_DELAY)
+            .await
+            .expect("answer"),
         Some(0)
     );
     let Acquired::Granted { fence: b } = store

@@ -62,8 +62,9 @@ impl Store for Switchable {
         key: &'a str,
         owner: &'a str,
         all: bool,
+        delay: Duration,
     ) -> StoreFuture<'a, Option<u32>> {
-        guarded!(self, self.inner.release(key, owner, all))
+        guarded!(self, self.inner.release(key, owner, all, delay))
     }
     fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<bool>> {
         self.renew_calls.fetch_add(1, Ordering::SeqCst);
@@ -76,8 +77,8 @@ impl Store for Switchable {
             self.inner.renew(batch).await
         })
     }
-    fn unwait<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, ()> {
-        guarded!(self, self.inner.unwait(key, owner))
+    fn unwait<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, ()> {
+        guarded!(self, self.inner.unwait(claim))
     }
     fn describe<'a>(&'a self, key: &'a str) -> StoreFuture<'a, KeyState> {
         guarded!(self, self.inner.describe(key))
@@ -280,6 +281,9 @@ async fn a_waiter_is_woken_by_the_holders_expiry() {
         wait: false,
         session_id: "dead".into(),
         client_name: String::new(),
+        sharing: lockside::store::Sharing::Exclusive,
+        limit: 1,
+        fair: false,
     };
     assert!(matches!(
         store.acquire(&claim).await,

@@ -356,23 +356,11 @@ async fn bad_input_is_rejected_and_harms_nobody(s: Setup) {
         (
             proto::Acquire {
                 mode: proto::LockMode::Shared as i32,
+                limit: 2,
                 ..id(9)
             },
-            Code::Unimplemented,
-            "SHARED",
-        ),
-        (
-            proto::Acquire { limit: 2, ..id(10) },
-            Code::Unimplemented,
-            "limit",
-        ),
-        (
-            proto::Acquire {
-                fair: true,
-                ..id(11)
-            },
-            Code::Unimplemented,
-            "fair",
+            Code::InvalidArgument,
+            "semaphore",
         ),
         (
             proto::Acquire {

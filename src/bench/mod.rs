@@ -35,7 +35,7 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 
 use crate::store::redis::RedisStore;
-use crate::store::{Acquired, Claim, Store};
+use crate::store::{Acquired, Claim, Sharing, Store};
 use hold::hold_phase;
 use process::{Sidecar, connect};
 use report::{Report, Stats, ms, us};
@@ -298,13 +298,19 @@ async fn direct_cycles(
             wait: false,
             session_id: "bench".into(),
             client_name: "lockside-bench".into(),
+            sharing: Sharing::Exclusive,
+            limit: 1,
+            fair: false,
         };
         let start = Instant::now();
         match store.acquire(&claim).await {
             Ok(Acquired::Granted { .. }) => {}
             other => return Err(format!("direct acquire of {key}: {other:?}")),
         }
-        match store.release(&key, &claim.owner, false).await {
+        match store
+            .release(&key, &claim.owner, false, Duration::ZERO)
+            .await
+        {
             Ok(Some(0)) => {}
             other => return Err(format!("direct release of {key}: {other:?}")),
         }

@@ -50,6 +50,9 @@ pub struct EngineConfig {
     pub max_pending_per_session: usize,
     /// Waiting acquires per key on this sidecar.
     pub max_waiters_per_key: usize,
+    /// After a session ends without releasing (broken stream, keepalive timeout), its
+    /// exclusive locks stay ungranted this long (Chubby's and Consul's lock-delay).
+    pub lock_delay: Duration,
 }
 
 impl Default for EngineConfig {
@@ -63,6 +66,10 @@ impl Default for EngineConfig {
             max_locks_per_session: 1024,
             max_pending_per_session: 1024,
             max_waiters_per_key: 1024,
+            // Off: the contract frees locks the moment a stream ends. A delay protects
+            // resources from a client that keeps writing after its stream broke (Consul
+            // defaults to 15 s); it is an opt-in per sidecar.
+            lock_delay: Duration::ZERO,
         }
     }
 }
@@ -453,7 +460,7 @@ async fn dispatch_notices(
             notice = notices.recv() => notice,
         };
         match notice {
-            Ok(Notice::Released(key)) => wakers.wake(&key),
+            Ok(Notice::Released { key, owners }) => wakers.wake(&key, &owners),
             Ok(Notice::Resync) | Err(RecvError::Lagged(_)) => wakers.wake_all(),
             Err(RecvError::Closed) => return,
         }

@@ -256,7 +256,7 @@ impl Task {
         let store = self.store.clone();
         let (key, owner) = (lease.key.clone(), lease.owner.clone());
         tokio::spawn(async move {
-            let _ = store.release(&key, &owner, true).await;
+            let _ = store.release(&key, &owner, true, Duration::ZERO).await;
         });
     }
 }

@@ -41,6 +41,25 @@ pub enum StoreError {
     Protocol(String),
 }
 
+/// How a grant shares its lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sharing {
+    /// Excludes every other holder (or, with a limit N > 1, all but N − 1 others).
+    Exclusive,
+    /// Coexists with other shared holders; excludes exclusive ones.
+    Shared,
+}
+
+impl Sharing {
+    /// The one-letter form stored in Redis.
+    pub fn letter(self) -> &'static str {
+        match self {
+            Self::Exclusive => "x",
+            Self::Shared => "s",
+        }
+    }
+}
+
 /// Who asks for a lock: the owner token and what `Describe` may show of it.
 #[derive(Clone, Debug)]
 pub struct Claim {
@@ -48,7 +67,7 @@ pub struct Claim {
     pub key: String,
     /// The per-grant secret that the store value carries (never shown by `Describe`).
     pub owner: String,
-    /// How long the store keeps the grant without a renewal.
+    /// How long the store keeps the grant, or the waiter registration, without a renewal.
     pub ttl: Duration,
     /// Register as a waiter when busy, so a release notifies this sidecar.
     pub wait: bool,
@@ -56,6 +75,28 @@ pub struct Claim {
     pub session_id: String,
     /// The client's self-chosen name, shown by `Describe`.
     pub client_name: String,
+    /// Exclusive or shared.
+    pub sharing: Sharing,
+    /// 1 for a lock, N > 1 for a counting semaphore of N permits.
+    pub limit: u32,
+    /// Granted in arrival order among fair waiters, across sidecars.
+    pub fair: bool,
+}
+
+impl Claim {
+    /// The name of this claim as a waiter: `mode|limit|owner|session_id|client_name`.
+    /// One string in the store's waiter set and fair queue; `Describe` shows all but
+    /// the owner.
+    pub fn waiter(&self) -> String {
+        format!(
+            "{}|{}|{}|{}|{}",
+            self.sharing.letter(),
+            self.limit,
+            self.owner,
+            self.session_id,
+            self.client_name
+        )
+    }
 }
 
 /// The answer to an acquire attempt.
@@ -66,11 +107,19 @@ pub enum Acquired {
         /// The grant's fencing token.
         fence: u64,
     },
-    /// Held by someone else; `expires_in` is the time until the earliest holder's
-    /// expiry if nobody renews it, which is when a waiter should look again.
+    /// Not now.
     Busy {
-        /// Time until the earliest holder expires unless renewed.
+        /// When a waiter should look again even without a wake-up: the first holder's
+        /// expiry, the end of a lock-delay, or (fair) the first waiter's expiry.
         expires_in: Duration,
+        /// Fair: 1 = next in line. Unfair: 0.
+        position: u32,
+    },
+    /// The current holders use another limit (a lock and a semaphore, or two
+    /// semaphores of different sizes, cannot share a key).
+    Conflict {
+        /// The holders' limit.
+        limit: u32,
     },
 }
 
@@ -101,13 +150,30 @@ pub struct HolderState {
     pub fence: u64,
 }
 
+/// A fair waiter as `Describe` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueuedState {
+    /// Public session id of the waiter.
+    pub session_id: String,
+    /// The client name the waiter gave.
+    pub client_name: String,
+    /// The mode it waits for.
+    pub sharing: Sharing,
+}
+
 /// The state of one lock.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KeyState {
     /// Current holders.
     pub holders: Vec<HolderState>,
-    /// Live waiter registrations, across sidecars.
+    /// The holders' mode (`None` when nobody holds the key).
+    pub sharing: Option<Sharing>,
+    /// The holders' limit (0 when nobody holds the key).
+    pub limit: u32,
+    /// Live waiter registrations, fair or not, across sidecars.
     pub waiters: u32,
+    /// Fair waiters, oldest first.
+    pub queue: Vec<QueuedState>,
     /// The last fencing token issued for the key (0 if none).
     pub fence: u64,
 }
@@ -115,18 +181,38 @@ pub struct KeyState {
 /// A notice from the store to every sidecar.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Notice {
-    /// `key` was released while somebody waited for it.
-    Released(String),
+    /// `key` may now be granted to a waiter: to the fair waiters named by their owner
+    /// tokens, or, when none is named, to any one unfair waiter.
+    Released {
+        /// The lock's name.
+        key: String,
+        /// Owner tokens of the fair waiters to wake.
+        owners: Vec<String>,
+    },
     /// Notices may have been missed (reconnect, lag): every waiter should look again.
     Resync,
+}
+
+impl Notice {
+    /// Parses a release notice's payload: the key, then one owner per line.
+    pub fn parse(payload: &str) -> Self {
+        let mut lines = payload.split('\n');
+        let key = lines.next().unwrap_or_default().to_owned();
+        Self::Released {
+            key,
+            owners: lines.map(str::to_owned).collect(),
+        }
+    }
 }
 
 /// A place where locks live. Implementations must pass the conformance suite in
 /// `tests/conformance.rs`. Every method is one atomic step.
 pub trait Store: Send + Sync + 'static {
-    /// Grants `claim.key` to `claim.owner` when nobody holds it. When busy and
-    /// `claim.wait` is set, registers the owner as a waiter (with `claim.ttl` as the
-    /// registration's lifetime); a grant removes that registration.
+    /// Grants `claim.key` to `claim.owner` when the lock admits the claim's mode and
+    /// limit, no lock-delay runs, and (fair) no fair waiter ahead of it could be granted
+    /// instead. When not, and `claim.wait` is set, registers (and, fair, queues) the
+    /// claim as a waiter for `claim.ttl`; a grant removes that registration. A shared
+    /// grant or a semaphore permit that leaves room for more wakes the next waiters.
     fn acquire<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, Acquired>;
 
     /// Adds one hold to a grant and extends it by `ttl`. Returns the new hold count, or
@@ -140,20 +226,23 @@ pub trait Store: Send + Sync + 'static {
 
     /// Takes one hold (or, with `all`, every hold) from a grant. Returns the holds left
     /// (0: the grant is gone and waiters were notified), or `None` when `owner` did not
-    /// hold `key`.
+    /// hold `key`. A non-zero `delay` on the last holder of an exclusive lock keeps the
+    /// lock from anyone for that long (lock-delay).
     fn release<'a>(
         &'a self,
         key: &'a str,
         owner: &'a str,
         all: bool,
+        delay: Duration,
     ) -> StoreFuture<'a, Option<u32>>;
 
     /// Extends every grant of the batch that is still held; `true` per renewed grant, in
     /// order. One round trip for the whole batch, whatever its size.
     fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<bool>>;
 
-    /// Removes a waiter registration (after a timeout or a cancel).
-    fn unwait<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, ()>;
+    /// Removes a waiter registration, and its place in the fair queue (after a timeout
+    /// or a cancel).
+    fn unwait<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, ()>;
 
     /// The state of one lock.
     fn describe<'a>(&'a self, key: &'a str) -> StoreFuture<'a, KeyState>;

@@ -19,7 +19,8 @@ use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
 
 use super::{
-    Acquired, Claim, HolderState, KeyState, Notice, Renewal, Store, StoreError, StoreFuture,
+    Acquired, Claim, HolderState, KeyState, Notice, QueuedState, Renewal, Sharing, Store,
+    StoreError, StoreFuture,
 };
 
 macro_rules! script {
@@ -131,8 +132,8 @@ impl RedisStore {
         format!("{{{}:{}}}:{}", self.namespace, key, part)
     }
 
-    fn keys(&self, key: &str) -> [String; 4] {
-        ["h", "d", "f", "w"].map(|part| self.key(key, part))
+    fn keys(&self, key: &str) -> [String; 6] {
+        ["h", "d", "f", "w", "q", "x"].map(|part| self.key(key, part))
     }
 
     async fn connection(&self) -> Result<MultiplexedConnection, StoreError> {
@@ -231,6 +232,14 @@ fn text(v: &Value) -> String {
     }
 }
 
+fn sharing(letter: &str) -> Option<Sharing> {
+    match letter {
+        "x" => Some(Sharing::Exclusive),
+        "s" => Some(Sharing::Shared),
+        _ => None,
+    }
+}
+
 fn held_count(n: i64) -> Option<u32> {
     u32::try_from(n).ok()
 }
@@ -239,26 +248,35 @@ impl Store for RedisStore {
     fn acquire<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, Acquired> {
         Box::pin(async move {
             let ttl = ms(claim.ttl);
-            let wait = if claim.wait { "1" } else { "0" };
+            let flag = |on: bool| if on { "1" } else { "0" };
+            let limit = claim.limit.to_string();
+            let waiter = claim.waiter();
+            let args = [
+                claim.owner.as_str(),
+                &ttl,
+                flag(claim.wait),
+                &claim.session_id,
+                &claim.client_name,
+                claim.sharing.letter(),
+                &limit,
+                flag(claim.fair),
+                &waiter,
+                &self.channel,
+                &claim.key,
+            ];
             let reply: Vec<Value> = self
-                .invoke(
-                    &self.scripts.acquire,
-                    &claim.key,
-                    &[
-                        &claim.owner,
-                        &ttl,
-                        wait,
-                        &claim.session_id,
-                        &claim.client_name,
-                    ],
-                )
+                .invoke(&self.scripts.acquire, &claim.key, &args)
                 .await?;
             match reply.as_slice() {
-                [granted, value] if int(granted)? == 1 => Ok(Acquired::Granted {
-                    fence: int(value)? as u64,
+                [code, fence] if int(code)? == 1 => Ok(Acquired::Granted {
+                    fence: int(fence)? as u64,
                 }),
-                [_, value] => Ok(Acquired::Busy {
-                    expires_in: Duration::from_millis(int(value)?.max(0) as u64),
+                [code, limit] if int(code)? == 2 => Ok(Acquired::Conflict {
+                    limit: int(limit)?.max(0) as u32,
+                }),
+                [_, look, position] => Ok(Acquired::Busy {
+                    expires_in: Duration::from_millis(int(look)?.max(0) as u64),
+                    position: int(position)?.max(0) as u32,
                 }),
                 _ => Err(StoreError::Protocol("acquire: bad reply".into())),
             }
@@ -284,16 +302,12 @@ impl Store for RedisStore {
         key: &'a str,
         owner: &'a str,
         all: bool,
+        delay: Duration,
     ) -> StoreFuture<'a, Option<u32>> {
         Box::pin(async move {
             let all = if all { "1" } else { "0" };
-            let n: i64 = self
-                .invoke(
-                    &self.scripts.release,
-                    key,
-                    &[owner, all, &self.channel, key],
-                )
-                .await?;
+            let args = [owner, all, &self.channel, key, &ms(delay)];
+            let n: i64 = self.invoke(&self.scripts.release, key, &args).await?;
             Ok(held_count(n))
         })
     }
@@ -337,9 +351,12 @@ impl Store for RedisStore {
         })
     }
 
-    fn unwait<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, ()> {
+    fn unwait<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            let _: i64 = self.invoke(&self.scripts.unwait, key, &[owner]).await?;
+            let waiter = claim.waiter();
+            let _: i64 = self
+                .invoke(&self.scripts.unwait, &claim.key, &[&waiter])
+                .await?;
             Ok(())
         })
     }
@@ -347,9 +364,15 @@ impl Store for RedisStore {
     fn describe<'a>(&'a self, key: &'a str) -> StoreFuture<'a, KeyState> {
         Box::pin(async move {
             let reply: Vec<Value> = self.invoke(&self.scripts.describe, key, &[]).await?;
-            let [fence, waiters, holders @ ..] = reply.as_slice() else {
-                return Err(StoreError::Protocol("describe: bad reply".into()));
+            let bad = || StoreError::Protocol("describe: bad reply".into());
+            let [fence, waiters, mode, limit, count, rest @ ..] = reply.as_slice() else {
+                return Err(bad());
             };
+            let count = usize::try_from(int(count)?).map_err(|_| bad())?;
+            if rest.len() < count * 5 {
+                return Err(bad());
+            }
+            let (holders, queue) = rest.split_at(count * 5);
             let holders = holders
                 .chunks_exact(5)
                 .map(|h| {
@@ -362,9 +385,20 @@ impl Store for RedisStore {
                     })
                 })
                 .collect::<Result<Vec<_>, StoreError>>()?;
+            let queue = queue
+                .chunks_exact(3)
+                .map(|w| QueuedState {
+                    sharing: sharing(&text(&w[0])).unwrap_or(Sharing::Exclusive),
+                    session_id: text(&w[1]),
+                    client_name: text(&w[2]),
+                })
+                .collect();
             Ok(KeyState {
                 holders,
+                sharing: sharing(&text(mode)),
+                limit: int(limit)?.max(0) as u32,
                 waiters: int(waiters)?.max(0) as u32,
+                queue,
                 fence: int(fence)? as u64,
             })
         })
@@ -398,8 +432,8 @@ async fn listen(client: redis::Client, channel: String, notices: broadcast::Send
                     let _ = notices.send(Notice::Resync);
                     let mut messages = pubsub.on_message();
                     while let Some(msg) = messages.next().await {
-                        if let Ok(key) = msg.get_payload::<String>() {
-                            let _ = notices.send(Notice::Released(key));
+                        if let Ok(payload) = msg.get_payload::<String>() {
+                            let _ = notices.send(Notice::parse(&payload));
                         }
                     }
                     tracing::warn!("release notice subscription ended; resubscribing");

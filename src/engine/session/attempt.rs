@@ -19,7 +19,7 @@ pub(super) struct AcquireOp {
     pub(super) wait_until: Option<Instant>,
     pub(super) guard: Option<WaitGuard>,
     pub(super) cancel: CancellationToken,
-    pub(super) waiting: mpsc::UnboundedSender<(u64, String)>,
+    pub(super) waiting: mpsc::UnboundedSender<(u64, String, u32)>,
 }
 
 pub(super) async fn acquire(op: AcquireOp) -> Done {
@@ -28,22 +28,21 @@ pub(super) async fn acquire(op: AcquireOp) -> Done {
         // Leave the waiters of the key in the store, in the background: the answer
         // need not wait for it, and the registration expires anyway.
         let store = op.store.clone();
-        let (key, owner) = (op.claim.key.clone(), op.claim.owner.clone());
+        let claim = op.claim.clone();
         tokio::spawn(async move {
-            let _ = store.unwait(&key, &owner).await;
+            let _ = store.unwait(&claim).await;
         });
     }
     Done::Acquire {
-        key: op.claim.key,
         request_id: op.request_id,
-        owner: op.claim.owner,
-        ttl: op.claim.ttl,
+        claim: op.claim,
         outcome,
     }
 }
 
 /// Tries to acquire; while busy and allowed to wait, sleeps until a release notice, the
-/// holder's expiry, or a refresh of the waiter registration at TTL/3, whichever first.
+/// time the store said to look again (a holder's expiry, the end of a lock-delay, a
+/// fair waiter ahead expiring), or a refresh of the waiter registration at TTL/3.
 async fn attempts(op: &AcquireOp) -> Outcome {
     let mut told = false;
     loop {
@@ -51,9 +50,13 @@ async fn attempts(op: &AcquireOp) -> Outcome {
         let turn = op.turns.acquire().await;
         let answer = op.store.acquire(&op.claim).await;
         drop(turn);
-        let expires_in = match answer {
+        let (expires_in, position) = match answer {
             Ok(Acquired::Granted { fence }) => return Outcome::Granted { fence, sent_at },
-            Ok(Acquired::Busy { expires_in }) => expires_in,
+            Ok(Acquired::Busy {
+                expires_in,
+                position,
+            }) => (expires_in, position),
+            Ok(Acquired::Conflict { limit }) => return Outcome::Conflict { limit },
             Err(e) => return Outcome::Unavailable(e),
         };
         let (Some(until), Some(guard)) = (op.wait_until, op.guard.as_ref()) else {
@@ -64,7 +67,9 @@ async fn attempts(op: &AcquireOp) -> Outcome {
         }
         if !told {
             told = true;
-            let _ = op.waiting.send((op.request_id, op.claim.key.clone()));
+            let _ = op
+                .waiting
+                .send((op.request_id, op.claim.key.clone(), position));
         }
         // +1 ms: look just after the holder's expiry, not just before it.
         let look_again =

@@ -33,7 +33,7 @@ use super::renewer::{LeaseClock, RenewEvent};
 use super::{
     AcquireRequest, Command, EndReason, EngineError, Event, Inbound, RejectCode, Rejection, Shared,
 };
-use crate::store::{Store, StoreError};
+use crate::store::{Claim, Sharing, Store, StoreError};
 
 enum Slot {
     Acquiring(Acquiring),
@@ -52,6 +52,8 @@ struct Held {
     owner: String,
     fence: u64,
     ttl: Duration,
+    sharing: Sharing,
+    limit: u32,
     count: u32,
     clock: Arc<LeaseClock>,
     /// Last value read from `clock`: the timer fires at it, then reads the clock again.
@@ -65,10 +67,8 @@ struct Held {
 /// The result of a store call made for the session.
 enum Done {
     Acquire {
-        key: String,
         request_id: u64,
-        owner: String,
-        ttl: Duration,
+        claim: Claim,
         outcome: Outcome,
     },
     Hold {
@@ -90,12 +90,16 @@ enum Outcome {
     Busy,
     Timeout,
     Cancelled,
+    Conflict { limit: u32 },
     Unavailable(StoreError),
 }
 
 enum End {
-    /// The client closed its side or the transport broke.
-    Client,
+    /// The client closed its side: a graceful end.
+    Closed,
+    /// The transport broke (reset, cancel, keepalive timeout): the client may be alive
+    /// and still using what it held, so the lock-delay applies.
+    Broken,
     /// The sidecar shuts down.
     Shutdown,
     /// The client stopped reading its answers (or is gone).
@@ -116,8 +120,8 @@ pub(crate) struct Session {
     leases: HashMap<u64, String>,
     renew_tx: mpsc::UnboundedSender<RenewEvent>,
     renew_rx: mpsc::UnboundedReceiver<RenewEvent>,
-    waiting_tx: mpsc::UnboundedSender<(u64, String)>,
-    waiting_rx: mpsc::UnboundedReceiver<(u64, String)>,
+    waiting_tx: mpsc::UnboundedSender<(u64, String, u32)>,
+    waiting_rx: mpsc::UnboundedReceiver<(u64, String, u32)>,
 }
 
 fn random_hex(bytes: usize) -> Result<String, EngineError> {
@@ -178,7 +182,7 @@ impl Session {
                 biased;
                 _ = shutdown.cancelled() => break End::Shutdown,
                 Some(event) = self.renew_rx.recv() => self.on_renew_event(event),
-                Some((request_id, key)) = self.waiting_rx.recv() => self.on_waiting(request_id, key),
+                Some((request_id, key, position)) = self.waiting_rx.recv() => self.on_waiting(request_id, key, position),
                 _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
                     self.check_deadlines();
                 }
@@ -188,9 +192,9 @@ impl Session {
                     Some(Inbound::Invalid(rejection)) => self.send(Event::Rejected(rejection)),
                     Some(Inbound::Broken(why)) => {
                         tracing::debug!(%why, "stream broken");
-                        break End::Client;
+                        break End::Broken;
                     }
-                    None => break End::Client,
+                    None => break End::Closed,
                 },
             }
         };
@@ -258,22 +262,25 @@ impl Session {
             }
         }
         let store = self.shared.store.clone();
+        let delay = match end {
+            End::Broken | End::Overflow => self.shared.config.lock_delay,
+            End::Closed | End::Shutdown => Duration::ZERO,
+        };
         let release_held = futures_util::future::join_all(
             held.iter()
-                .map(|(key, owner, _)| release_quietly(&store, key, owner)),
+                .map(|(key, owner, _)| release_quietly(&store, key, owner, delay)),
         );
         let mut ops = std::mem::take(&mut self.ops);
         let finish_ops = async {
             let mut granted = Vec::new();
             while let Some(done) = ops.next().await {
                 if let Done::Acquire {
-                    key,
-                    owner,
+                    claim,
                     outcome: Outcome::Granted { .. },
                     ..
                 } = done
                 {
-                    granted.push((key, owner));
+                    granted.push((claim.key, claim.owner));
                 }
             }
             granted
@@ -287,14 +294,15 @@ impl Session {
         futures_util::future::join_all(
             granted
                 .iter()
-                .map(|(key, owner)| release_quietly(&store, key, owner)),
+                // Never handed to the client: no lock-delay.
+                .map(|(key, owner)| release_quietly(&store, key, owner, Duration::ZERO)),
         )
         .await;
         match end {
             End::Shutdown => {
                 let _ = self.out.try_send(Event::Ended(EndReason::Shutdown));
             }
-            End::Client | End::Overflow => {}
+            End::Closed | End::Broken | End::Overflow => {}
         }
         tracing::debug!(
             released = held.len() + granted.len(),
@@ -303,8 +311,8 @@ impl Session {
     }
 }
 
-async fn release_quietly(store: &Arc<dyn Store>, key: &str, owner: &str) {
-    if let Err(e) = store.release(key, owner, true).await {
+async fn release_quietly(store: &Arc<dyn Store>, key: &str, owner: &str, delay: Duration) {
+    if let Err(e) = store.release(key, owner, true, delay).await {
         tracing::warn!(%key, error = %e, "release at session end failed; the lock expires at its TTL");
     }
 }

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use super::attempt::{AcquireOp, acquire};
 use super::{Acquiring, Done, Session, Slot};
 use crate::engine::{AcquireRequest, Command, MAX_WAIT, MIN_TTL, Mode, RejectCode, validate_key};
-use crate::store::Claim;
+use crate::store::{Claim, Sharing};
 
 impl Session {
     pub(super) fn handle(&mut self, command: Command) {
@@ -41,20 +41,23 @@ impl Session {
         }
     }
 
-    /// Checks the values of an `Acquire` that do not depend on the session's state.
-    pub(super) fn check(&self, r: &AcquireRequest) -> Result<Duration, (RejectCode, String)> {
+    /// Checks the values of an `Acquire` that do not depend on the session's state;
+    /// returns its TTL, mode and limit (1 for a lock, N for a semaphore).
+    pub(super) fn check(
+        &self,
+        r: &AcquireRequest,
+    ) -> Result<(Duration, Sharing, u32), (RejectCode, String)> {
         use RejectCode::*;
-        if r.mode == Mode::Shared {
-            return Err((Unimplemented, "SHARED mode is not implemented yet".into()));
-        }
-        if r.limit > 1 {
+        let sharing = match r.mode {
+            Mode::Exclusive => Sharing::Exclusive,
+            Mode::Shared => Sharing::Shared,
+        };
+        let limit = r.limit.max(1);
+        if sharing == Sharing::Shared && limit > 1 {
             return Err((
-                Unimplemented,
-                "limit > 1 (semaphores) is not implemented yet".into(),
+                InvalidArgument,
+                "a semaphore (limit > 1) is not SHARED: its permits are exclusive".into(),
             ));
-        }
-        if r.fair {
-            return Err((Unimplemented, "fair queues are not implemented yet".into()));
         }
         let max_ttl = self.shared.config.max_ttl;
         let ttl = r.ttl.unwrap_or(self.shared.config.default_ttl);
@@ -72,12 +75,12 @@ impl Session {
                 format!("wait_timeout {wait:?} is longer than the maximum {MAX_WAIT:?}"),
             ));
         }
-        Ok(ttl)
+        Ok((ttl, sharing, limit))
     }
 
     pub(super) fn acquire(&mut self, request: AcquireRequest) {
-        let ttl = match self.check(&request) {
-            Ok(ttl) => ttl,
+        let (ttl, sharing, limit) = match self.check(&request) {
+            Ok(checked) => checked,
             Err((code, message)) => {
                 return self.reject(request.request_id, &request.key, code, message);
             }
@@ -94,6 +97,28 @@ impl Session {
                 h.queue.push_back(Command::Acquire(request));
             }
             Some(Slot::Held(h)) => {
+                if h.limit != limit {
+                    let message = format!(
+                        "this session holds the key with limit {}; it cannot ask again with limit {limit}",
+                        h.limit
+                    );
+                    return self.reject(
+                        request.request_id,
+                        &request.key,
+                        RejectCode::FailedPrecondition,
+                        message,
+                    );
+                }
+                if h.sharing == Sharing::Shared && sharing == Sharing::Exclusive {
+                    // Two readers upgrading at once would wait for each other forever.
+                    let message = "this session holds the key SHARED; release it before asking EXCLUSIVE (no upgrade)";
+                    return self.reject(
+                        request.request_id,
+                        &request.key,
+                        RejectCode::FailedPrecondition,
+                        message,
+                    );
+                }
                 if h.count == u32::MAX {
                     let message = "hold count is at its maximum";
                     return self.reject(
@@ -104,7 +129,8 @@ impl Session {
                     );
                 }
                 // Reentrant: the store counts holds so Describe shows them. A reentrant
-                // acquire keeps the grant's TTL.
+                // acquire keeps the grant's TTL and mode (SHARED asked while holding
+                // EXCLUSIVE is a hold of the exclusive grant).
                 h.busy = true;
                 self.pending.insert(request.request_id);
                 let (store, turns) = (self.shared.store.clone(), self.shared.store_calls.clone());
@@ -136,9 +162,15 @@ impl Session {
                     .wait
                     .filter(|w| !w.is_zero())
                     .map(|w| Instant::now() + w);
+                self.grants += 1;
+                let owner = format!("{}.{}", self.secret, self.grants);
                 let guard = match wait_until {
                     None => None,
-                    Some(_) => match self.shared.wakers.register(&request.key, max_waiters) {
+                    Some(_) => match self
+                        .shared
+                        .wakers
+                        .register(&request.key, &owner, max_waiters)
+                    {
                         Some(guard) => Some(guard),
                         None => {
                             let message = format!(
@@ -153,14 +185,16 @@ impl Session {
                         }
                     },
                 };
-                self.grants += 1;
                 let claim = Claim {
                     key: request.key.clone(),
-                    owner: format!("{}.{}", self.secret, self.grants),
+                    owner,
                     ttl,
                     wait: guard.is_some(),
                     session_id: self.id.clone(),
                     client_name: self.client_name.clone(),
+                    sharing,
+                    limit,
+                    fair: request.fair,
                 };
                 let cancel = CancellationToken::new();
                 self.slots.insert(
@@ -206,7 +240,7 @@ impl Session {
                 let (owner, lease_id) = (h.owner.clone(), h.lease_id);
                 self.ops.push(Box::pin(async move {
                     let _turn = turns.acquire().await;
-                    let result = store.release(&key, &owner, false).await;
+                    let result = store.release(&key, &owner, false, Duration::ZERO).await;
                     Done::Release {
                         key,
                         lease_id,

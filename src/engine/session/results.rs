@@ -10,9 +10,10 @@ use tokio::time::Instant;
 use super::{Done, Held, Outcome, Session, Slot};
 use crate::engine::renewer::{Lease, LeaseClock, RenewEvent};
 use crate::engine::{Command, Event, NotAcquiredReason, RejectCode, drift_margin};
+use crate::store::Claim;
 
 impl Session {
-    pub(super) fn on_waiting(&mut self, request_id: u64, key: String) {
+    pub(super) fn on_waiting(&mut self, request_id: u64, key: String, position: u32) {
         if let Some(Slot::Acquiring(a)) = self.slots.get(&key)
             && a.request_id == request_id
             && !a.cancelled
@@ -20,7 +21,7 @@ impl Session {
             self.send(Event::Waiting {
                 request_id,
                 key,
-                position: 0,
+                position,
             });
         }
     }
@@ -28,12 +29,10 @@ impl Session {
     pub(super) fn on_done(&mut self, done: Done) {
         match done {
             Done::Acquire {
-                key,
                 request_id,
-                owner,
-                ttl,
+                claim,
                 outcome,
-            } => self.acquired(key, request_id, owner, ttl, outcome),
+            } => self.acquired(request_id, claim, outcome),
             Done::Hold {
                 key,
                 lease_id,
@@ -129,59 +128,50 @@ impl Session {
         }
     }
 
-    pub(super) fn acquired(
-        &mut self,
-        key: String,
-        request_id: u64,
-        owner: String,
-        ttl: Duration,
-        outcome: Outcome,
-    ) {
+    pub(super) fn acquired(&mut self, request_id: u64, claim: Claim, outcome: Outcome) {
         self.pending.remove(&request_id);
+        let key = claim.key.clone();
         let Some(Slot::Acquiring(a)) = self.slots.remove(&key) else {
             // Cannot happen: an Acquiring slot only leaves through here.
             tracing::error!(%key, "acquire finished without its slot");
             if let Outcome::Granted { .. } = outcome {
-                self.release_in_background(key, owner);
+                self.release_in_background(key, claim.owner);
             }
             return;
         };
         let reason = match outcome {
             Outcome::Granted { .. } if a.cancelled => {
-                self.release_in_background(key.clone(), owner);
+                self.release_in_background(key.clone(), claim.owner);
                 Some(NotAcquiredReason::Cancelled)
             }
             _ if a.cancelled => Some(NotAcquiredReason::Cancelled),
             Outcome::Granted { fence, sent_at } => {
-                let valid_until = sent_at + ttl - drift_margin(ttl);
-                let now = Instant::now();
-                if valid_until <= now {
-                    self.release_in_background(key.clone(), owner);
+                let valid_until = sent_at + claim.ttl - drift_margin(claim.ttl);
+                if valid_until <= Instant::now() {
+                    self.release_in_background(key.clone(), claim.owner);
                     let message = "the store answered too late for the grant to be safe";
                     self.reject(request_id, &key, RejectCode::Unavailable, message);
+                    None
                 } else {
-                    self.hold_grant(
-                        key.clone(),
-                        request_id,
-                        owner,
-                        ttl,
-                        fence,
-                        sent_at,
-                        valid_until,
-                        a.queue,
-                    );
+                    self.hold_grant(request_id, claim, fence, sent_at, valid_until, a.queue);
                     return self.drain(&key);
                 }
-                None
             }
             Outcome::Busy => Some(NotAcquiredReason::Busy),
             Outcome::Timeout => Some(NotAcquiredReason::Timeout),
             Outcome::Cancelled => Some(NotAcquiredReason::Cancelled),
+            Outcome::Conflict { limit } => {
+                let message = format!(
+                    "the key is held with limit {limit}; a request must use the holders' limit"
+                );
+                self.reject(request_id, &key, RejectCode::FailedPrecondition, message);
+                None
+            }
             Outcome::Unavailable(e) => {
                 // A call that timed out may still have been granted: the grant's owner
                 // token is unique, so releasing it blindly is safe and frees the key
                 // now rather than at its TTL.
-                self.release_in_background(key.clone(), owner);
+                self.release_in_background(key.clone(), claim.owner);
                 self.store_failed(request_id, &key, &e);
                 None
             }
@@ -196,13 +186,10 @@ impl Session {
         self.redispatch(a.queue);
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn hold_grant(
+    fn hold_grant(
         &mut self,
-        key: String,
         request_id: u64,
-        owner: String,
-        ttl: Duration,
+        claim: Claim,
         fence: u64,
         sent_at: Instant,
         valid_until: Instant,
@@ -210,11 +197,12 @@ impl Session {
     ) {
         let lease_id = self.shared.next_lease_id();
         let clock = Arc::new(LeaseClock::new(valid_until));
+        let key = claim.key;
         self.shared.renewer.add(Lease {
             id: lease_id,
             key: key.clone(),
-            owner: owner.clone(),
-            ttl,
+            owner: claim.owner.clone(),
+            ttl: claim.ttl,
             confirmed_at: sent_at,
             clock: clock.clone(),
             events: self.renew_tx.clone(),
@@ -225,9 +213,11 @@ impl Session {
             key.clone(),
             Slot::Held(Held {
                 lease_id,
-                owner,
+                owner: claim.owner,
                 fence,
-                ttl,
+                ttl: claim.ttl,
+                sharing: claim.sharing,
+                limit: claim.limit,
                 count: 1,
                 clock,
                 valid_until,
@@ -286,7 +276,7 @@ impl Session {
     pub(super) fn release_in_background(&self, key: String, owner: String) {
         let store = self.shared.store.clone();
         tokio::spawn(async move {
-            let _ = store.release(&key, &owner, true).await;
+            let _ = store.release(&key, &owner, true, Duration::ZERO).await;
         });
     }
 

@@ -689,3 +689,20 @@ impl Rng {
         self.0 % n
     }
 }
+
+/// The most intervals that overlap at any instant (for semaphores: must stay within
+/// the limit).
+pub fn max_concurrent(history: &[Interval]) -> usize {
+    let mut edges: Vec<(tokio::time::Instant, i32)> = history
+        .iter()
+        .flat_map(|i| [(i.start, 1), (i.end, -1)])
+        .collect();
+    // At equal instants, ends before starts: touching intervals do not overlap.
+    edges.sort_by_key(|&(t, delta)| (t, delta));
+    let (mut now, mut max) = (0i32, 0i32);
+    for (_, delta) in edges {
+        now += delta;
+        max = max.max(now);
+    }
+    max as usize
+}

@@ -354,7 +354,12 @@ impl Store for MemoryStore {
         let name = claim.waiter();
         self.with_lock(&claim.key, |lock, _| {
             lock.waiters.remove(&name);
+            let queued = lock.queue.len();
             lock.queue.retain(|_, n| *n != name);
+            if lock.queue.len() < queued {
+                // Those now first in line may be able to go.
+                lock.wake(&claim.key, &self.notices);
+            }
         });
         ready(())
     }

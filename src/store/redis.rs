@@ -354,9 +354,8 @@ impl Store for RedisStore {
     fn unwait<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let waiter = claim.waiter();
-            let _: i64 = self
-                .invoke(&self.scripts.unwait, &claim.key, &[&waiter])
-                .await?;
+            let args = [waiter.as_str(), &self.channel, &claim.key];
+            let _: i64 = self.invoke(&self.scripts.unwait, &claim.key, &args).await?;
             Ok(())
         })
     }

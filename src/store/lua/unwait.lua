@@ -1,4 +1,11 @@
--- Removes the waiter ARGV[1] (its wait timed out or was cancelled) from w and q.
-redis.call('ZREM', KEYS[4], ARGV[1])
-redis.call('ZREM', KEYS[5], ARGV[1])
+-- Removes the waiter ARGV[1] (its wait timed out or was cancelled) from w and q. If it
+-- was queued, those now first in line may be able to go: wake them (see wake in
+-- common.lua), or they would sleep until their next look.
+-- ARGV: waiter channel key
+local h, d, w, q = KEYS[1], KEYS[2], KEYS[4], KEYS[5]
+redis.call('ZREM', w, ARGV[1])
+if redis.call('ZREM', q, ARGV[1]) == 1 then
+  purge(h, d, w, q, now_ms())
+  wake(h, d, w, q, ARGV[2], ARGV[3])
+end
 return 0

@@ -9,18 +9,11 @@ use std::time::Duration;
 
 use common::{
     Client, HolderProcess, Redis, Sidecar, SidecarProcess, StoreKind, acquire, make_store,
-    namespace, secs,
+    namespace, secs, waiting_for,
 };
 use lockside::proto::{self, lease_response};
 use tokio::time::Instant;
 use tonic::Code;
-
-fn waiting_for(key: &str, seconds: f64) -> proto::Acquire {
-    proto::Acquire {
-        wait_timeout: Some(secs(seconds)),
-        ..acquire(key)
-    }
-}
 
 async fn in_process(redis: &Redis, ns: &str) -> Sidecar {
     Sidecar::start(make_store(&StoreKind::Redis(redis.url()), ns)).await

@@ -6,45 +6,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Client, Redis, Sidecar, StoreKind, acquire, make_store, namespace, secs};
+use common::{
+    Client, Setup, StoreKind, acquire, make_store, secs, setup, setup_with, waiting_for,
+};
 use lockside::engine::EngineConfig;
 use lockside::proto::{self, lease_request, lease_response, not_acquired::Reason};
 use tonic::Code;
-
-/// A sidecar on the store under test.
-struct Setup {
-    sidecar: Sidecar,
-    client: Client,
-    _redis: Option<Redis>,
-}
-
-async fn setup(kind: &str) -> Setup {
-    setup_with(kind, EngineConfig::default()).await
-}
-
-async fn setup_with(kind: &str, config: EngineConfig) -> Setup {
-    let (kind, redis) = match kind {
-        "memory" => (StoreKind::Memory, None),
-        _ => {
-            let redis = Redis::start();
-            (StoreKind::Redis(redis.url()), Some(redis))
-        }
-    };
-    let sidecar = Sidecar::start_with(make_store(&kind, &namespace()), config).await;
-    let client = sidecar.client().await;
-    Setup {
-        sidecar,
-        client,
-        _redis: redis,
-    }
-}
-
-fn waiting_for(key: &str, seconds: f64) -> proto::Acquire {
-    proto::Acquire {
-        wait_timeout: Some(secs(seconds)),
-        ..acquire(key)
-    }
-}
 
 async fn grant_busy_release(s: Setup) {
     let mut a = s.client.lease().await;
@@ -434,18 +401,7 @@ async fn duplicate_pending_request_ids_are_rejected(s: Setup) {
     a.expect_granted(id).await;
 }
 
-macro_rules! for_each_store {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(#[tokio::test] async fn $name() { super::$name(super::setup("memory").await).await; })*
-        }
-        mod redis {
-            $(#[tokio::test] async fn $name() { super::$name(super::setup("redis").await).await; })*
-        }
-    };
-}
-
-for_each_store!(
+crate::for_each_store!(
     grant_busy_release,
     wait_then_grant,
     wait_times_out,

@@ -8,36 +8,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{
-    Client, HolderProcess, Interval, Lease, Redis, Rng, Sidecar, SidecarProcess, StoreKind,
+    Client, HolderProcess, Interval, Lease, Redis, Rng, Setup, Sidecar, SidecarProcess, StoreKind,
     acquire, make_store, max_concurrent, namespace, secs,
 };
 use lockside::engine::EngineConfig;
 use lockside::proto::{self, lease_response, not_acquired::Reason};
 use tokio::time::Instant;
 use tonic::Code;
-
-struct Setup {
-    _sidecar: Sidecar,
-    client: Client,
-    _redis: Option<Redis>,
-}
-
-async fn setup(kind: &str) -> Setup {
-    let (kind, redis) = match kind {
-        "memory" => (StoreKind::Memory, None),
-        _ => {
-            let redis = Redis::start();
-            (StoreKind::Redis(redis.url()), Some(redis))
-        }
-    };
-    let sidecar = Sidecar::start(make_store(&kind, &namespace())).await;
-    let client = sidecar.client().await;
-    Setup {
-        _sidecar: sidecar,
-        client,
-        _redis: redis,
-    }
-}
 
 fn shared(key: &str) -> proto::Acquire {
     proto::Acquire {
@@ -177,18 +154,7 @@ async fn a_fair_reader_waits_behind_a_waiting_writer(s: Setup) {
     r2.expect_granted(rid).await;
 }
 
-macro_rules! for_each_store {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(#[tokio::test] async fn $name() { super::$name(super::setup("memory").await).await; })*
-        }
-        mod redis {
-            $(#[tokio::test] async fn $name() { super::$name(super::setup("redis").await).await; })*
-        }
-    };
-}
-
-for_each_store!(
+crate::for_each_store!(
     readers_share_writers_wait_and_nobody_upgrades,
     semaphores_hold_up_to_their_limit,
     a_fair_reader_waits_behind_a_waiting_writer,

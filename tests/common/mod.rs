@@ -706,3 +706,54 @@ pub fn max_concurrent(history: &[Interval]) -> usize {
     }
     max as usize
 }
+
+/// A sidecar in this process on the store under test ("memory" or "redis"), with a
+/// client; the Redis (if any) lives as long as the setup.
+pub struct Setup {
+    pub sidecar: Sidecar,
+    pub client: Client,
+    _redis: Option<Redis>,
+}
+
+pub async fn setup(kind: &str) -> Setup {
+    setup_with(kind, EngineConfig::default()).await
+}
+
+pub async fn setup_with(kind: &str, config: EngineConfig) -> Setup {
+    let (kind, redis) = match kind {
+        "memory" => (StoreKind::Memory, None),
+        _ => {
+            let redis = Redis::start();
+            (StoreKind::Redis(redis.url()), Some(redis))
+        }
+    };
+    let sidecar = Sidecar::start_with(make_store(&kind, &namespace()), config).await;
+    let client = sidecar.client().await;
+    Setup {
+        sidecar,
+        client,
+        _redis: redis,
+    }
+}
+
+/// An Acquire that waits up to `seconds`.
+pub fn waiting_for(key: &str, seconds: f64) -> proto::Acquire {
+    proto::Acquire {
+        wait_timeout: Some(secs(seconds)),
+        ..acquire(key)
+    }
+}
+
+/// Runs each `async fn NAME(Setup)` of the calling file once on the memory store and
+/// once on a real Redis, as `memory::NAME` and `redis::NAME`.
+#[macro_export]
+macro_rules! for_each_store {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(#[tokio::test] async fn $name() { super::$name($crate::common::setup("memory").await).await; })*
+        }
+        mod redis {
+            $(#[tokio::test] async fn $name() { super::$name($crate::common::setup("redis").await).await; })*
+        }
+    };
+}

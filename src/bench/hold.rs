@@ -1,4 +1,4 @@
-//! Phase 5: `--locks` locks held and renewed by the sidecar, and what that costs: Redis
+//! Phase 6: `--locks` locks held and renewed by the sidecar, and what that costs: Redis
 //! commands and EVALSHA calls per second, the sidecar's CPU time and memory.
 
 use std::sync::Arc;
@@ -25,7 +25,7 @@ const HOLD_SETUP: Duration = Duration::from_secs(60);
 /// The bench's own INFO calls between two `total_commands_processed` readings.
 const OWN_INFO_CALLS: u64 = 2;
 
-/// Phase 5: `locks` locks held and renewed by the sidecar.
+/// Phase 6: `locks` locks held and renewed by the sidecar.
 pub(super) async fn hold_phase(
     ctx: &Ctx,
     locks: u64,
@@ -52,10 +52,8 @@ pub(super) async fn hold_phase(
         drop(tx);
     }
     let secs = (after.at - before.at).as_secs_f64();
-    let commands = after
-        .commands
-        .saturating_sub(before.commands + OWN_INFO_CALLS) as f64;
-    let evalsha = after.evalsha.saturating_sub(before.evalsha) as f64 / secs;
+    let commands = before.commands_until(&after) as f64;
+    let evalsha = before.evalsha_until(&after) as f64 / secs;
     let cpu = match (before.cpu_ticks, after.cpu_ticks) {
         (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / ticks_per_s / secs * 100.0),
         _ => None,
@@ -133,15 +131,41 @@ async fn count_events(mut rx: tonic::Streaming<LeaseResponse>, events: Arc<Atomi
 }
 
 /// One reading of Redis counters and of the sidecar process.
-struct Sample {
+pub(super) struct Sample {
     at: Instant,
     commands: u64,
     evalsha: u64,
+    /// Microseconds Redis spent running EVALSHA calls (scripts included).
+    evalsha_usec: u64,
     cpu_ticks: Option<u64>,
     rss_kb: Option<u64>,
 }
 
-async fn sample(redis: &mut MultiplexedConnection, pid: Option<u32>) -> Result<Sample, String> {
+impl Sample {
+    /// Commands Redis processed from this reading to `later`, less the bench's own INFO
+    /// calls; it counts every client of that Redis.
+    pub(super) fn commands_until(&self, later: &Sample) -> u64 {
+        later
+            .commands
+            .saturating_sub(self.commands + OWN_INFO_CALLS)
+    }
+
+    /// EVALSHA calls from this reading to `later`.
+    pub(super) fn evalsha_until(&self, later: &Sample) -> u64 {
+        later.evalsha.saturating_sub(self.evalsha)
+    }
+
+    /// Microseconds Redis spent in EVALSHA calls from this reading to `later`.
+    pub(super) fn evalsha_usec_until(&self, later: &Sample) -> u64 {
+        later.evalsha_usec.saturating_sub(self.evalsha_usec)
+    }
+}
+
+/// Reads Redis's command counters and, given a pid, the sidecar's CPU time and memory.
+pub(super) async fn sample(
+    redis: &mut MultiplexedConnection,
+    pid: Option<u32>,
+) -> Result<Sample, String> {
     let at = Instant::now();
     let (stats, commandstats) = (
         info(redis, "stats").await?,
@@ -152,6 +176,7 @@ async fn sample(redis: &mut MultiplexedConnection, pid: Option<u32>) -> Result<S
         commands: info_field(&stats, "total_commands_processed:")
             .ok_or("INFO stats has no total_commands_processed")?,
         evalsha: info_field(&commandstats, "cmdstat_evalsha:calls=").unwrap_or(0),
+        evalsha_usec: cmdstat_field(&commandstats, "cmdstat_evalsha:", "usec=").unwrap_or(0),
         cpu_ticks: pid.map(cpu_ticks).transpose()?,
         rss_kb: pid.map(rss_kb).transpose()?,
     })
@@ -167,6 +192,13 @@ fn info_field(info: &str, prefix: &str) -> Option<u64> {
     rest.split(',').next()?.trim().parse().ok()
 }
 
+/// Field `field` of the `key=value,...` line of INFO commandstats that starts with `line`.
+fn cmdstat_field(info: &str, line: &str, field: &str) -> Option<u64> {
+    let rest = info.lines().find_map(|l| l.strip_prefix(line))?;
+    let value = rest.split(',').find_map(|kv| kv.strip_prefix(field))?;
+    value.trim().parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,5 +209,7 @@ mod tests {
         assert_eq!(info_field(info, "total_commands_processed:"), Some(42));
         assert_eq!(info_field(info, "cmdstat_evalsha:calls="), Some(7));
         assert_eq!(info_field(info, "cmdstat_get:calls="), None);
+        assert_eq!(cmdstat_field(info, "cmdstat_evalsha:", "usec="), Some(1));
+        assert_eq!(cmdstat_field(info, "cmdstat_get:", "usec="), None);
     }
 }

@@ -5,19 +5,23 @@
 //! Phases, each bounded in time and in count, over loopback only:
 //! 1. acquire→release cycles on one session (p50, p99, cycles/s), sidecar and direct;
 //! 2. the same with 64 concurrent sessions;
-//! 3. handoff: 16 sessions contend for one key; the next `Granted` minus the time the
-//!    previous holder sent its `Release`;
-//! 4. death to grant: a holder's connection closes while another session waits;
-//! 5. `--locks` locks held and renewed: Redis load, sidecar CPU and memory.
+//! 3. handoff: 16 sessions contend for one key, then 8 and 64 waiters, unfair and fair;
+//!    the next `Granted` minus the time the previous holder sent its `Release`, and
+//!    Redis commands per handoff;
+//! 4. semaphore: 32 sessions share 4 permits of one key;
+//! 5. death to grant: a holder's connection closes while another session waits;
+//! 6. `--locks` locks held and renewed: Redis load, sidecar CPU and memory.
 //!
 //! Without `--sidecar` the bench spawns `lockside serve` on a free loopback port and
 //! stops it with SIGTERM at the end, also after an error.
 //!
-//! Files: this one has the flags, the run and phases 1 to 4; `hold.rs` is phase 5 with
-//! its Redis and process readings; `process.rs` spawns and stops the sidecar and reads
-//! its CPU and memory from /proc; `session.rs` is one `Lease` stream as a client drives
-//! it; `report.rs` turns samples into the table and the JSON.
+//! Files: this one has the flags, the run and phases 1, 2 and 5; `contend.rs` is
+//! phases 3 and 4 (many sessions on one key); `hold.rs` is phase 6 with its Redis and
+//! process readings; `process.rs` spawns and stops the sidecar and reads its CPU and
+//! memory from /proc; `session.rs` is one `Lease` stream as a client drives it;
+//! `report.rs` turns samples into the table and the JSON.
 
+mod contend;
 mod hold;
 mod process;
 mod report;
@@ -25,7 +29,7 @@ mod session;
 
 use std::fmt::Display;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
@@ -36,12 +40,13 @@ use tonic::transport::Channel;
 
 use crate::store::redis::RedisStore;
 use crate::store::{Acquired, Claim, Sharing, Store};
+use contend::{HANDOFFS, PERMITS, SEM_SESSIONS, handoff_phase, semaphore_phase};
 use hold::hold_phase;
 use process::{Sidecar, connect};
 use report::{Report, Stats, ms, us};
 use session::{Session, Want};
 
-/// `wait_timeout` of contended acquires (phases 3 and 4).
+/// `wait_timeout` of contended acquires (phases 3 to 5).
 const WAIT: Duration = Duration::from_secs(30);
 /// TTL of direct grants: the sidecar's default, so both sides do the same work.
 const DIRECT_TTL: Duration = Duration::from_secs(10);
@@ -49,9 +54,7 @@ const DIRECT_TTL: Duration = Duration::from_secs(10);
 const STORE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Samples per task at most, so a very fast store cannot grow memory without bound.
 const MAX_SAMPLES: usize = 1_000_000;
-/// Sessions contending for one key in phase 3.
-const CONTENDERS: usize = 16;
-/// Rounds of phase 4.
+/// Rounds of phase 5.
 const DEATH_ROUNDS: usize = 20;
 
 /// Flags of `lockside bench`.
@@ -194,17 +197,29 @@ async fn measure(
     };
     let mut report = Report::default();
     eprintln!(
-        "bench: sidecar at {}; phase 1/5: cycles, 1 session",
+        "bench: sidecar at {}; phase 1/6: cycles, 1 session",
         ctx.addr
     );
     cycle_phase(&ctx, 1, &mut report).await?;
-    eprintln!("bench: phase 2/5: cycles, 64 sessions");
+    eprintln!("bench: phase 2/6: cycles, 64 sessions");
     cycle_phase(&ctx, 64, &mut report).await?;
-    eprintln!("bench: phase 3/5: handoff, {CONTENDERS} sessions on one key");
-    handoff_phase(&ctx, &mut report).await?;
-    eprintln!("bench: phase 4/5: death to grant, {DEATH_ROUNDS} rounds");
+    for run in HANDOFFS {
+        let fair = if run.fair { "fair" } else { "unfair" };
+        let waiters = run.waiters;
+        eprintln!("bench: phase 3/6: handoff, {waiters} waiters on one key, {fair}");
+        handoff_phase(&ctx, run, &mut report).await?;
+    }
+    report.notes.push(
+        "handoff and semaphore: N waiters are N + 1 sessions on one key; Redis commands \
+         per grant count the commands run inside the Lua scripts, each script call is one \
+         EVALSHA round trip"
+            .into(),
+    );
+    eprintln!("bench: phase 4/6: semaphore, {SEM_SESSIONS} sessions on {PERMITS} permits");
+    semaphore_phase(&ctx, &mut report).await?;
+    eprintln!("bench: phase 5/6: death to grant, {DEATH_ROUNDS} rounds");
     death_phase(&ctx, &mut report).await?;
-    eprintln!("bench: phase 5/5: {} locks held", args.locks);
+    eprintln!("bench: phase 6/6: {} locks held", args.locks);
     hold_phase(&ctx, args.locks, args.hold_ttl, sidecar.pid(), &mut report).await?;
     Ok(report)
 }
@@ -319,47 +334,7 @@ async fn direct_cycles(
     Ok(samples)
 }
 
-/// Phase 3: handoff latency between sessions contending for one key.
-async fn handoff_phase(ctx: &Ctx, report: &mut Report) -> Result<(), String> {
-    let (sessions, key) = (ctx.sessions(CONTENDERS).await?, ctx.key("handoff"));
-    let released_at = Arc::new(Mutex::new(None));
-    let (until, mut set) = (Instant::now() + ctx.seconds, JoinSet::new());
-    for session in sessions {
-        set.spawn(contend(session, key.clone(), until, released_at.clone()));
-    }
-    let stats = Stats::new(join_all(set).await?.concat(), ctx.seconds, "handoffs")?;
-    report.put("handoff_p50_us", us(stats.p50), None);
-    report.put("handoff_p99_us", us(stats.p99), None);
-    report.put("handoff_per_s", Some(stats.rate), None);
-    Ok(())
-}
-
-/// Acquires and releases until `until`; returns the handoff latency of every grant in
-/// the window that followed another session's release.
-async fn contend(
-    mut s: Session,
-    key: String,
-    until: Instant,
-    released_at: Arc<Mutex<Option<Instant>>>,
-) -> Result<Vec<Duration>, String> {
-    let last = || released_at.lock().unwrap_or_else(|e| e.into_inner());
-    let mut handoffs = Vec::new();
-    while sampling(until, &handoffs) {
-        let id = s.acquire(&key, Some(WAIT), None).await?;
-        s.wait_for(id, Want::Granted).await?;
-        let granted_at = Instant::now();
-        if let Some(sent) = last().take().filter(|_| granted_at < until) {
-            handoffs.push(granted_at - sent);
-        }
-        // Stamped before the send, so the next holder cannot see its grant first.
-        *last() = Some(Instant::now());
-        let id = s.release(&key).await?;
-        s.wait_for(id, Want::Released).await?;
-    }
-    Ok(handoffs)
-}
-
-/// Phase 4: a holder's client disappears while another session waits for its key.
+/// Phase 5: a holder's client disappears while another session waits for its key.
 async fn death_phase(ctx: &Ctx, report: &mut Report) -> Result<(), String> {
     let key = ctx.key("death");
     let mut waiter = Session::open(connect(&ctx.addr).await?).await?;

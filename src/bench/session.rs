@@ -23,7 +23,18 @@ pub(super) struct Session {
     pub(super) tx: mpsc::Sender<LeaseRequest>,
     /// Events from the sidecar.
     pub(super) rx: tonic::Streaming<LeaseResponse>,
+    /// The sidecar's default TTL, from `SessionStarted`; waiters refresh at a third.
+    pub(super) default_ttl: Duration,
     next_id: u64,
+}
+
+/// How an `Acquire` asks beyond key, wait and TTL; the default is a plain unfair lock.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Ask {
+    /// FIFO among waiters across sidecars (`Acquire.fair`).
+    pub(super) fair: bool,
+    /// 0 or 1: a lock; N > 1: a semaphore of N permits (`Acquire.limit`).
+    pub(super) limit: u32,
 }
 
 /// The answer a session waits for.
@@ -44,10 +55,15 @@ impl Session {
         let mut session = Self {
             tx,
             rx: response.into_inner(),
+            default_ttl: Duration::ZERO,
             next_id: 1,
         };
         match session.event().await? {
-            E::Started(_) => Ok(session),
+            E::Started(started) => {
+                let ttl = started.default_ttl.and_then(|d| Duration::try_from(d).ok());
+                session.default_ttl = ttl.unwrap_or_default();
+                Ok(session)
+            }
             other => Err(format!("first event was {other:?}, not SessionStarted")),
         }
     }
@@ -82,16 +98,39 @@ impl Session {
         wait: Option<Duration>,
         ttl: Option<Duration>,
     ) -> Result<u64, String> {
-        let (wait_timeout, ttl) = (wait.map(pb_duration), ttl.map(pb_duration));
-        let (request_id, key) = (self.next_id, key.to_owned());
-        let acquire = Acquire {
-            request_id,
-            key,
-            wait_timeout,
+        let ttl = ttl.map(pb_duration);
+        self.send(Cmd::Acquire(self.request(key, wait, Ask::default(), ttl)))
+            .await
+    }
+
+    /// Sends an exclusive `Acquire` of `key` with the default TTL, fair and with the
+    /// limit that `ask` says, and returns its request id.
+    pub(super) async fn acquire_as(
+        &mut self,
+        key: &str,
+        wait: Option<Duration>,
+        ask: Ask,
+    ) -> Result<u64, String> {
+        self.send(Cmd::Acquire(self.request(key, wait, ask, None)))
+            .await
+    }
+
+    fn request(
+        &self,
+        key: &str,
+        wait: Option<Duration>,
+        ask: Ask,
+        ttl: Option<prost_types::Duration>,
+    ) -> Acquire {
+        Acquire {
+            request_id: self.next_id,
+            key: key.to_owned(),
+            wait_timeout: wait.map(pb_duration),
             ttl,
+            fair: ask.fair,
+            limit: ask.limit,
             ..Default::default()
-        };
-        self.send(Cmd::Acquire(acquire)).await
+        }
     }
 
     /// Sends a `Release` of `key` and returns its request id.
@@ -104,8 +143,10 @@ impl Session {
     }
 
     /// Waits for `want` in answer to request `id`; a `Waiting` before a `Granted` is
-    /// skipped. Anything else is an error: no phase expects it.
-    pub(super) async fn wait_for(&mut self, id: u64, want: Want) -> Result<(), String> {
+    /// skipped, and the answer says whether one came. Anything else is an error: no
+    /// phase expects it.
+    pub(super) async fn wait_for(&mut self, id: u64, want: Want) -> Result<bool, String> {
+        let mut waited = false;
         loop {
             let event = self.event().await?;
             let got = match &event {
@@ -115,8 +156,8 @@ impl Session {
                 _ => None,
             };
             match got {
-                Some(got) if got == want => return Ok(()),
-                Some(Want::Waiting) if want == Want::Granted => {}
+                Some(got) if got == want => return Ok(waited),
+                Some(Want::Waiting) if want == Want::Granted => waited = true,
                 _ => return Err(format!("expected {want:?} for request {id}, got {event:?}")),
             }
         }

@@ -6,9 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{
-    Client, Setup, StoreKind, acquire, make_store, secs, setup, setup_with, waiting_for,
-};
+use common::{Client, Setup, StoreKind, acquire, make_store, secs, setup, setup_with, waiting_for};
 use lockside::engine::EngineConfig;
 use lockside::proto::{self, lease_request, lease_response, not_acquired::Reason};
 use tonic::Code;

@@ -629,6 +629,35 @@ async fn lock_delay_keeps_an_abandoned_lock_free_of_holders(s: Subject) {
     fence(&s, &shared("r", "b")).await;
 }
 
+async fn only_grants_that_leave_room_pass_the_wake_on(mut s: Subject) {
+    fence(&s, &permit("k", "a", 2)).await;
+    fence(&s, &permit("k", "b", 2)).await;
+    let waiter = Claim {
+        wait: true,
+        ..permit("k", "w", 2)
+    };
+    let other = Claim {
+        wait: true,
+        ..permit("k", "w2", 2)
+    };
+    assert!(is_busy(&s, &waiter).await, "two permits taken");
+    assert!(is_busy(&s, &other).await);
+    s.store
+        .release("k", "a", false, NO_DELAY)
+        .await
+        .expect("answer");
+    assert_eq!(
+        next_notice(&mut s).await,
+        released("k"),
+        "a free permit wakes a waiter"
+    );
+    fence(&s, &waiter).await;
+    assert!(
+        next_notice_if_any(&mut s).await.is_none(),
+        "taking the last permit wakes nobody"
+    );
+}
+
 async fn unwait_leaves_the_fair_queue(mut s: Subject) {
     fence(&s, &claim("k", "holder", 10_000)).await;
     let (b, c) = (fair(claim("k", "b", 10_000)), fair(claim("k", "c", 10_000)));
@@ -681,6 +710,7 @@ conformance!(
     a_dead_fair_waiter_leaves_the_queue_at_its_expiry,
     lock_delay_keeps_an_abandoned_lock_free_of_holders,
     unwait_leaves_the_fair_queue,
+    only_grants_that_leave_room_pass_the_wake_on,
 );
 
 #[tokio::test]

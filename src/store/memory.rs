@@ -228,7 +228,9 @@ impl MemoryStore {
                 session_id: claim.session_id.clone(),
                 client_name: claim.client_name.clone(),
             });
-            if claim.sharing == Sharing::Shared || claim.limit > 1 {
+            let room = (lock.holders.len() as u32) < claim.limit;
+            if claim.sharing == Sharing::Shared || (claim.limit > 1 && room) {
+                // Room is left for more readers or permits: pass the wake on.
                 lock.wake(&claim.key, &self.notices);
             }
             Acquired::Granted { fence: lock.fence }

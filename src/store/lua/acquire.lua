@@ -78,8 +78,8 @@ end
 redis.call('ZREM', w, waiter)
 redis.call('ZREM', q, waiter)
 expire_at_last(h, d)
-if mode == 's' or limit > 1 then
-  -- Room may be left for more readers or permits: pass the wake on.
+if mode == 's' or (limit > 1 and n + 1 < limit) then
+  -- Room is left for more readers or permits: pass the wake on.
   wake(h, d, w, q, ARGV[10], ARGV[11])
 end
 return {1, fence}

@@ -99,33 +99,37 @@ end
 -- The fair waiters the lock would admit now, oldest first (at most 64 per call): the
 -- head; readers behind a reader head up to the first writer; free permits of a
 -- semaphore. A writer at the head stops every reader behind it: no writer starvation.
+-- Reads only as much of the queue as can be admitted (one entry behind a writer).
 local function heads(h, d, q)
-  local first = redis.call('ZRANGE', q, 0, 63)
-  local out = {}
-  if #first == 0 then
-    return out
-  end
   local n = redis.call('ZCARD', h)
   local room, readers_only = 0, false
   if n == 0 then
-    local mode, limit = parse_waiter(first[1])
+    local first = redis.call('ZRANGE', q, 0, 0)
+    if #first == 0 then
+      return {}
+    end
+    local mode, limit, owner = parse_waiter(first[1])
     if limit > 1 then
       room = limit
     elseif mode == 's' then
-      room, readers_only = #first, true
+      room, readers_only = 64, true
     else
-      room = 1
+      return {owner}
     end
   else
     local limit = tonumber(redis.call('HGET', d, '~limit') or '1')
     if limit > 1 then
       room = limit - n
     elseif redis.call('HGET', d, '~mode') == 's' then
-      room, readers_only = #first, true
+      room, readers_only = 64, true
     end
   end
-  for i = 1, math.min(room, #first) do
-    local mode, _, owner = parse_waiter(first[i])
+  local out = {}
+  if room <= 0 then
+    return out
+  end
+  for _, waiter in ipairs(redis.call('ZRANGE', q, 0, math.min(room, 64) - 1)) do
+    local mode, _, owner = parse_waiter(waiter)
     if readers_only and mode ~= 's' then
       break
     end

@@ -22,6 +22,10 @@ pub struct Cli {
 pub enum CliCommand {
     /// Run the sidecar.
     Serve(ServeArgs),
+    /// Run a command while holding a lock, like `etcdctl lock` (exit statuses: README).
+    Hold(crate::hold::HoldArgs),
+    /// Print a lock's holders and queue.
+    Describe(crate::hold::DescribeArgs),
     /// Measure a sidecar against direct Redis calls (see README "Benchmark").
     Bench(crate::bench::BenchArgs),
 }

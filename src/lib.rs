@@ -17,7 +17,10 @@
 //!   `store/lua/`.
 //! - [`server`]: listeners, HTTP/2 keepalive, and the shutdown sequence; [`server::run`]
 //!   is the entry point tests call on port 0.
-//! - [`config`]: the command line (`lockside serve`, `lockside bench`).
+//! - [`config`]: the command line (`lockside serve`, `hold`, `describe`, `bench`).
+//! - [`client`]: a Rust client: `Client::connect`, `lock(key)` → a guard with the
+//!   fencing token and a `lost()` future.
+//! - [`hold`]: `lockside hold KEY -- CMD` and `lockside describe KEY`, on that client.
 //! - [`bench`]: the benchmark, sidecar against direct Redis in one run.
 //! - `main.rs`: a thin `main` that parses flags (exit 64 on bad ones) and runs.
 #![forbid(unsafe_code)]
@@ -25,8 +28,10 @@
 
 pub mod api;
 pub mod bench;
+pub mod client;
 pub mod config;
 pub mod engine;
+pub mod hold;
 pub mod server;
 pub mod store;
 

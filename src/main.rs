@@ -32,6 +32,7 @@ fn main() -> ExitCode {
         .init();
     let workers = match &cli.command {
         CliCommand::Serve(args) => usize::from(args.worker_threads),
+        CliCommand::Hold(_) | CliCommand::Describe(_) => 1,
         CliCommand::Bench(_) => 0,
     };
     let runtime = match workers {
@@ -54,6 +55,8 @@ fn main() -> ExitCode {
     runtime.block_on(async {
         match cli.command {
             CliCommand::Serve(args) => serve(args).await,
+            CliCommand::Hold(args) => ExitCode::from(lockside::hold::hold(args).await),
+            CliCommand::Describe(args) => ExitCode::from(lockside::hold::describe(args).await),
             CliCommand::Bench(args) => match lockside::bench::run(args).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

@@ -1,0 +1,301 @@
+//! A Rust client of the Lockside sidecar: `Client::connect`, then `lock(key)` returns a
+//! guard that holds the lock until it is dropped or released, exposes the fencing token,
+//! and says when the lock is lost.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), lockside::client::ClientError> {
+//! use lockside::client::Client;
+//! let client = Client::connect("127.0.0.1:7420").await?;
+//! let lock = client.lock("orders").await?;
+//! let token = lock.fencing_token(); // pass it to the resource you protect
+//! tokio::select! {
+//!     _ = lock.lost() => { /* stop using the resource now */ }
+//!     _ = async { /* the work */ } => {}
+//! }
+//! lock.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Each guard has its own `Lease` stream, so dropping a guard releases its lock (the
+//! sidecar releases on stream end) and the lock is lost with the stream: any stream
+//! error counts as `Lost`, as DESIGN.md advises. The channel uses HTTP/2 keepalive of
+//! 1 s / 1 s, well below any TTL, so a frozen sidecar is noticed in time.
+
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::proto::lock_service_client::LockServiceClient;
+use crate::proto::{self, lease_request, lease_response};
+
+/// Where clients find the sidecar unless told otherwise (DESIGN.md).
+pub const DEFAULT_ADDR: &str = "127.0.0.1:7420";
+
+/// Keepalive of the client's channel: DESIGN.md's advice, below the 1 s minimum TTL.
+const KEEPALIVE: Duration = Duration::from_secs(1);
+
+/// What can go wrong for a client.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The sidecar could not be reached, or the stream broke.
+    #[error("sidecar unavailable: {0}")]
+    Unavailable(String),
+    /// The lock was not acquired: busy, timed out or cancelled.
+    #[error("not acquired: {0}")]
+    NotAcquired(String),
+    /// The sidecar refused the request.
+    #[error("rejected with code {code}: {message}")]
+    Rejected {
+        /// A google.rpc code number.
+        code: i32,
+        /// The sidecar's explanation.
+        message: String,
+    },
+    /// The lock was lost before it could be released.
+    #[error("the lock was lost")]
+    Lost,
+}
+
+/// How to take a lock.
+#[derive(Clone, Debug, Default)]
+pub struct LockOptions {
+    /// How long to wait when busy; `None`: do not wait.
+    pub wait: Option<Duration>,
+    /// The lock's TTL; `None`: the sidecar's default.
+    pub ttl: Option<Duration>,
+    /// Take it SHARED (a reader) rather than EXCLUSIVE.
+    pub shared: bool,
+    /// N > 1: one permit of a semaphore of N.
+    pub limit: u32,
+    /// Wait in arrival order.
+    pub fair: bool,
+}
+
+/// A connection to a sidecar. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Client {
+    grpc: LockServiceClient<Channel>,
+}
+
+impl Client {
+    /// Connects to `HOST:PORT`, `http://HOST:PORT` or `unix:PATH`.
+    pub async fn connect(addr: &str) -> Result<Self, ClientError> {
+        let unavailable = |e: tonic::transport::Error| ClientError::Unavailable(e.to_string());
+        let channel = match addr.strip_prefix("unix:") {
+            Some(path) => {
+                let path = path.to_owned();
+                endpoint("http://lockside")?
+                    .connect_with_connector(tower::service_fn(move |_| {
+                        let path = path.clone();
+                        async move {
+                            let stream = tokio::net::UnixStream::connect(path).await?;
+                            Ok::<_, std::io::Error>(TokioIo::new(stream))
+                        }
+                    }))
+                    .await
+                    .map_err(unavailable)?
+            }
+            None if addr.contains("://") => endpoint(addr)?.connect().await.map_err(unavailable)?,
+            None => endpoint(&format!("http://{addr}"))?
+                .connect()
+                .await
+                .map_err(unavailable)?,
+        };
+        Ok(Self {
+            grpc: LockServiceClient::new(channel),
+        })
+    }
+
+    /// Takes `key` exclusively, waiting for it as long as needed (24 h at most).
+    pub async fn lock(&self, key: &str) -> Result<LockGuard, ClientError> {
+        let options = LockOptions {
+            wait: Some(crate::engine::MAX_WAIT),
+            ..LockOptions::default()
+        };
+        self.lock_with(key, options).await
+    }
+
+    /// Takes `key` as `options` say.
+    pub async fn lock_with(
+        &self,
+        key: &str,
+        options: LockOptions,
+    ) -> Result<LockGuard, ClientError> {
+        let (tx, rx) = mpsc::channel(4);
+        let mut grpc = self.grpc.clone();
+        let mut events = grpc
+            .lease(ReceiverStream::new(rx))
+            .await
+            .map_err(|s| ClientError::Unavailable(s.message().to_owned()))?
+            .into_inner();
+        let duration = |d: Duration| prost_types::Duration::try_from(d).ok();
+        let acquire = proto::Acquire {
+            request_id: 1,
+            key: key.to_owned(),
+            wait_timeout: options.wait.and_then(duration),
+            mode: if options.shared {
+                proto::LockMode::Shared
+            } else {
+                proto::LockMode::Exclusive
+            } as i32,
+            limit: options.limit,
+            fair: options.fair,
+            ttl: options.ttl.and_then(duration),
+        };
+        send(&tx, lease_request::Command::Acquire(acquire)).await?;
+        let granted = loop {
+            let event = events
+                .next()
+                .await
+                .ok_or_else(|| ClientError::Unavailable("the stream ended".into()))?
+                .map_err(|s| ClientError::Unavailable(s.message().to_owned()))?
+                .event;
+            match event {
+                Some(lease_response::Event::Granted(g)) => break g,
+                Some(lease_response::Event::NotAcquired(n)) => {
+                    let reason = proto::not_acquired::Reason::try_from(n.reason)
+                        .map(|r| r.as_str_name().to_owned())
+                        .unwrap_or_else(|_| n.reason.to_string());
+                    return Err(ClientError::NotAcquired(reason));
+                }
+                Some(lease_response::Event::Rejected(r)) => {
+                    return Err(ClientError::Rejected {
+                        code: r.code,
+                        message: r.message,
+                    });
+                }
+                _ => continue, // SessionStarted, Waiting
+            }
+        };
+        let (lost_tx, lost_rx) = watch::channel(false);
+        let (released_tx, released_rx) = watch::channel(None);
+        // Reads the rest of the stream: Released answers the release; Lost, an error or
+        // the end of the stream before it means the lock is gone.
+        let reader = tokio::spawn(async move {
+            while let Some(message) = events.next().await {
+                match message.map(|m| m.event) {
+                    Ok(Some(lease_response::Event::Released(r))) => {
+                        let _ = released_tx.send(Some(r.hold_count));
+                        return;
+                    }
+                    Ok(Some(lease_response::Event::Lost(_))) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+            let _ = lost_tx.send(true);
+        });
+        Ok(LockGuard {
+            key: key.to_owned(),
+            token: granted.fencing_token,
+            tx,
+            lost: lost_rx,
+            released: released_rx,
+            reader,
+        })
+    }
+
+    /// The state of `key` as the sidecar's store sees it.
+    pub async fn describe(&self, key: &str) -> Result<proto::DescribeResponse, ClientError> {
+        let mut grpc = self.grpc.clone();
+        let response = grpc
+            .describe(proto::DescribeRequest {
+                key: key.to_owned(),
+            })
+            .await
+            .map_err(|s| match s.code() {
+                tonic::Code::InvalidArgument => ClientError::Rejected {
+                    code: s.code() as i32,
+                    message: s.message().to_owned(),
+                },
+                _ => ClientError::Unavailable(s.message().to_owned()),
+            })?;
+        Ok(response.into_inner())
+    }
+}
+
+fn endpoint(uri: &str) -> Result<Endpoint, ClientError> {
+    Ok(Endpoint::from_shared(uri.to_owned())
+        .map_err(|e| ClientError::Unavailable(format!("{uri}: {e}")))?
+        .http2_keep_alive_interval(KEEPALIVE)
+        .keep_alive_timeout(KEEPALIVE)
+        .keep_alive_while_idle(true)
+        .tcp_nodelay(true))
+}
+
+async fn send(
+    tx: &mpsc::Sender<proto::LeaseRequest>,
+    command: lease_request::Command,
+) -> Result<(), ClientError> {
+    tx.send(proto::LeaseRequest {
+        command: Some(command),
+    })
+    .await
+    .map_err(|_| ClientError::Unavailable("the stream ended".into()))
+}
+
+/// A held lock. Dropping it releases the lock (its stream ends).
+#[derive(Debug)]
+pub struct LockGuard {
+    key: String,
+    token: u64,
+    tx: mpsc::Sender<proto::LeaseRequest>,
+    lost: watch::Receiver<bool>,
+    released: watch::Receiver<Option<u32>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl LockGuard {
+    /// The lock's key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The fencing token: pass it to the resource you protect.
+    pub fn fencing_token(&self) -> u64 {
+        self.token
+    }
+
+    /// Whether the lock is already lost.
+    pub fn is_lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+
+    /// Completes when the lock is lost (a `Lost` event, or the stream broke or ended).
+    /// Stop using the resource then.
+    pub async fn lost(&self) {
+        let mut lost = self.lost.clone();
+        // An error means the reader is gone without a verdict: treat it as lost.
+        let _ = lost.wait_for(|lost| *lost).await;
+    }
+
+    /// Releases the lock and waits for the sidecar to confirm.
+    pub async fn release(mut self) -> Result<(), ClientError> {
+        if self.is_lost() {
+            return Err(ClientError::Lost);
+        }
+        let release = proto::Release {
+            request_id: 2,
+            key: self.key.clone(),
+        };
+        send(&self.tx, lease_request::Command::Release(release)).await?;
+        let mut lost = self.lost.clone();
+        tokio::select! {
+            answer = self.released.wait_for(Option::is_some) => {
+                answer.map_err(|_| ClientError::Lost)?;
+                Ok(())
+            }
+            _ = lost.wait_for(|lost| *lost) => Err(ClientError::Lost),
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        // Ending the stream is the release; the reader has nothing left to report.
+        self.reader.abort();
+    }
+}

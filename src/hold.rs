@@ -1,0 +1,233 @@
+//! `lockside hold` and `lockside describe`: the sidecar from a shell, like
+//! `etcdctl lock NAME -- CMD`.
+//!
+//! `hold` takes a lock through the sidecar at `LOCKSIDE_ADDR`, runs CMD with
+//! `LOCKSIDE_FENCING_TOKEN` and `LOCKSIDE_KEY` in its environment, forwards SIGINT and
+//! SIGTERM to it, releases the lock when CMD exits and exits with CMD's status. If the
+//! lock is lost while CMD runs (a `Lost` event, or the stream to the sidecar broke), CMD
+//! gets SIGTERM, then SIGKILL after `--kill-grace`, and `hold` exits with
+//! [`EXIT_LOST`].
+
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use rustix::process::{Pid, Signal, kill_process};
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::client::{Client, ClientError, DEFAULT_ADDR, LockOptions};
+use crate::config::parse_duration;
+
+/// The sidecar could not be reached or refused the request (sysexits EX_UNAVAILABLE).
+pub const EXIT_UNAVAILABLE: u8 = 69;
+/// The lock was not acquired within `--wait` (sysexits EX_TEMPFAIL: try again later).
+pub const EXIT_NOT_ACQUIRED: u8 = 75;
+/// The lock was lost while CMD ran; CMD was stopped (sysexits EX_NOPERM: the permission
+/// to use the resource was withdrawn).
+pub const EXIT_LOST: u8 = 77;
+/// CMD could not be started (as shells answer for a command that is not found).
+pub const EXIT_NO_COMMAND: u8 = 127;
+
+/// Lock mode on the command line.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ModeArg {
+    /// One holder at a time (or one permit of a semaphore with --limit).
+    Exclusive,
+    /// Any number of shared holders, no exclusive one.
+    Shared,
+}
+
+/// Flags of `lockside hold`.
+#[derive(Debug, Args)]
+pub struct HoldArgs {
+    /// The lock's name.
+    pub key: String,
+
+    /// The sidecar: HOST:PORT or unix:PATH.
+    #[arg(long, env = "LOCKSIDE_ADDR", default_value = DEFAULT_ADDR)]
+    pub addr: String,
+
+    /// How long to wait for the lock (default: as long as the sidecar allows, 24 h).
+    #[arg(long, value_parser = parse_duration)]
+    pub wait: Option<Duration>,
+
+    /// The lock's TTL (default: the sidecar's).
+    #[arg(long, value_parser = parse_duration)]
+    pub ttl: Option<Duration>,
+
+    /// Exclusive or shared.
+    #[arg(long, value_enum, default_value = "exclusive")]
+    pub mode: ModeArg,
+
+    /// N > 1: take one permit of a semaphore of N.
+    #[arg(long, default_value_t = 0)]
+    pub limit: u32,
+
+    /// Wait in arrival order.
+    #[arg(long)]
+    pub fair: bool,
+
+    /// After the lock is lost, how long CMD has to stop after SIGTERM before SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub kill_grace: Duration,
+
+    /// The command to run while holding the lock.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+}
+
+/// Flags of `lockside describe`.
+#[derive(Debug, Args)]
+pub struct DescribeArgs {
+    /// The lock's name.
+    pub key: String,
+
+    /// The sidecar: HOST:PORT or unix:PATH.
+    #[arg(long, env = "LOCKSIDE_ADDR", default_value = DEFAULT_ADDR)]
+    pub addr: String,
+}
+
+/// Runs `lockside hold`; returns the exit status.
+pub async fn hold(args: HoldArgs) -> u8 {
+    let fail = |status: u8, e: &dyn std::fmt::Display| {
+        eprintln!("lockside hold: {e}");
+        status
+    };
+    let client = match Client::connect(&args.addr).await {
+        Ok(client) => client,
+        Err(e) => return fail(EXIT_UNAVAILABLE, &e),
+    };
+    let options = LockOptions {
+        wait: Some(args.wait.unwrap_or(crate::engine::MAX_WAIT)),
+        ttl: args.ttl,
+        shared: matches!(args.mode, ModeArg::Shared),
+        limit: args.limit,
+        fair: args.fair,
+    };
+    let lock = match client.lock_with(&args.key, options).await {
+        Ok(lock) => lock,
+        Err(e @ ClientError::NotAcquired(_)) => return fail(EXIT_NOT_ACQUIRED, &e),
+        Err(e) => return fail(EXIT_UNAVAILABLE, &e),
+    };
+    let (program, rest) = match args.command.split_first() {
+        Some(split) => split,
+        None => return fail(EXIT_NO_COMMAND, &"no command given"),
+    };
+    let mut child = match Command::new(program)
+        .args(rest)
+        .env("LOCKSIDE_FENCING_TOKEN", lock.fencing_token().to_string())
+        .env("LOCKSIDE_KEY", &args.key)
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) => return fail(EXIT_NO_COMMAND, &format!("{program}: {e}")),
+    };
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        stop(&mut child, args.kill_grace).await;
+        return fail(EXIT_UNAVAILABLE, &"cannot install signal handlers");
+    };
+    loop {
+        tokio::select! {
+            status = child.wait() => {
+                let code = match status {
+                    Ok(status) => exit_code(status),
+                    Err(e) => fail(EXIT_NO_COMMAND, &e),
+                };
+                if let Err(e) = lock.release().await {
+                    eprintln!("lockside hold: releasing {}: {e}", args.key);
+                }
+                return code;
+            }
+            _ = term.recv() => send(&child, Signal::TERM),
+            _ = int.recv() => send(&child, Signal::INT),
+            _ = lock.lost() => {
+                eprintln!("lockside hold: the lock on {} was lost; stopping the command", args.key);
+                stop(&mut child, args.kill_grace).await;
+                return EXIT_LOST;
+            }
+        }
+    }
+}
+
+/// SIGTERM, then SIGKILL after `grace`; waits for the child to go.
+async fn stop(child: &mut Child, grace: Duration) {
+    send(child, Signal::TERM);
+    if tokio::time::timeout(grace, child.wait()).await.is_err() {
+        let _ = child.kill().await;
+    }
+}
+
+fn send(child: &Child, signal: Signal) {
+    let pid = child.id().and_then(|id| Pid::from_raw(id as i32));
+    if let Some(pid) = pid {
+        // The child may have exited meanwhile: nothing to do then.
+        let _ = kill_process(pid, signal);
+    }
+}
+
+/// CMD's status as a shell reports it: its code, or 128 + the signal that ended it.
+fn exit_code(status: ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code as u8,
+        (None, Some(signal)) => 128u8.saturating_add(signal as u8),
+        (None, None) => 1,
+    }
+}
+
+/// Runs `lockside describe`: prints the key's holders and queue; returns the exit
+/// status.
+pub async fn describe(args: DescribeArgs) -> u8 {
+    let state = match Client::connect(&args.addr).await {
+        Ok(client) => client.describe(&args.key).await,
+        Err(e) => Err(e),
+    };
+    let state = match state {
+        Ok(state) => state,
+        Err(e) => {
+            eprintln!("lockside describe: {e}");
+            return EXIT_UNAVAILABLE;
+        }
+    };
+    let mode = crate::proto::LockMode::try_from(state.mode)
+        .map(|m| m.as_str_name().trim_start_matches("LOCK_MODE_").to_owned())
+        .unwrap_or_default();
+    println!("key: {}", state.key);
+    println!(
+        "mode: {mode}  limit: {}  waiters: {}  last fencing token: {}",
+        state.limit, state.waiters, state.fencing_token
+    );
+    for h in &state.holders {
+        let ttl = h
+            .ttl_remaining
+            .map(|d| d.seconds as f64 + d.nanos as f64 / 1e9);
+        println!(
+            "holder {} ({}): holds {}, ttl {:.1}s",
+            h.session_id,
+            name(&h.client_name),
+            h.hold_count,
+            ttl.unwrap_or(0.0)
+        );
+    }
+    for q in &state.queue {
+        println!(
+            "queue {}: {} ({})",
+            q.position,
+            q.session_id,
+            name(&q.client_name)
+        );
+    }
+    0
+}
+
+fn name(client_name: &str) -> &str {
+    if client_name.is_empty() {
+        "unnamed"
+    } else {
+        client_name
+    }
+}

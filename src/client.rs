@@ -284,11 +284,14 @@ impl LockGuard {
         send(&self.tx, lease_request::Command::Release(release)).await?;
         let mut lost = self.lost.clone();
         tokio::select! {
+            // The reader ends (closing both channels) right after a Released: look at
+            // the answer first, and count only a real Lost, not a closed channel.
+            biased;
             answer = self.released.wait_for(Option::is_some) => {
                 answer.map_err(|_| ClientError::Lost)?;
                 Ok(())
             }
-            _ = lost.wait_for(|lost| *lost) => Err(ClientError::Lost),
+            Ok(_) = lost.wait_for(|lost| *lost) => Err(ClientError::Lost),
         }
     }
 }

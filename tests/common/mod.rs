@@ -214,20 +214,25 @@ impl Sidecar {
     }
 
     pub async fn start_with(store: Arc<dyn Store>, config: EngineConfig) -> Self {
+        Self::start_configured(store, config, test_server_config()).await
+    }
+
+    /// With the server's own settings (e.g. the production keepalive, for tests that
+    /// load the machine so much that a 300 ms PING deadline would be missed).
+    pub async fn start_configured(
+        store: Arc<dyn Store>,
+        config: EngineConfig,
+        server: ServerConfig,
+    ) -> Self {
         let listener = Listener::bind(&"127.0.0.1:0".parse().expect("addr"))
             .await
             .expect("bind");
         let addr = listener.local_addr();
         let engine = Engine::new(store, config);
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(server::run(
-            listener,
-            engine.clone(),
-            test_server_config(),
-            async {
-                let _ = stopped.await;
-            },
-        ));
+        let task = tokio::spawn(server::run(listener, engine.clone(), server, async {
+            let _ = stopped.await;
+        }));
         let task = tokio::spawn(async move {
             task.await.expect("server task").expect("server");
         });

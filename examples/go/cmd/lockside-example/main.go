@@ -1,0 +1,167 @@
+// Command lockside-example takes a Lockside lock from Go.
+//
+//	lockside-example [--addr A] --key K [--hold D] [--wait D]
+//		take K, print the fencing token, hold it for D, release it.
+//	lockside-example contend [--addr A] --key K --iterations N --out FILE
+//		N times: take K (waiting up to 30 s), hold it 0-2 ms, release it, and
+//		append "start_ns end_ns fencing_token" to FILE. Gives up after 60 s.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc/metadata"
+
+	"lockside.example/lockside"
+)
+
+const (
+	contendWait    = 30 * time.Second
+	contendTimeout = 60 * time.Second
+)
+
+func main() {
+	var err error
+	if len(os.Args) > 1 && os.Args[1] == "contend" {
+		err = contend(os.Args[2:])
+	} else {
+		err = hold(os.Args[1:])
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(2) // the flag package has printed the usage
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lockside-example:", err)
+		os.Exit(1)
+	}
+}
+
+func defaultAddr() string {
+	if a := os.Getenv("LOCKSIDE_ADDR"); a != "" {
+		return a
+	}
+	return "127.0.0.1:7420"
+}
+
+func withName(ctx context.Context) context.Context {
+	name := fmt.Sprintf("lockside-example-go/%d", os.Getpid())
+	return metadata.AppendToOutgoingContext(ctx, lockside.ClientNameHeader, name)
+}
+
+// hold takes the lock once and keeps it for --hold.
+func hold(args []string) error {
+	fs := flag.NewFlagSet("lockside-example", flag.ContinueOnError)
+	addr := fs.String("addr", defaultAddr(), "sidecar address, host:port or unix:/path (env LOCKSIDE_ADDR)")
+	key := fs.String("key", "", "lock name (required)")
+	holdFor := fs.Duration("hold", time.Second, "how long to hold the lock")
+	wait := fs.Duration("wait", 30*time.Second, "how long to wait for a busy lock")
+	ttl := fs.Duration("ttl", 0, "lock TTL in the store (0: the sidecar's default)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	c, err := lockside.Dial(*addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+
+	lock, err := c.Lock(withName(ctx), *key, lockside.LockOptions{Wait: *wait, TTL: *ttl})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("acquired %q fencing_token=%d ttl=%v\n", lock.Key, lock.Token, lock.TTL)
+
+	timer := time.NewTimer(*holdFor)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+	case <-ctx.Done():
+		fmt.Println("interrupted, releasing early")
+	case <-lock.Lost():
+		return lock.Err()
+	}
+	if err := lock.Release(); err != nil {
+		return err
+	}
+	fmt.Printf("released %q\n", lock.Key)
+	return nil
+}
+
+// contend takes the lock --iterations times and records every hold in --out.
+func contend(args []string) error {
+	fs := flag.NewFlagSet("lockside-example contend", flag.ContinueOnError)
+	addr := fs.String("addr", defaultAddr(), "sidecar address, host:port or unix:/path (env LOCKSIDE_ADDR)")
+	key := fs.String("key", "", "lock name (required)")
+	iterations := fs.Int("iterations", 50, "how many times to take the lock")
+	out := fs.String("out", "", "file to append \"start_ns end_ns fencing_token\" lines to (required)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *out == "" {
+		return errors.New("--out is required")
+	}
+
+	f, err := os.OpenFile(*out, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), contendTimeout)
+	defer cancel()
+	ctx = withName(ctx)
+
+	c, err := lockside.Dial(*addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+
+	rng := rand.New(rand.NewSource(time.Now().UnixNano()))
+	for i := 0; i < *iterations; i++ {
+		lock, err := c.Lock(ctx, *key, lockside.LockOptions{Wait: contendWait})
+		if err != nil {
+			return fmt.Errorf("iteration %d: %w", i, err)
+		}
+		start := time.Now().UnixNano()
+		time.Sleep(time.Duration(rng.Int63n(int64(2*time.Millisecond) + 1)))
+		end := time.Now().UnixNano()
+		select {
+		case <-lock.Lost():
+			return fmt.Errorf("iteration %d: %w", i, lock.Err())
+		default:
+		}
+		if err := lock.Release(); err != nil {
+			return fmt.Errorf("iteration %d: %w", i, err)
+		}
+		if _, err := fmt.Fprintf(f, "%d %d %d\n", start, end, lock.Token); err != nil {
+			return err
+		}
+	}
+	return f.Close()
+}
+
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if fs.Lookup("key").Value.String() == "" {
+		return errors.New("--key is required")
+	}
+	return nil
+}

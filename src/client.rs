@@ -79,6 +79,7 @@ pub struct LockOptions {
 #[derive(Clone, Debug)]
 pub struct Client {
     grpc: LockServiceClient<Channel>,
+    channel: Channel,
 }
 
 impl Client {
@@ -106,7 +107,8 @@ impl Client {
                 .map_err(unavailable)?,
         };
         Ok(Self {
-            grpc: LockServiceClient::new(channel),
+            grpc: LockServiceClient::new(channel.clone()),
+            channel,
         })
     }
 
@@ -196,6 +198,20 @@ impl Client {
             released: released_rx,
             reader,
         })
+    }
+
+    /// Whether the sidecar reports SERVING on `grpc.health.v1` (its store answers).
+    pub async fn serving(&self) -> Result<bool, ClientError> {
+        use tonic_health::pb::HealthCheckRequest;
+        use tonic_health::pb::health_check_response::ServingStatus;
+        let mut health = tonic_health::pb::health_client::HealthClient::new(self.channel.clone());
+        let response = health
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .map_err(|s| ClientError::Unavailable(s.message().to_owned()))?;
+        Ok(response.into_inner().status == ServingStatus::Serving as i32)
     }
 
     /// The state of `key` as the sidecar's store sees it.

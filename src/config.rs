@@ -26,6 +26,8 @@ pub enum CliCommand {
     Hold(crate::hold::HoldArgs),
     /// Print a lock's holders and queue.
     Describe(crate::hold::DescribeArgs),
+    /// Exit 0 when the sidecar serves (its store answers), 1 otherwise: for exec probes.
+    Healthcheck(crate::hold::HealthcheckArgs),
     /// Measure a sidecar against direct Redis calls (see README "Benchmark").
     Bench(crate::bench::BenchArgs),
 }
@@ -100,6 +102,22 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(seconds).map_err(|e| format!("{s:?}: {e}"))
 }
 
+/// Log formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("{s:?} is not an octal file mode like 600 or 660"))
+}
+
 /// Flags of `lockside serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -107,6 +125,11 @@ pub struct ServeArgs {
     /// containers should reach the sidecar.
     #[arg(long, env = "LOCKSIDE_LISTEN", default_value = "127.0.0.1:7420")]
     pub listen: ListenAddr,
+
+    /// Admin listener (HTTP/1.1): /livez, /readyz, /metrics. `none` turns it off.
+    /// Loopback by default: probes and scrapers run in the pod or through the kubelet.
+    #[arg(long, env = "LOCKSIDE_ADMIN_LISTEN", default_value = "127.0.0.1:7421")]
+    pub admin_listen: String,
 
     /// Where locks live: memory (embedded, the default, for one replica and tests),
     /// redis://[user:pass@]host:port[/db] or rediss://...
@@ -148,6 +171,16 @@ pub struct ServeArgs {
     /// 0 (off) by default: locks are freed the moment a stream ends.
     #[arg(long, env = "LOCKSIDE_LOCK_DELAY", default_value = "0s", value_parser = parse_duration)]
     pub lock_delay: Duration,
+
+    /// Log format on stderr: `text` for people, `json` for log pipelines.
+    #[arg(long, env = "LOCKSIDE_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+
+    /// Permissions of a `unix:` listener's socket file (octal). 0600 by default: only
+    /// the sidecar's user may connect; pods whose app runs as another user share a
+    /// group and use 0660.
+    #[arg(long, env = "LOCKSIDE_SOCKET_MODE", default_value = "600", value_parser = parse_mode)]
+    pub socket_mode: u32,
 
     /// Threads that run sessions. One by default, like linkerd2-proxy: a sidecar shares
     /// its node with the app, and on one thread a lock's round trip skips the cross-thread

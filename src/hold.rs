@@ -88,6 +88,33 @@ pub struct DescribeArgs {
     pub addr: String,
 }
 
+/// Flags of `lockside healthcheck`.
+#[derive(Debug, Args)]
+pub struct HealthcheckArgs {
+    /// The sidecar: HOST:PORT or unix:PATH.
+    #[arg(long, env = "LOCKSIDE_ADDR", default_value = DEFAULT_ADDR)]
+    pub addr: String,
+}
+
+/// Runs `lockside healthcheck`: 0 when the sidecar reports SERVING, 1 otherwise.
+pub async fn healthcheck(args: HealthcheckArgs) -> u8 {
+    let serving = match Client::connect(&args.addr).await {
+        Ok(client) => client.serving().await,
+        Err(e) => Err(e),
+    };
+    match serving {
+        Ok(true) => 0,
+        Ok(false) => {
+            eprintln!("lockside healthcheck: not serving (the lock store does not answer)");
+            1
+        }
+        Err(e) => {
+            eprintln!("lockside healthcheck: {e}");
+            1
+        }
+    }
+}
+
 /// Runs `lockside hold`; returns the exit status.
 pub async fn hold(args: HoldArgs) -> u8 {
     let fail = |status: u8, e: &dyn std::fmt::Display| {

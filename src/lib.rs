@@ -15,6 +15,8 @@
 //! - [`store`]: the [`store::Store`] trait and its implementations: `store/memory.rs`
 //!   (embedded) and `store/redis.rs` with one Lua script per state change in
 //!   `store/lua/`.
+//! - [`admin`]: gRPC health (SERVING while the store answers) and the admin listener
+//!   (`/livez`, `/readyz`, `/metrics`); [`metrics`]: the Prometheus metrics.
 //! - [`server`]: listeners, HTTP/2 keepalive, and the shutdown sequence; [`server::run`]
 //!   is the entry point tests call on port 0.
 //! - [`config`]: the command line (`lockside serve`, `hold`, `describe`, `bench`).
@@ -26,12 +28,14 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod admin;
 pub mod api;
 pub mod bench;
 pub mod client;
 pub mod config;
 pub mod engine;
 pub mod hold;
+pub mod metrics;
 pub mod server;
 pub mod store;
 

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use lockside::config::{Cli, CliCommand, ServeArgs, StoreSpec};
+use lockside::config::{Cli, CliCommand, LogFormat, ServeArgs, StoreSpec};
 use lockside::engine::Engine;
 use lockside::server::{self, Listener};
 use lockside::store::{Store, memory::MemoryStore, redis::RedisStore};
@@ -24,15 +24,18 @@ fn main() -> ExitCode {
             };
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match &cli.command {
+        CliCommand::Serve(args) if args.log_format == LogFormat::Json => logs.json().init(),
+        _ => logs.init(),
+    }
     let workers = match &cli.command {
         CliCommand::Serve(args) => usize::from(args.worker_threads),
-        CliCommand::Hold(_) | CliCommand::Describe(_) => 1,
+        CliCommand::Hold(_) | CliCommand::Describe(_) | CliCommand::Healthcheck(_) => 1,
         CliCommand::Bench(_) => 0,
     };
     let runtime = match workers {
@@ -57,6 +60,9 @@ fn main() -> ExitCode {
             CliCommand::Serve(args) => serve(args).await,
             CliCommand::Hold(args) => ExitCode::from(lockside::hold::hold(args).await),
             CliCommand::Describe(args) => ExitCode::from(lockside::hold::describe(args).await),
+            CliCommand::Healthcheck(args) => {
+                ExitCode::from(lockside::hold::healthcheck(args).await)
+            }
             CliCommand::Bench(args) => match lockside::bench::run(args).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -93,6 +99,27 @@ async fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Err(e) = listener.set_socket_mode(args.socket_mode) {
+        tracing::error!(error = %e, "cannot set the socket's mode");
+        return ExitCode::FAILURE;
+    }
+    let admin = match args.admin_listen.as_str() {
+        "none" | "" => None,
+        addr => match tokio::net::TcpListener::bind(addr).await {
+            Ok(admin) => {
+                let bound = admin
+                    .local_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_default();
+                tracing::info!(address = %bound, "admin listening (/livez /readyz /metrics)");
+                Some(admin)
+            }
+            Err(e) => {
+                tracing::error!(admin_listen = %addr, error = %e, "cannot listen");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
     let engine = Engine::new(store, config);
     if let Err(e) = engine.ping().await {
         // Not fatal: the sidecar serves and answers UNAVAILABLE until the store is back.
@@ -104,7 +131,15 @@ async fn serve(args: ServeArgs) -> ExitCode {
         namespace = %args.namespace,
         "listening"
     );
-    match server::run(listener, engine, args.server_config(), shutdown_signal()).await {
+    match server::run(
+        listener,
+        admin,
+        engine,
+        args.server_config(),
+        shutdown_signal(),
+    )
+    .await
+    {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "server failed");

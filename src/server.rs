@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
+use crate::admin;
 use crate::api::{LockApi, MAX_DECODED_BYTES};
 use crate::engine::Engine;
 use crate::proto::lock_service_server::LockServiceServer;
@@ -78,6 +79,17 @@ impl Listener {
         }
     }
 
+    /// Sets the permissions of a Unix socket file (no-op for TCP).
+    pub fn set_socket_mode(&self, mode: u32) -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        match self {
+            Self::Tcp(_) => Ok(()),
+            Self::Unix(_, path) => {
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+            }
+        }
+    }
+
     /// The bound address, for logs and tests.
     pub fn local_addr(&self) -> String {
         match self {
@@ -119,17 +131,35 @@ impl Default for ServerConfig {
 /// deadline has passed.
 pub async fn run(
     listener: Listener,
+    admin_listener: Option<TcpListener>,
     engine: Engine,
     config: ServerConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     let service = LockServiceServer::new(LockApi::new(engine.clone()))
         .max_decoding_message_size(MAX_DECODED_BYTES);
+    let (reporter, health) = tonic_health::server::health_reporter();
+    let readiness = admin::Readiness::default();
+    let stop = CancellationToken::new();
+    tokio::spawn(admin::watch_store(
+        engine.clone(),
+        reporter,
+        readiness.clone(),
+        stop.clone(),
+    ));
+    if let Some(admin_listener) = admin_listener {
+        let serving = admin::serve(admin_listener, readiness, engine.metrics(), stop.clone());
+        tokio::spawn(async move {
+            if let Err(e) = serving.await {
+                tracing::error!(error = %e, "admin listener failed");
+            }
+        });
+    }
     let router = Server::builder()
         .http2_keepalive_interval(Some(config.keepalive_interval))
         .http2_keepalive_timeout(Some(config.keepalive_timeout))
+        .add_service(health)
         .add_service(service);
-    let stop = CancellationToken::new();
     let signal = stop.clone().cancelled_owned();
     let mut socket_file = None;
     let server = match listener {

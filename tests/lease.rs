@@ -534,6 +534,15 @@ async fn serves_on_a_unix_socket() {
     let addr = format!("unix:{}", path.display()).parse().expect("addr");
     let listener = Listener::bind(&addr).await.expect("bind");
     assert_eq!(listener.local_addr(), format!("unix:{}", path.display()));
+    listener.set_socket_mode(0o600).expect("chmod");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path)
+            .expect("socket")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "only the sidecar's user may connect");
+    }
     let engine = lockside::engine::Engine::new(
         make_store(&StoreKind::Memory, "ns"),
         EngineConfig::default(),
@@ -541,6 +550,7 @@ async fn serves_on_a_unix_socket() {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(server::run(
         listener,
+        None,
         engine,
         common::test_server_config(),
         async {

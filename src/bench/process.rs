@@ -39,6 +39,8 @@ impl Sidecar {
         let mut command = Command::new(std::env::current_exe().map_err(err("own path"))?);
         command
             .args(["serve", "--listen", &addr, "--namespace", &namespace])
+            // Any free port: the bench does not scrape it, and 7421 may be taken.
+            .args(["--admin-listen", "127.0.0.1:0"])
             // Through the environment, not argv: a password in the URL stays out of `ps`.
             .env("LOCKSIDE_STORE", &args.redis)
             .stdin(Stdio::null())

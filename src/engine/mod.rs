@@ -15,6 +15,7 @@ use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::metrics::Metrics;
 use crate::store::{KeyState, Notice, Store, StoreError};
 use renewer::Renewer;
 use wakers::Wakers;
@@ -324,6 +325,7 @@ pub fn drift_margin(ttl: Duration) -> Duration {
 /// Everything sessions share.
 pub(crate) struct Shared {
     pub(crate) store: Arc<dyn Store>,
+    pub(crate) metrics: Arc<Metrics>,
     /// Turns for sessions' store calls; see [`MAX_STORE_CALLS`].
     pub(crate) store_calls: Arc<Semaphore>,
     pub(crate) config: EngineConfig,
@@ -365,11 +367,13 @@ impl Engine {
             wakers.clone(),
             shutdown.clone(),
         ));
-        let renewer = Renewer::spawn(store.clone(), shutdown.clone());
+        let metrics = Arc::new(Metrics::new());
+        let renewer = Renewer::spawn(store.clone(), metrics.clone(), shutdown.clone());
         let sessions = Arc::new(Semaphore::new(config.max_sessions));
         Self {
             shared: Arc::new(Shared {
                 store,
+                metrics,
                 config,
                 wakers,
                 renewer,
@@ -379,6 +383,11 @@ impl Engine {
             }),
             sessions,
         }
+    }
+
+    /// The sidecar's metrics.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.shared.metrics.clone()
     }
 
     /// The engine's limits and defaults.
@@ -408,9 +417,12 @@ impl Engine {
         })?;
         let session = session::Session::new(self.shared.clone(), client_name, outbound)?;
         let span = tracing::debug_span!("session", session = %session.id());
+        let sessions = self.shared.metrics.sessions.clone();
+        sessions.inc();
         tokio::spawn(
             async move {
                 session.run(inbound).await;
+                sessions.dec();
                 drop(permit);
             }
             .instrument(span),

@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::drift_margin;
+use crate::metrics::{Metrics, Renewed};
 use crate::store::{Renewal, Store};
 
 /// Shortest pause before retrying a failed renewal.
@@ -89,11 +90,16 @@ pub(crate) struct Renewer {
 }
 
 impl Renewer {
-    pub(crate) fn spawn(store: Arc<dyn Store>, shutdown: CancellationToken) -> Self {
+    pub(crate) fn spawn(
+        store: Arc<dyn Store>,
+        metrics: Arc<Metrics>,
+        shutdown: CancellationToken,
+    ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(
             Task {
                 store,
+                metrics,
                 rx,
                 entries: HashMap::new(),
                 schedule: BTreeSet::new(),
@@ -125,6 +131,7 @@ fn period(ttl: Duration) -> Duration {
 
 struct Task {
     store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
     rx: mpsc::UnboundedReceiver<Cmd>,
     entries: HashMap<u64, Entry>,
     schedule: BTreeSet<(Instant, u64)>,
@@ -212,6 +219,21 @@ impl Task {
             }
         }
         let done = Instant::now();
+        self.metrics
+            .renewal_time
+            .observe((done - sent_at).as_secs_f64());
+        match &result {
+            Ok(renewed) => {
+                let ok = renewed.iter().filter(|r| **r).count() as u64;
+                self.metrics.renewed(Renewed::Ok, ok);
+                self.metrics
+                    .renewed(Renewed::NotHeld, renewed.len() as u64 - ok);
+            }
+            Err(e) => {
+                self.metrics.renewed(Renewed::Failed, ids.len() as u64);
+                self.metrics.store_error(e.kind());
+            }
+        }
         for (i, (_, id)) in ids.iter().enumerate() {
             let renewed = result.as_ref().map(|r| r.get(i).copied().unwrap_or(false));
             let Some(entry) = self.entries.get_mut(id) else {

@@ -60,6 +60,17 @@ impl Sharing {
     }
 }
 
+impl StoreError {
+    /// A short label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Unavailable(_) => "unavailable",
+            Self::Config(_) => "config",
+            Self::Protocol(_) => "protocol",
+        }
+    }
+}
+
 /// Who asks for a lock: the owner token and what `Describe` may show of it.
 #[derive(Clone, Debug)]
 pub struct Claim {

@@ -203,6 +203,8 @@ pub fn test_server_config() -> ServerConfig {
 /// A sidecar running in this process on a free port.
 pub struct Sidecar {
     pub addr: String,
+    /// The admin listener (/livez, /readyz, /metrics).
+    pub admin: String,
     pub engine: Engine,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
@@ -228,16 +230,27 @@ impl Sidecar {
             .await
             .expect("bind");
         let addr = listener.local_addr();
+        let admin_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind admin");
+        let admin = admin_listener.local_addr().expect("admin addr").to_string();
         let engine = Engine::new(store, config);
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(server::run(listener, engine.clone(), server, async {
-            let _ = stopped.await;
-        }));
+        let task = tokio::spawn(server::run(
+            listener,
+            Some(admin_listener),
+            engine.clone(),
+            server,
+            async {
+                let _ = stopped.await;
+            },
+        ));
         let task = tokio::spawn(async move {
             task.await.expect("server task").expect("server");
         });
         Self {
             addr,
+            admin,
             engine,
             stop: Some(stop),
             task: Some(task),
@@ -290,6 +303,9 @@ impl SidecarProcess {
                     store,
                     "--namespace",
                     namespace,
+                    // Tests run sidecars side by side: no fixed admin port.
+                    "--admin-listen",
+                    "127.0.0.1:0",
                 ])
                 .args([
                     "--keepalive-interval",

@@ -31,8 +31,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::renewer::{LeaseClock, RenewEvent};
 use super::{
-    AcquireRequest, Command, EndReason, EngineError, Event, Inbound, RejectCode, Rejection, Shared,
+    AcquireRequest, Command, EndReason, EngineError, Event, Inbound, NotAcquiredReason, RejectCode,
+    Rejection, Shared,
 };
+use crate::metrics::Outcome as Counted;
 use crate::store::{Claim, Sharing, Store, StoreError};
 
 enum Slot {
@@ -42,6 +44,10 @@ enum Slot {
 
 struct Acquiring {
     request_id: u64,
+    /// When the request arrived, for the wait-time histogram.
+    started: Instant,
+    /// A `Waiting` was sent: a grant is then a handoff.
+    waited: bool,
     cancel: CancellationToken,
     cancelled: bool,
     queue: VecDeque<Command>,
@@ -56,6 +62,7 @@ struct Held {
     limit: u32,
     count: u32,
     clock: Arc<LeaseClock>,
+    granted_at: Instant,
     /// Last value read from `clock`: the timer fires at it, then reads the clock again.
     valid_until: Instant,
     jeopardy: bool,
@@ -213,9 +220,39 @@ impl Session {
             let _ = self.out.try_send(Event::Ended(EndReason::Overflow));
             return;
         }
+        self.count(&event);
         if self.out.try_send(event).is_err() {
             self.overflow = true;
         }
+    }
+
+    /// Metrics of what the client is told.
+    fn count(&self, event: &Event) {
+        let metrics = &self.shared.metrics;
+        match event {
+            Event::Granted { .. } => metrics.acquired(Counted::Granted),
+            Event::NotAcquired { reason, .. } => metrics.acquired(match reason {
+                NotAcquiredReason::Busy => Counted::Busy,
+                NotAcquiredReason::Timeout => Counted::Timeout,
+                NotAcquiredReason::Cancelled => Counted::Cancelled,
+            }),
+            Event::Rejected(r) if r.code == RejectCode::Unavailable => {
+                metrics.acquired(Counted::Unavailable)
+            }
+            Event::Rejected(_) => metrics.acquired(Counted::Rejected),
+            Event::Jeopardy { .. } => {
+                metrics.jeopardy.inc();
+            }
+            Event::Lost { .. } => {
+                metrics.lost.inc();
+            }
+            _ => {}
+        }
+    }
+
+    /// A grant leaves the session: gauges and the hold-time histogram.
+    fn forget(&self, held: &Held) {
+        forget(&self.shared.metrics, held);
     }
 
     fn reject(&mut self, request_id: u64, key: &str, code: RejectCode, message: impl Into<String>) {
@@ -228,6 +265,7 @@ impl Session {
     /// how: addresses and driver messages stay in the log.
     fn store_failed(&mut self, request_id: u64, key: &str, error: &StoreError) {
         tracing::warn!(%key, %error, "store call failed");
+        self.shared.metrics.store_error(error.kind());
         self.reject(
             request_id,
             key,
@@ -248,12 +286,14 @@ impl Session {
         for (key, slot) in self.slots.drain() {
             if let Slot::Held(h) = slot {
                 self.shared.renewer.remove(h.lease_id);
+                forget(&self.shared.metrics, &h);
                 held.push((key, h.owner, h.fence));
             }
         }
         if let End::Shutdown = end {
             for (key, _, fence) in &held {
                 let reason = "the sidecar is shutting down".to_owned();
+                self.shared.metrics.lost.inc();
                 let _ = self.out.try_send(Event::Lost {
                     key: key.clone(),
                     reason,
@@ -309,6 +349,13 @@ impl Session {
             "session released its locks"
         );
     }
+}
+
+fn forget(metrics: &crate::metrics::Metrics, held: &Held) {
+    metrics.locks_held.dec();
+    metrics
+        .hold_time
+        .observe(held.granted_at.elapsed().as_secs_f64());
 }
 
 async fn release_quietly(store: &Arc<dyn Store>, key: &str, owner: &str, delay: Duration) {

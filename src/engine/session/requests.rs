@@ -201,6 +201,8 @@ impl Session {
                     request.key.clone(),
                     Slot::Acquiring(Acquiring {
                         request_id: request.request_id,
+                        started: Instant::now(),
+                        waited: false,
                         cancel: cancel.clone(),
                         cancelled: false,
                         queue: VecDeque::new(),

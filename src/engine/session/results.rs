@@ -14,10 +14,11 @@ use crate::store::Claim;
 
 impl Session {
     pub(super) fn on_waiting(&mut self, request_id: u64, key: String, position: u32) {
-        if let Some(Slot::Acquiring(a)) = self.slots.get(&key)
+        if let Some(Slot::Acquiring(a)) = self.slots.get_mut(&key)
             && a.request_id == request_id
             && !a.cancelled
         {
+            a.waited = true;
             self.send(Event::Waiting {
                 request_id,
                 key,
@@ -153,6 +154,13 @@ impl Session {
                     self.reject(request_id, &key, RejectCode::Unavailable, message);
                     None
                 } else {
+                    let metrics = &self.shared.metrics;
+                    metrics
+                        .acquire_wait
+                        .observe(a.started.elapsed().as_secs_f64());
+                    if a.waited {
+                        metrics.handoffs.inc();
+                    }
                     self.hold_grant(request_id, claim, fence, sent_at, valid_until, a.queue);
                     return self.drain(&key);
                 }
@@ -208,6 +216,7 @@ impl Session {
             events: self.renew_tx.clone(),
         });
         self.leases.insert(lease_id, key.clone());
+        self.shared.metrics.locks_held.inc();
         let remaining = valid_until.saturating_duration_since(Instant::now());
         self.slots.insert(
             key.clone(),
@@ -220,6 +229,7 @@ impl Session {
                 limit: claim.limit,
                 count: 1,
                 clock,
+                granted_at: Instant::now(),
                 valid_until,
                 jeopardy: false,
                 busy: false,
@@ -242,6 +252,7 @@ impl Session {
             Some(Slot::Held(h)) => {
                 self.shared.renewer.remove(h.lease_id);
                 self.leases.remove(&h.lease_id);
+                self.forget(&h);
                 h.queue
             }
             _ => VecDeque::new(),
@@ -261,6 +272,7 @@ impl Session {
             return VecDeque::new();
         };
         tracing::warn!(%key, fence = h.fence, %reason, "lock lost");
+        self.forget(&h);
         self.shared.renewer.remove(h.lease_id);
         self.leases.remove(&h.lease_id);
         // If the store is reachable again, let the others in now rather than at expiry.

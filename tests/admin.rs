@@ -1,0 +1,141 @@
+//! Health and metrics: gRPC health and `/readyz` follow the store, `/livez` the
+//! process, `lockside healthcheck` the gRPC health, and `/metrics` counters move with
+//! what sessions do.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{PATIENCE, Redis, Sidecar, StoreKind, make_store, namespace};
+use lockside::client::{Client, LockOptions};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A plain HTTP/1.1 GET: (status code, body).
+async fn get(addr: &str, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect admin");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: lockside\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("read");
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status line");
+    let body = response
+        .split("\r\n\r\n")
+        .nth(1)
+        .unwrap_or_default()
+        .to_owned();
+    (status, body)
+}
+
+/// Polls until `check` holds (the health watcher looks every second).
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    tokio::time::timeout(PATIENCE, async {
+        while !check().await {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what} in time"));
+}
+
+/// The value of one sample line of the exposition, e.g. `lockside_locks_held`.
+fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {name} in\n{text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_follows_the_store() {
+    let mut redis = Redis::start();
+    let sidecar = Sidecar::start(make_store(&StoreKind::Redis(redis.url()), &namespace())).await;
+    let client = Client::connect(&sidecar.addr).await.expect("connect");
+    let healthcheck = |addr: String| async move {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_lockside"))
+            .args(["healthcheck", "--addr", &addr])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .await
+            .expect("healthcheck")
+            .code()
+    };
+    eventually("SERVING", || async {
+        client.serving().await.unwrap_or(false)
+    })
+    .await;
+    assert_eq!(get(&sidecar.admin, "/readyz").await.0, 200);
+    assert_eq!(healthcheck(sidecar.addr.clone()).await, Some(0));
+    redis.kill();
+    eventually("NOT_SERVING", || async {
+        !client.serving().await.unwrap_or(true)
+    })
+    .await;
+    assert_eq!(get(&sidecar.admin, "/readyz").await.0, 503);
+    assert_eq!(
+        get(&sidecar.admin, "/livez").await.0,
+        200,
+        "the process itself is fine"
+    );
+    assert_eq!(healthcheck(sidecar.addr.clone()).await, Some(1));
+    redis.restart();
+    eventually("SERVING again", || async {
+        client.serving().await.unwrap_or(false)
+    })
+    .await;
+    assert_eq!(get(&sidecar.admin, "/readyz").await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_what_sessions_do() {
+    let redis = Redis::start();
+    let sidecar = Sidecar::start(make_store(&StoreKind::Redis(redis.url()), &namespace())).await;
+    let client = Client::connect(&sidecar.addr).await.expect("connect");
+    let options = LockOptions {
+        ttl: Some(Duration::from_secs(1)),
+        ..LockOptions::default()
+    };
+    let lock = client.lock_with("k", options.clone()).await.expect("lock");
+    let busy = client.lock_with("k", options).await;
+    assert!(busy.is_err());
+    // Real time: renewals at TTL/3 of a 1 s lock.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let (status, held) = get(&sidecar.admin, "/metrics").await;
+    assert_eq!(status, 200);
+    assert_eq!(sample(&held, "lockside_locks_held"), 1.0);
+    assert_eq!(
+        sample(&held, "lockside_sessions"),
+        1.0,
+        "the busy session has ended"
+    );
+    assert_eq!(
+        sample(&held, "lockside_acquires_total{outcome=\"Granted\"}"),
+        1.0
+    );
+    assert_eq!(
+        sample(&held, "lockside_acquires_total{outcome=\"Busy\"}"),
+        1.0
+    );
+    assert!(
+        sample(&held, "lockside_renewals_total{result=\"Ok\"}") >= 1.0,
+        "{held}"
+    );
+    assert!(sample(&held, "lockside_renewal_seconds_count") >= 1.0);
+    lock.release().await.expect("release");
+    eventually("the released lock leaves the gauge", || async {
+        let (_, text) = get(&sidecar.admin, "/metrics").await;
+        sample(&text, "lockside_locks_held") == 0.0
+            && sample(&text, "lockside_hold_seconds_count") == 1.0
+    })
+    .await;
+}

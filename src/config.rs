@@ -172,6 +172,12 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKSIDE_LOCK_DELAY", default_value = "0s", value_parser = parse_duration)]
     pub lock_delay: Duration,
 
+    /// A file holding a bearer token: every LockService call must then carry
+    /// `authorization: Bearer <token>` (health excepted). The token is read once and
+    /// never logged.
+    #[arg(long, env = "LOCKSIDE_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<std::path::PathBuf>,
+
     /// Log format on stderr: `text` for people, `json` for log pipelines.
     #[arg(long, env = "LOCKSIDE_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -242,13 +248,29 @@ impl ServeArgs {
         })
     }
 
-    /// The server's settings.
-    pub fn server_config(&self) -> ServerConfig {
-        ServerConfig {
+    /// The server's settings (reads the token file).
+    pub fn server_config(&self) -> Result<ServerConfig, String> {
+        let auth_token = match &self.auth_token_file {
+            None => None,
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("--auth-token-file {}: {e}", path.display()))?;
+                let token = text.trim().to_owned();
+                if token.is_empty() || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                    return Err(format!(
+                        "--auth-token-file {}: the token must be one non-empty word",
+                        path.display()
+                    ));
+                }
+                Some(token)
+            }
+        };
+        Ok(ServerConfig {
             keepalive_interval: self.keepalive_interval,
             keepalive_timeout: self.keepalive_timeout,
             drain_timeout: self.drain_timeout,
-        }
+            auth_token,
+        })
     }
 }
 

@@ -75,8 +75,11 @@ fn main() -> ExitCode {
 }
 
 async fn serve(args: ServeArgs) -> ExitCode {
-    let config = match args.engine_config() {
-        Ok(config) => config,
+    let configs = args
+        .engine_config()
+        .and_then(|engine| Ok((engine, args.server_config()?)));
+    let (config, server_config) = match configs {
+        Ok(configs) => configs,
         Err(e) => {
             eprintln!("lockside serve: {e}");
             return ExitCode::from(EX_USAGE);
@@ -131,15 +134,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         namespace = %args.namespace,
         "listening"
     );
-    match server::run(
-        listener,
-        admin,
-        engine,
-        args.server_config(),
-        shutdown_signal(),
-    )
-    .await
-    {
+    match server::run(listener, admin, engine, server_config, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "server failed");

@@ -8,6 +8,8 @@ use std::time::Duration;
 use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
@@ -15,6 +17,41 @@ use crate::admin;
 use crate::api::{LockApi, MAX_DECODED_BYTES};
 use crate::engine::Engine;
 use crate::proto::lock_service_server::LockServiceServer;
+
+/// Concurrent streams (sessions and calls) per HTTP/2 connection.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
+/// Largest header list a client may send.
+pub const MAX_HEADER_BYTES: u32 = 16 * 1024;
+
+/// Checks the bearer token of every `LockService` call, in constant time.
+#[derive(Clone)]
+struct BearerAuth(Option<String>);
+
+impl Interceptor for BearerAuth {
+    fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        let Some(expected) = &self.0 else {
+            return Ok(request);
+        };
+        let given = request
+            .metadata()
+            .get("authorization")
+            .map(|v| v.as_bytes())
+            .unwrap_or_default();
+        if constant_time_eq(given, expected.as_bytes()) {
+            Ok(request)
+        } else {
+            Err(tonic::Status::unauthenticated(
+                "a valid bearer token is required (authorization: Bearer <token>)",
+            ))
+        }
+    }
+}
+
+/// Compares without an early exit, so timing does not tell how much of a guess was
+/// right (the length is not secret).
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
 
 /// Why the server stopped other than by shutdown.
 #[derive(Debug, thiserror::Error)]
@@ -112,6 +149,9 @@ pub struct ServerConfig {
     pub keepalive_timeout: Duration,
     /// How long shutdown may take to release every lock and close every stream.
     pub drain_timeout: Duration,
+    /// When set, every `LockService` call must carry `authorization: Bearer <token>`
+    /// (health is exempt, so probes need no secret).
+    pub auth_token: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -122,6 +162,7 @@ impl Default for ServerConfig {
             keepalive_interval: Duration::from_secs(5),
             keepalive_timeout: Duration::from_secs(5),
             drain_timeout: Duration::from_secs(10),
+            auth_token: None,
         }
     }
 }
@@ -136,8 +177,12 @@ pub async fn run(
     config: ServerConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    let service = LockServiceServer::new(LockApi::new(engine.clone()))
-        .max_decoding_message_size(MAX_DECODED_BYTES);
+    let service = InterceptedService::new(
+        LockServiceServer::new(LockApi::new(engine.clone()))
+            .max_decoding_message_size(MAX_DECODED_BYTES)
+            .max_encoding_message_size(MAX_DECODED_BYTES),
+        BearerAuth(config.auth_token.clone().map(|t| format!("Bearer {t}"))),
+    );
     let (reporter, health) = tonic_health::server::health_reporter();
     let readiness = admin::Readiness::default();
     let stop = CancellationToken::new();
@@ -158,6 +203,11 @@ pub async fn run(
     let router = Server::builder()
         .http2_keepalive_interval(Some(config.keepalive_interval))
         .http2_keepalive_timeout(Some(config.keepalive_timeout))
+        // One app per pod opens a handful of streams; 1,024 per connection bounds what
+        // one misbehaving client can open, well above any real use.
+        .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
+        // Headers carry a name and a token: 16 KiB is generous.
+        .http2_max_header_list_size(Some(MAX_HEADER_BYTES))
         .add_service(health)
         .add_service(service);
     let signal = stop.clone().cancelled_owned();

@@ -1,6 +1,6 @@
-//! Health and metrics: gRPC health and `/readyz` follow the store, `/livez` the
-//! process, `lockside healthcheck` the gRPC health, and `/metrics` counters move with
-//! what sessions do.
+//! Operating the sidecar: gRPC health and `/readyz` follow the store, `/livez` the
+//! process, `lockside healthcheck` the gRPC health, `/metrics` counters move with what
+//! sessions do, and a bearer token guards the lock service (not health).
 
 mod common;
 
@@ -136,6 +136,61 @@ async fn metrics_count_what_sessions_do() {
         let (_, text) = get(&sidecar.admin, "/metrics").await;
         sample(&text, "lockside_locks_held") == 0.0
             && sample(&text, "lockside_hold_seconds_count") == 1.0
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bearer_token_guards_the_lock_service_but_not_health() {
+    use lockside::proto::lock_service_client::LockServiceClient;
+    use lockside::proto::{DescribeRequest, LeaseRequest};
+    let server = lockside::server::ServerConfig {
+        auth_token: Some("s3cret-t0ken".into()),
+        ..common::test_server_config()
+    };
+    let sidecar = Sidecar::start_configured(
+        make_store(&StoreKind::Memory, "ns"),
+        lockside::engine::EngineConfig::default(),
+        server,
+    )
+    .await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", sidecar.addr))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let with = |token: &'static str| {
+        LockServiceClient::with_interceptor(
+            channel.clone(),
+            move |mut request: tonic::Request<()>| {
+                if !token.is_empty() {
+                    let value = format!("Bearer {token}").parse().expect("ascii");
+                    request.metadata_mut().insert("authorization", value);
+                }
+                Ok(request)
+            },
+        )
+    };
+    for token in ["", "wrong", "s3cret-t0ke", "s3cret-t0ken-and-more"] {
+        let err = with(token)
+            .describe(DescribeRequest { key: "k".into() })
+            .await
+            .expect_err("refused");
+        assert_eq!(err.code(), tonic::Code::Unauthenticated, "token {token:?}");
+        let (_tx, rx) = tokio::sync::mpsc::channel::<LeaseRequest>(1);
+        let err = with(token)
+            .lease(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .expect_err("refused");
+        assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    }
+    with("s3cret-t0ken")
+        .describe(DescribeRequest { key: "k".into() })
+        .await
+        .expect("the right token is accepted");
+    let client = Client::connect(&sidecar.addr).await.expect("connect");
+    eventually("health without a token", || async {
+        client.serving().await.unwrap_or(false)
     })
     .await;
 }

@@ -197,6 +197,7 @@ pub fn test_server_config() -> ServerConfig {
         keepalive_interval: Duration::from_millis(300),
         keepalive_timeout: Duration::from_millis(300),
         drain_timeout: Duration::from_secs(5),
+        auth_token: None,
     }
 }
 

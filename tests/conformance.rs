@@ -793,3 +793,22 @@ async fn memory_fences_keep_increasing_across_a_new_store() {
         "a restarted memory store issues larger tokens ({b} > {a})"
     );
 }
+
+#[tokio::test]
+async fn redis_with_a_password_needs_it_in_the_url() {
+    let redis = Redis::start_with_password(Some("pa55word"));
+    let with = make_store(
+        &StoreKind::Redis(format!("redis://:pa55word@127.0.0.1:{}", redis.port)),
+        &namespace(),
+    );
+    assert!(matches!(
+        with.acquire(&claim("k", "a", 10_000)).await,
+        Ok(Acquired::Granted { .. })
+    ));
+    let without = make_store(&StoreKind::Redis(redis.url()), &namespace());
+    let err = without
+        .acquire(&claim("k", "b", 10_000))
+        .await
+        .expect_err("NOAUTH");
+    assert!(!err.to_string().contains("pa55word"));
+}

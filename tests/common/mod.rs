@@ -68,15 +68,23 @@ pub struct Redis {
     pub port: u16,
     child: Option<Child>,
     dir: TempDir,
+    /// `requirepass`, when the server wants one.
+    password: Option<String>,
 }
 
 impl Redis {
     pub fn start() -> Self {
+        Self::start_with_password(None)
+    }
+
+    /// A server that requires `password` (AUTH).
+    pub fn start_with_password(password: Option<&str>) -> Self {
         let dir = TempDir::new("redis");
         let mut redis = Self {
             port: 0,
             child: None,
             dir,
+            password: password.map(str::to_owned),
         };
         // A port found free can be taken before redis binds it: retry on failure.
         for _ in 0..5 {
@@ -93,6 +101,11 @@ impl Redis {
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(["--dir", &self.dir.0.to_string_lossy()])
+            .args(
+                self.password
+                    .iter()
+                    .flat_map(|p| ["--requirepass", p.as_str()]),
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -119,7 +132,13 @@ impl Redis {
 
     fn ping(&self) -> bool {
         Command::new("redis-cli")
-            .args(["-p", &self.port.to_string(), "ping"])
+            .args(["-p", &self.port.to_string()])
+            .args(
+                self.password
+                    .iter()
+                    .flat_map(|p| ["--no-auth-warning", "-a", p.as_str()]),
+            )
+            .arg("ping")
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "PONG")
             .unwrap_or(false)

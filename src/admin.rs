@@ -61,9 +61,11 @@ pub async fn watch_store(
                 ServingStatus::NotServing
             };
             tracing::info!(serving = up, "store health changed");
+            // /readyz first: whoever sees the gRPC status change then finds /readyz
+            // agreeing.
+            readiness.0.store(up, Ordering::Relaxed);
             reporter.set_service_status("", status).await;
             reporter.set_service_status(SERVICE, status).await;
-            readiness.0.store(up, Ordering::Relaxed);
             last = Some(up);
         }
         tokio::select! {
@@ -72,13 +74,13 @@ pub async fn watch_store(
             _ = tokio::time::sleep(CHECK_EVERY) => {}
         }
     }
+    readiness.0.store(false, Ordering::Relaxed);
     reporter
         .set_service_status("", ServingStatus::NotServing)
         .await;
     reporter
         .set_service_status(SERVICE, ServingStatus::NotServing)
         .await;
-    readiness.0.store(false, Ordering::Relaxed);
 }
 
 #[derive(Clone)]

@@ -40,6 +40,17 @@ impl Readiness {
     }
 }
 
+/// Reports NOT_SERVING for the server and the lock service. tonic-health starts with
+/// the server as SERVING; the sidecar is not until the store has answered.
+pub async fn not_serving(reporter: &HealthReporter) {
+    reporter
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
+    reporter
+        .set_service_status(SERVICE, ServingStatus::NotServing)
+        .await;
+}
+
 /// Pings the store every [`CHECK_EVERY`] until `stop`, and reports the result to gRPC
 /// health and to `/readyz`.
 pub async fn watch_store(
@@ -75,12 +86,7 @@ pub async fn watch_store(
         }
     }
     readiness.0.store(false, Ordering::Relaxed);
-    reporter
-        .set_service_status("", ServingStatus::NotServing)
-        .await;
-    reporter
-        .set_service_status(SERVICE, ServingStatus::NotServing)
-        .await;
+    not_serving(&reporter).await;
 }
 
 #[derive(Clone)]

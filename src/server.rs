@@ -184,6 +184,7 @@ pub async fn run(
         BearerAuth(config.auth_token.clone().map(|t| format!("Bearer {t}"))),
     );
     let (reporter, health) = tonic_health::server::health_reporter();
+    admin::not_serving(&reporter).await;
     let readiness = admin::Readiness::default();
     let stop = CancellationToken::new();
     tokio::spawn(admin::watch_store(

@@ -237,15 +237,7 @@ async fn fencing_tokens_increase_across_sidecar_restarts() {
             let mut sidecar = SidecarProcess::start(&store, &ns, &["--default-ttl", "1s"]);
             let mut lease = Client::connect(&sidecar.addr).await.lease().await;
             let id = lease.send_acquire(waiting_for("k", 5.0)).await;
-            let token = loop {
-                match lease.next().await {
-                    lease_response::Event::Waiting(_) => continue,
-                    lease_response::Event::Granted(g) if g.request_id == id => {
-                        break g.fencing_token;
-                    }
-                    other => panic!("unexpected {other:?}"),
-                }
-            };
+            let token = lease.granted_after_wait(id).await.fencing_token;
             assert!(token > last, "{store}: {token} > {last}");
             last = token;
             sidecar.kill();

@@ -7,10 +7,8 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{
-    Interval, Redis, Rng, Sidecar, StoreKind, acquire, check_history, make_store, namespace, secs,
-};
-use lockside::proto::{self, lease_response};
+use common::{Interval, Redis, Rng, acquire, check_history, secs};
+use lockside::proto;
 use tokio::time::Instant;
 
 const CLIENTS: u64 = 16;
@@ -30,13 +28,7 @@ async fn client(addr: String, seed: u64, history: Arc<Mutex<Vec<Interval>>>) {
                 ..acquire(&key)
             })
             .await;
-        let granted = loop {
-            match lease.next().await {
-                lease_response::Event::Waiting(_) => continue,
-                lease_response::Event::Granted(g) if g.request_id == id => break g,
-                other => panic!("unexpected {other:?}"),
-            }
-        };
+        let granted = lease.granted_after_wait(id).await;
         let start = Instant::now();
         tokio::time::sleep(Duration::from_micros(rng.below(2000))).await;
         let end = Instant::now();
@@ -58,11 +50,7 @@ async fn client(addr: String, seed: u64, history: Arc<Mutex<Vec<Interval>>>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contended_keys_are_never_held_twice() {
     let redis = Redis::start();
-    let ns = namespace();
-    let sidecars = [
-        Sidecar::start(make_store(&StoreKind::Redis(redis.url()), &ns)).await,
-        Sidecar::start(make_store(&StoreKind::Redis(redis.url()), &ns)).await,
-    ];
+    let sidecars = common::two_sidecars(&redis).await;
     let history = Arc::new(Mutex::new(Vec::new()));
     let tasks: Vec<_> = (0..CLIENTS)
         .map(|i| {

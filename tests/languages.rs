@@ -1,6 +1,6 @@
 //! Every language at once: a Rust client, the Python, Node and Go examples, and two
 //! `lockside hold` loops compete for one key through one sidecar on Redis. Each records
-//! its holding intervals (wall-clock ns, one clock for all processes on this machine)
+//! its holding intervals (CLOCK_MONOTONIC ns, one clock for all processes here)
 //! and fencing tokens; the checker finds 0 overlaps and strictly increasing tokens.
 //!
 //! The examples must be built first; `.ci/run` does it (see each example's README).
@@ -9,7 +9,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use common::{Interval, Redis, Sidecar, StoreKind, TempDir, check_history, make_store, namespace};
 use lockside::client::Client;
@@ -20,16 +20,19 @@ use tokio::time::Instant;
 
 const ITERATIONS: usize = 30;
 const KEY: &str = "shared-resource";
+/// CLOCK_MONOTONIC from a shell: `date` only reads the wall clock.
+const NOW: &str = "python3 -c \"import time; print(time.monotonic_ns())\"";
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn wall_ns() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
+/// CLOCK_MONOTONIC, as Python's `time.monotonic_ns()`, Node's `process.hrtime` and
+/// Go's `unix.ClockGettime` read it. (Node's wall clock was measured ~1 ms off, and a
+/// wall clock can be stepped.)
+fn mono_ns() -> u128 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u128 * 1_000_000_000 + t.tv_nsec as u128
 }
 
 /// One client process: its command line, and the file it records to.
@@ -104,7 +107,7 @@ async fn every_language_takes_turns_with_increasing_tokens() {
         Sidecar::start_configured(store, EngineConfig::default(), ServerConfig::default()).await;
     let dir = TempDir::new("languages");
     let base = Instant::now();
-    let base_ns = wall_ns();
+    let base_ns = mono_ns();
     let out = |name: &str| dir.0.join(format!("{name}.txt"));
 
     let mut children = vec![
@@ -125,7 +128,7 @@ async fn every_language_takes_turns_with_increasing_tokens() {
     for name in ["hold-1", "hold-2"] {
         // CMD starts after the grant and ends before the release: it records the hold.
         let record = format!(
-            "s=$(date +%s%N); sleep 0.00$(( $$ % 3 )); e=$(date +%s%N); echo \"$s $e $LOCKSIDE_FENCING_TOKEN\" >> {}",
+            "s=$({NOW}); sleep 0.00$(( $$ % 3 )); e=$({NOW}); echo \"$s $e $LOCKSIDE_FENCING_TOKEN\" >> {}",
             out(name).display()
         );
         let lockside = env!("CARGO_BIN_EXE_lockside");
@@ -148,9 +151,9 @@ async fn every_language_takes_turns_with_increasing_tokens() {
     let mut rust = Vec::new();
     for _ in 0..ITERATIONS {
         let lock = client.lock(KEY).await.expect("rust lock");
-        let start = wall_ns();
+        let start = mono_ns();
         tokio::time::sleep(Duration::from_millis(1)).await;
-        rust.push(format!("{start} {} {}", wall_ns(), lock.fencing_token()));
+        rust.push(format!("{start} {} {}", mono_ns(), lock.fencing_token()));
         lock.release().await.expect("rust release");
     }
 
@@ -170,8 +173,25 @@ async fn every_language_takes_turns_with_increasing_tokens() {
     for name in ["rust", "python", "node", "go", "hold-1", "hold-2"] {
         let intervals = read(&out(name), base, base_ns);
         assert_eq!(intervals.len(), ITERATIONS, "{name} recorded every hold");
-        history.extend(intervals);
+        // The key says who held it, for the report below; the checker needs one key.
+        history.extend(intervals.into_iter().map(|i| (name, i)));
     }
+    history.sort_by_key(|(_, i)| i.start);
+    for pair in history.windows(2) {
+        let ((a, x), (b, y)) = (&pair[0], &pair[1]);
+        if y.start < x.end || y.token <= x.token {
+            eprintln!(
+                "violation: {a} [{:?}, {:?}] token {} then {b} [{:?}, {:?}] token {}",
+                x.start - base,
+                x.end - base,
+                x.token,
+                y.start - base,
+                y.end - base,
+                y.token
+            );
+        }
+    }
+    let history: Vec<Interval> = history.into_iter().map(|(_, i)| i).collect();
     let verdict = check_history(&history);
     eprintln!("languages: {verdict:?}");
     assert_eq!(verdict.intervals, 6 * ITERATIONS);

@@ -126,17 +126,9 @@ async fn tokens_increase_across_holders(s: Setup) {
         // The next holder may have to wait for the dropped stream to be noticed.
         let mut next = s.client.lease().await;
         let id = next.send_acquire(waiting_for("k", 5.0)).await;
-        loop {
-            match next.next().await {
-                lease_response::Event::Waiting(_) => continue,
-                lease_response::Event::Granted(g) if g.request_id == id => {
-                    assert!(g.fencing_token > last);
-                    last = g.fencing_token;
-                    break;
-                }
-                other => panic!("unexpected {other:?}"),
-            }
-        }
+        let g = next.granted_after_wait(id).await;
+        assert!(g.fencing_token > last);
+        last = g.fencing_token;
         assert_eq!(next.release("k").await, 0);
     }
     assert_eq!(s.client.describe("k").await.fencing_token, last);

@@ -103,13 +103,7 @@ async fn readers_share_writers_wait_and_nobody_upgrades(s: Setup) {
             ..acquire("k")
         })
         .await;
-    loop {
-        match w.next().await {
-            lease_response::Event::Waiting(_) => continue,
-            lease_response::Event::Granted(g) if g.request_id == id => break,
-            other => panic!("unexpected {other:?}"),
-        }
-    }
+    w.granted_after_wait(id).await;
 }
 
 async fn semaphores_hold_up_to_their_limit(s: Setup) {
@@ -163,11 +157,7 @@ crate::for_each_store!(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_waiters_on_two_sidecars_are_granted_in_arrival_order() {
     let redis = Redis::start();
-    let ns = namespace();
-    let sidecars = [
-        Sidecar::start(make_store(&StoreKind::Redis(redis.url()), &ns)).await,
-        Sidecar::start(make_store(&StoreKind::Redis(redis.url()), &ns)).await,
-    ];
+    let sidecars = common::two_sidecars(&redis).await;
     let mut holder = sidecars[0].client().await.lease().await;
     granted(&mut holder, acquire("k")).await;
     let order = Arc::new(Mutex::new(Vec::new()));
@@ -291,11 +281,7 @@ async fn lock_delay_holds_after_a_broken_stream_but_not_after_a_clean_release() 
 async fn a_semaphore_never_has_more_holders_than_its_limit() {
     const LIMIT: u32 = 3;
     let redis = Redis::start();
-    let ns = namespace();
-    let sidecars = [
-        Sidecar::start(make_store(&StoreKind::Redis(redis.url()), &ns)).await,
-        Sidecar::start(make_store(&StoreKind::Redis(redis.url()), &ns)).await,
-    ];
+    let sidecars = common::two_sidecars(&redis).await;
     let history = Arc::new(Mutex::new(Vec::new()));
     let deadline = Instant::now() + Duration::from_secs(2);
     let mut tasks = Vec::new();
@@ -312,15 +298,7 @@ async fn a_semaphore_never_has_more_holders_than_its_limit() {
                     ..permit("sem", LIMIT)
                 };
                 let id = lease.send_acquire(a).await;
-                let token = loop {
-                    match lease.next().await {
-                        lease_response::Event::Waiting(_) => continue,
-                        lease_response::Event::Granted(g) if g.request_id == id => {
-                            break g.fencing_token;
-                        }
-                        other => panic!("unexpected {other:?}"),
-                    }
-                };
+                let token = lease.granted_after_wait(id).await.fencing_token;
                 let start = Instant::now();
                 tokio::time::sleep(Duration::from_micros(rng.below(3000))).await;
                 let end = Instant::now();

@@ -13,7 +13,8 @@ gopath="$here/gopath"
 src="$gopath/src/$root"
 
 packages=(golang-go protobuf-compiler libprotobuf-dev protoc-gen-go protoc-gen-go-grpc
-          golang-google-grpc-dev golang-google-protobuf-dev golang-github-golang-protobuf-1-5-dev)
+          golang-google-grpc-dev golang-google-protobuf-dev golang-github-golang-protobuf-1-5-dev
+          golang-golang-x-sys-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -10,8 +10,8 @@ Contention test (used to check mutual exclusion; run several at once):
     python examples/python/lockside_example.py contend --addr 127.0.0.1:7420 \
         --key demo --iterations 50 --out holds.txt
 
-`contend` takes the lock N times (waiting up to 30 s), records `start = time.time_ns()`
-right after the grant and `end = time.time_ns()` just before releasing, holding it for
+`contend` takes the lock N times (waiting up to 30 s), records `start = time.monotonic_ns()`
+right after the grant and `end = time.monotonic_ns()` just before releasing, holding it for
 a random 0-2 ms in between, and appends one line `start_ns end_ns fencing_token` per
 hold to FILE. Both modes exit 0 on success and non-zero with a message on any error,
 and give up after 60 s in total.
@@ -84,9 +84,9 @@ def contend(args: argparse.Namespace) -> int:
                           f"({i} of {args.iterations} holds done)", file=sys.stderr)
                     return 1
                 with c.lock(args.key, wait=min(args.wait, left), ttl=args.ttl) as lock:
-                    start = time.time_ns()
+                    start = time.monotonic_ns()
                     time.sleep(random.uniform(0.0, 0.002))
-                    end = time.time_ns()
+                    end = time.monotonic_ns()
                     if lock.lost.is_set():
                         print(f"error: lock {args.key!r} lost while held: "
                               f"{lock.lost_reason}", file=sys.stderr)

@@ -130,7 +130,12 @@ impl Redis {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// Whether the server on our port answers and is *our* child: a port found free
+    /// may have been taken by another test's server, which would answer PING too.
     fn ping(&self) -> bool {
+        let Some(pid) = self.child.as_ref().map(|c| c.id()) else {
+            return false;
+        };
         Command::new("redis-cli")
             .args(["-p", &self.port.to_string()])
             .args(
@@ -138,9 +143,13 @@ impl Redis {
                     .iter()
                     .flat_map(|p| ["--no-auth-warning", "-a", p.as_str()]),
             )
-            .arg("ping")
+            .args(["info", "server"])
             .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "PONG")
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .any(|l| l.trim() == format!("process_id:{pid}"))
+            })
             .unwrap_or(false)
     }
 
@@ -345,7 +354,13 @@ impl SidecarProcess {
             let deadline = std::time::Instant::now() + PATIENCE;
             while std::time::Instant::now() < deadline {
                 if std::net::TcpStream::connect(&addr).is_ok() {
-                    return process;
+                    // Someone else may own the port: ours would then exit on its
+                    // failed bind, so make sure it is still running.
+                    std::thread::sleep(Duration::from_millis(20));
+                    if let Some(Ok(None)) = process.child.as_mut().map(|c| c.try_wait()) {
+                        return process;
+                    }
+                    break;
                 }
                 if let Some(Ok(Some(_))) = process.child.as_mut().map(|c| c.try_wait()) {
                     break; // port taken: try another
@@ -628,6 +643,17 @@ impl Lease {
         }
     }
 
+    /// The grant for `id`, after any `Waiting` for it.
+    pub async fn granted_after_wait(&mut self, id: u64) -> proto::Granted {
+        loop {
+            match self.next().await {
+                lease_response::Event::Waiting(w) if w.request_id == id => continue,
+                lease_response::Event::Granted(g) if g.request_id == id => return g,
+                other => panic!("expected Granted for {id}, got {other:?}"),
+            }
+        }
+    }
+
     pub async fn expect_not_acquired(&mut self, id: u64) -> i32 {
         match self.next().await {
             lease_response::Event::NotAcquired(n) if n.request_id == id => n.reason,
@@ -797,4 +823,13 @@ macro_rules! for_each_store {
             $(#[tokio::test] async fn $name() { super::$name($crate::common::setup("redis").await).await; })*
         }
     };
+}
+
+/// Two sidecars in this process on one Redis and one namespace.
+pub async fn two_sidecars(redis: &Redis) -> [Sidecar; 2] {
+    let ns = namespace();
+    [
+        Sidecar::start(make_store(&StoreKind::Redis(redis.url()), &ns)).await,
+        Sidecar::start(make_store(&StoreKind::Redis(redis.url()), &ns)).await,
+    ]
 }

@@ -244,3 +244,30 @@ async fn fencing_tokens_increase_across_sidecar_restarts() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_keep_apps_apart_on_one_redis() {
+    let redis = Redis::start();
+    let billing = Sidecar::start(make_store(&StoreKind::Redis(redis.url()), "billing")).await;
+    let search = Sidecar::start(make_store(&StoreKind::Redis(redis.url()), "search")).await;
+    let mut a = billing.client().await.lease().await;
+    let mut b = search.client().await.lease().await;
+    a.grant("jobs/nightly").await;
+    b.grant("jobs/nightly").await;
+    assert_eq!(
+        billing
+            .client()
+            .await
+            .describe("jobs/nightly")
+            .await
+            .holders
+            .len(),
+        1
+    );
+    let keys = redis.cli(&["--scan"]);
+    assert!(
+        keys.lines()
+            .all(|k| k.starts_with("{billing:") || k.starts_with("{search:")),
+        "{keys}"
+    );
+}

@@ -94,15 +94,22 @@ pub struct HealthcheckArgs {
     /// The sidecar: HOST:PORT or unix:PATH.
     #[arg(long, env = "LOCKSIDE_ADDR", default_value = DEFAULT_ADDR)]
     pub addr: String,
+
+    /// Liveness only: exit 0 when the sidecar answers at all, even while its store is
+    /// down (restarting the sidecar would not bring Redis back).
+    #[arg(long)]
+    pub live: bool,
 }
 
-/// Runs `lockside healthcheck`: 0 when the sidecar reports SERVING, 1 otherwise.
+/// Runs `lockside healthcheck`: 0 when the sidecar reports SERVING (with `--live`:
+/// when it answers at all), 1 otherwise.
 pub async fn healthcheck(args: HealthcheckArgs) -> u8 {
     let serving = match Client::connect(&args.addr).await {
         Ok(client) => client.serving().await,
         Err(e) => Err(e),
     };
     match serving {
+        Ok(_) if args.live => 0,
         Ok(true) => 0,
         Ok(false) => {
             eprintln!("lockside healthcheck: not serving (the lock store does not answer)");

@@ -88,6 +88,12 @@ async fn health_follows_the_store() {
         "the process itself is fine"
     );
     assert_eq!(healthcheck(sidecar.addr.clone()).await, Some(1));
+    let live = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockside"))
+        .args(["healthcheck", "--live", "--addr", &sidecar.addr])
+        .status()
+        .await
+        .expect("healthcheck --live");
+    assert!(live.success(), "alive while the store is down");
     redis.restart();
     eventually("SERVING again", || async {
         client.serving().await.unwrap_or(false)

@@ -119,9 +119,7 @@ fn namespace(tag: &str) -> String {
 }
 
 fn random_hex(bytes: usize) -> Result<String, String> {
-    let mut buf = vec![0u8; bytes];
-    getrandom::fill(&mut buf).map_err(err("no randomness"))?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+    crate::engine::random_hex(bytes).map_err(err("no randomness"))
 }
 
 /// Deletes every key of this run: fence counters never expire on their own.

@@ -287,6 +287,23 @@ pub enum EngineError {
     Random(String),
 }
 
+/// `bytes` random bytes from the OS, as lowercase hex: session ids, owner secrets.
+pub fn random_hex(bytes: usize) -> Result<String, getrandom::Error> {
+    let mut buf = vec![0u8; bytes];
+    getrandom::fill(&mut buf)?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Releases a grant in the background, ignoring the answer: the owner token is unique
+/// per grant, so this can never touch anyone else's lock. For grants the session no
+/// longer wants (cancelled, lost, answered too late, renewed after being dropped).
+pub(crate) fn release_in_background(store: &Arc<dyn Store>, key: String, owner: String) {
+    let store = store.clone();
+    tokio::spawn(async move {
+        let _ = store.release(&key, &owner, true, Duration::ZERO).await;
+    });
+}
+
 /// Checks a key against the contract: 1 to 512 bytes, no control characters.
 pub fn validate_key(key: &str) -> Result<(), String> {
     if key.is_empty() {

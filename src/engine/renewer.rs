@@ -275,11 +275,7 @@ impl Task {
     /// Releases a grant whose renewal landed after its session dropped it, so the
     /// store does not keep it for a whole TTL.
     fn undo(&self, lease: &Lease) {
-        let store = self.store.clone();
-        let (key, owner) = (lease.key.clone(), lease.owner.clone());
-        tokio::spawn(async move {
-            let _ = store.release(&key, &owner, true, Duration::ZERO).await;
-        });
+        super::release_in_background(&self.store, lease.key.clone(), lease.owner.clone());
     }
 }
 

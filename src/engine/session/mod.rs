@@ -132,9 +132,7 @@ pub(crate) struct Session {
 }
 
 fn random_hex(bytes: usize) -> Result<String, EngineError> {
-    let mut buf = vec![0u8; bytes];
-    getrandom::fill(&mut buf).map_err(|e| EngineError::Random(e.to_string()))?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+    super::random_hex(bytes).map_err(|e| EngineError::Random(e.to_string()))
 }
 
 impl Session {

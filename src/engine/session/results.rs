@@ -3,7 +3,6 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -286,10 +285,7 @@ impl Session {
     }
 
     pub(super) fn release_in_background(&self, key: String, owner: String) {
-        let store = self.shared.store.clone();
-        tokio::spawn(async move {
-            let _ = store.release(&key, &owner, true, Duration::ZERO).await;
-        });
+        crate::engine::release_in_background(&self.shared.store, key, owner);
     }
 
     /// Runs the commands queued behind a key while the key has no call under way.

@@ -54,6 +54,16 @@ async fn held(client: &Client, key: &str) {
     .expect("the lock is taken in time");
 }
 
+/// Whether nobody holds `key`.
+async fn free(client: &Client, key: &str) -> bool {
+    client
+        .describe(key)
+        .await
+        .expect("describe")
+        .holders
+        .is_empty()
+}
+
 async fn memory_sidecar() -> (Sidecar, Client) {
     let sidecar = Sidecar::start(make_store(&StoreKind::Memory, "ns")).await;
     let client = Client::connect(&sidecar.addr).await.expect("connect");
@@ -97,14 +107,7 @@ async fn the_lock_is_held_while_the_command_runs() {
     let busy = client.lock_with("k", LockOptions::default()).await;
     assert!(matches!(busy, Err(ClientError::NotAcquired(_))), "{busy:?}");
     assert_eq!(status(child).await, 0);
-    assert!(
-        client
-            .describe("k")
-            .await
-            .expect("describe")
-            .holders
-            .is_empty()
-    );
+    assert!(free(&client, "k").await, "released after the command");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,14 +151,7 @@ async fn signals_are_forwarded_to_the_command() {
         42,
         "the command's own answer to SIGTERM"
     );
-    assert!(
-        client
-            .describe("k")
-            .await
-            .expect("describe")
-            .holders
-            .is_empty()
-    );
+    assert!(free(&client, "k").await, "released after the command");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

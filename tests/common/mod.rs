@@ -40,9 +40,7 @@ pub struct TempDir(pub PathBuf);
 
 impl TempDir {
     pub fn new(tag: &str) -> Self {
-        let mut bytes = [0u8; 8];
-        getrandom::fill(&mut bytes).expect("randomness");
-        let name: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let name = lockside::engine::random_hex(8).expect("randomness");
         let path = std::env::temp_dir().join(format!("lockside-{tag}-{name}"));
         std::fs::create_dir_all(&path).expect("create temp dir");
         Self(path)

@@ -9,7 +9,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::var_os("PROTOC").is_none() {
         config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
     }
+    // The descriptors, for server reflection.
+    let descriptors = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("lockside.bin");
     tonic_prost_build::configure()
+        .file_descriptor_set_path(descriptors)
         .build_client(true)
         .build_server(true)
         .compile_with_config(config, &[proto], &["proto"])?;

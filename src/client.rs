@@ -27,7 +27,10 @@ use hyper_util::rt::TokioIo;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::proto::lock_service_client::LockServiceClient;
 use crate::proto::{self, lease_request, lease_response};
@@ -75,21 +78,82 @@ pub struct LockOptions {
     pub fair: bool,
 }
 
+/// How to reach a sidecar beyond its address: its bearer token and TLS.
+#[derive(Clone, Default)]
+pub struct ConnectOptions {
+    /// Sent as `authorization: Bearer <token>` on every call (the sidecar's
+    /// `--auth-token-file`).
+    pub auth_token: Option<String>,
+    /// TLS to the sidecar; `None`: plaintext (loopback, Unix socket).
+    pub tls: Option<ClientTls>,
+}
+
+impl std::fmt::Debug for ConnectOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the token or the key.
+        f.debug_struct("ConnectOptions")
+            .field("auth_token", &self.auth_token.as_ref().map(|_| "<set>"))
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+/// TLS settings of a client.
+#[derive(Clone, Default)]
+pub struct ClientTls {
+    /// The CA that signed the sidecar's certificate (PEM); `None`: the webpki roots.
+    pub ca_pem: Option<Vec<u8>>,
+    /// Mutual TLS: this client's certificate chain and key (PEM).
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// The name the sidecar's certificate must carry; `None`: the address's host.
+    pub server_name: Option<String>,
+}
+
+/// Adds the bearer token, if any, to every call.
+#[derive(Clone, Debug)]
+pub struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl Interceptor for Bearer {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(token) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", token.clone());
+        }
+        Ok(request)
+    }
+}
+
 /// A connection to a sidecar. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Client {
-    grpc: LockServiceClient<Channel>,
+    grpc: LockServiceClient<InterceptedService<Channel, Bearer>>,
     channel: Channel,
 }
 
 impl Client {
-    /// Connects to `HOST:PORT`, `http://HOST:PORT` or `unix:PATH`.
+    /// Connects to `HOST:PORT`, `http://HOST:PORT` or `unix:PATH`, in plaintext and
+    /// without a token.
     pub async fn connect(addr: &str) -> Result<Self, ClientError> {
+        Self::connect_with(addr, &ConnectOptions::default()).await
+    }
+
+    /// Connects to `HOST:PORT`, `http(s)://HOST:PORT` or `unix:PATH` with a token and
+    /// TLS as `options` say.
+    pub async fn connect_with(addr: &str, options: &ConnectOptions) -> Result<Self, ClientError> {
         let unavailable = |e: tonic::transport::Error| ClientError::Unavailable(e.to_string());
+        let scheme = if options.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         let channel = match addr.strip_prefix("unix:") {
             Some(path) => {
                 let path = path.to_owned();
-                endpoint("http://lockside")?
+                endpoint(&format!("{scheme}://lockside"), options)?
                     .connect_with_connector(tower::service_fn(move |_| {
                         let path = path.clone();
                         async move {
@@ -100,14 +164,24 @@ impl Client {
                     .await
                     .map_err(unavailable)?
             }
-            None if addr.contains("://") => endpoint(addr)?.connect().await.map_err(unavailable)?,
-            None => endpoint(&format!("http://{addr}"))?
-                .connect()
-                .await
-                .map_err(unavailable)?,
+            None => {
+                let host = addr.split_once("://").map_or(addr, |(_, rest)| rest);
+                endpoint(&format!("{scheme}://{host}"), options)?
+                    .connect()
+                    .await
+                    .map_err(unavailable)?
+            }
+        };
+        let token = match &options.auth_token {
+            None => None,
+            Some(token) => Some(
+                format!("Bearer {token}")
+                    .parse()
+                    .map_err(|_| ClientError::Unavailable("the token is not ASCII".into()))?,
+            ),
         };
         Ok(Self {
-            grpc: LockServiceClient::new(channel.clone()),
+            grpc: LockServiceClient::with_interceptor(channel.clone(), Bearer(token)),
             channel,
         })
     }
@@ -233,13 +307,29 @@ impl Client {
     }
 }
 
-fn endpoint(uri: &str) -> Result<Endpoint, ClientError> {
-    Ok(Endpoint::from_shared(uri.to_owned())
-        .map_err(|e| ClientError::Unavailable(format!("{uri}: {e}")))?
+fn endpoint(uri: &str, options: &ConnectOptions) -> Result<Endpoint, ClientError> {
+    let bad = |e: tonic::transport::Error| ClientError::Unavailable(format!("{uri}: {e}"));
+    let mut endpoint = Endpoint::from_shared(uri.to_owned())
+        .map_err(bad)?
         .http2_keep_alive_interval(KEEPALIVE)
         .keep_alive_timeout(KEEPALIVE)
         .keep_alive_while_idle(true)
-        .tcp_nodelay(true))
+        .tcp_nodelay(true);
+    if let Some(tls) = &options.tls {
+        let mut config = ClientTlsConfig::new();
+        config = match &tls.ca_pem {
+            Some(ca) => config.ca_certificate(Certificate::from_pem(ca)),
+            None => config.with_webpki_roots(),
+        };
+        if let Some((cert, key)) = &tls.identity {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(name) = &tls.server_name {
+            config = config.domain_name(name.clone());
+        }
+        endpoint = endpoint.tls_config(config).map_err(bad)?;
+    }
+    Ok(endpoint)
 }
 
 async fn send(

@@ -1,6 +1,7 @@
 //! The command line. Every flag also reads `LOCKSIDE_<FLAG>` from the environment.
 //! Tests build [`EngineConfig`] and [`ServerConfig`] directly instead.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -176,7 +177,20 @@ pub struct ServeArgs {
     /// `authorization: Bearer <token>` (health excepted). The token is read once and
     /// never logged.
     #[arg(long, env = "LOCKSIDE_AUTH_TOKEN_FILE")]
-    pub auth_token_file: Option<std::path::PathBuf>,
+    pub auth_token_file: Option<PathBuf>,
+
+    /// TLS on the gRPC listener: the server's certificate chain (PEM). Needs
+    /// --tls-key. Off by default: inside a pod, loopback and Unix sockets need none.
+    #[arg(long, env = "LOCKSIDE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key of --tls-cert (PEM). Read once, never logged.
+    #[arg(long, env = "LOCKSIDE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Mutual TLS: clients must present a certificate that chains to this CA (PEM).
+    #[arg(long, env = "LOCKSIDE_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
 
     /// Log format on stderr: `text` for people, `json` for log pipelines.
     #[arg(long, env = "LOCKSIDE_LOG_FORMAT", value_enum, default_value = "text")]
@@ -248,29 +262,119 @@ impl ServeArgs {
         })
     }
 
-    /// The server's settings (reads the token file).
+    /// The server's settings (reads the token and TLS files).
     pub fn server_config(&self) -> Result<ServerConfig, String> {
-        let auth_token = match &self.auth_token_file {
-            None => None,
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("--auth-token-file {}: {e}", path.display()))?;
-                let token = text.trim().to_owned();
-                if token.is_empty() || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                    return Err(format!(
-                        "--auth-token-file {}: the token must be one non-empty word",
-                        path.display()
-                    ));
-                }
-                Some(token)
+        let auth_token = self
+            .auth_token_file
+            .as_deref()
+            .map(read_token)
+            .transpose()?;
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => {
+                let client_ca = self.tls_client_ca.as_deref().map(read_pem).transpose()?;
+                Some(crate::server::tls_config(
+                    &read_pem(cert)?,
+                    &read_pem(key)?,
+                    client_ca.as_deref(),
+                ))
             }
+            _ => None,
         };
         Ok(ServerConfig {
             keepalive_interval: self.keepalive_interval,
             keepalive_timeout: self.keepalive_timeout,
             drain_timeout: self.drain_timeout,
             auth_token,
+            tls,
         })
+    }
+}
+
+/// Reads a bearer token from a file: one word, surrounding whitespace ignored. The
+/// error names the file, never its content.
+pub fn read_token(path: &Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let token = text.trim();
+    if token.is_empty() || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "{}: the token must be one non-empty word",
+            path.display()
+        ));
+    }
+    Ok(token.to_owned())
+}
+
+/// Reads a PEM file (certificate, key or CA); checks only that it looks like PEM, so
+/// a wrong path fails at start rather than at the first handshake.
+pub fn read_pem(path: &Path) -> Result<Vec<u8>, String> {
+    let pem = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !pem.windows(11).any(|w| w == b"-----BEGIN ") {
+        return Err(format!("{}: not a PEM file", path.display()));
+    }
+    Ok(pem)
+}
+
+/// How a client reaches the sidecar: `lockside hold`, `describe` and `healthcheck`.
+#[derive(Clone, Debug, Args)]
+pub struct ConnectArgs {
+    /// The sidecar: HOST:PORT, http(s)://HOST:PORT or unix:PATH.
+    #[arg(long, env = "LOCKSIDE_ADDR", default_value = crate::client::DEFAULT_ADDR)]
+    pub addr: String,
+
+    /// A file holding the sidecar's bearer token (its --auth-token-file).
+    #[arg(long, env = "LOCKSIDE_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
+
+    /// TLS: the CA that signed the sidecar's certificate (PEM). Implies TLS.
+    #[arg(long, env = "LOCKSIDE_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+
+    /// Mutual TLS: this client's certificate chain (PEM). Needs --tls-key.
+    #[arg(long, env = "LOCKSIDE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// Mutual TLS: the private key of --tls-cert (PEM).
+    #[arg(long, env = "LOCKSIDE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// TLS: the name the sidecar's certificate must carry, if not the address's host.
+    #[arg(long, env = "LOCKSIDE_TLS_SERVER_NAME")]
+    pub tls_server_name: Option<String>,
+}
+
+impl ConnectArgs {
+    /// Reads the files and builds the client's options.
+    pub fn options(&self) -> Result<crate::client::ConnectOptions, String> {
+        let flag = |name: &'static str| move |e: String| format!("--{name}: {e}");
+        let auth_token = self
+            .auth_token_file
+            .as_deref()
+            .map(read_token)
+            .transpose()
+            .map_err(flag("auth-token-file"))?;
+        let tls_wanted = self.tls_ca.is_some() || self.tls_cert.is_some();
+        let tls = if tls_wanted || self.addr.starts_with("https://") {
+            let identity = match (&self.tls_cert, &self.tls_key) {
+                (Some(cert), Some(key)) => Some((
+                    read_pem(cert).map_err(flag("tls-cert"))?,
+                    read_pem(key).map_err(flag("tls-key"))?,
+                )),
+                _ => None,
+            };
+            Some(crate::client::ClientTls {
+                ca_pem: self
+                    .tls_ca
+                    .as_deref()
+                    .map(read_pem)
+                    .transpose()
+                    .map_err(flag("tls-ca"))?,
+                identity,
+                server_name: self.tls_server_name.clone(),
+            })
+        } else {
+            None
+        };
+        Ok(crate::client::ConnectOptions { auth_token, tls })
     }
 }
 

@@ -16,8 +16,8 @@ use rustix::process::{Pid, Signal, kill_process};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::client::{Client, ClientError, DEFAULT_ADDR, LockOptions};
-use crate::config::parse_duration;
+use crate::client::{Client, ClientError, LockOptions};
+use crate::config::{ConnectArgs, parse_duration};
 
 /// The sidecar could not be reached or refused the request (sysexits EX_UNAVAILABLE).
 pub const EXIT_UNAVAILABLE: u8 = 69;
@@ -44,9 +44,9 @@ pub struct HoldArgs {
     /// The lock's name.
     pub key: String,
 
-    /// The sidecar: HOST:PORT or unix:PATH.
-    #[arg(long, env = "LOCKSIDE_ADDR", default_value = DEFAULT_ADDR)]
-    pub addr: String,
+    /// The sidecar, its token and TLS.
+    #[command(flatten)]
+    pub connect: ConnectArgs,
 
     /// How long to wait for the lock (default: as long as the sidecar allows, 24 h).
     #[arg(long, value_parser = parse_duration)]
@@ -83,17 +83,17 @@ pub struct DescribeArgs {
     /// The lock's name.
     pub key: String,
 
-    /// The sidecar: HOST:PORT or unix:PATH.
-    #[arg(long, env = "LOCKSIDE_ADDR", default_value = DEFAULT_ADDR)]
-    pub addr: String,
+    /// The sidecar, its token and TLS.
+    #[command(flatten)]
+    pub connect: ConnectArgs,
 }
 
 /// Flags of `lockside healthcheck`.
 #[derive(Debug, Args)]
 pub struct HealthcheckArgs {
-    /// The sidecar: HOST:PORT or unix:PATH.
-    #[arg(long, env = "LOCKSIDE_ADDR", default_value = DEFAULT_ADDR)]
-    pub addr: String,
+    /// The sidecar, its token and TLS.
+    #[command(flatten)]
+    pub connect: ConnectArgs,
 
     /// Liveness only: exit 0 when the sidecar answers at all, even while its store is
     /// down (restarting the sidecar would not bring Redis back).
@@ -101,10 +101,17 @@ pub struct HealthcheckArgs {
     pub live: bool,
 }
 
+/// Connects as the flags say (a bad token or certificate file is reported like an
+/// unreachable sidecar: the command cannot do its work either way).
+async fn connect(args: &ConnectArgs) -> Result<Client, ClientError> {
+    let options = args.options().map_err(ClientError::Unavailable)?;
+    Client::connect_with(&args.addr, &options).await
+}
+
 /// Runs `lockside healthcheck`: 0 when the sidecar reports SERVING (with `--live`:
 /// when it answers at all), 1 otherwise.
 pub async fn healthcheck(args: HealthcheckArgs) -> u8 {
-    let serving = match Client::connect(&args.addr).await {
+    let serving = match connect(&args.connect).await {
         Ok(client) => client.serving().await,
         Err(e) => Err(e),
     };
@@ -128,7 +135,7 @@ pub async fn hold(args: HoldArgs) -> u8 {
         eprintln!("lockside hold: {e}");
         status
     };
-    let client = match Client::connect(&args.addr).await {
+    let client = match connect(&args.connect).await {
         Ok(client) => client,
         Err(e) => return fail(EXIT_UNAVAILABLE, &e),
     };
@@ -216,7 +223,7 @@ fn exit_code(status: ExitStatus) -> u8 {
 /// Runs `lockside describe`: prints the key's holders and queue; returns the exit
 /// status.
 pub async fn describe(args: DescribeArgs) -> u8 {
-    let state = match Client::connect(&args.addr).await {
+    let state = match connect(&args.connect).await {
         Ok(client) => client.describe(&args.key).await,
         Err(e) => Err(e),
     };

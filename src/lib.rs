@@ -43,4 +43,7 @@ pub mod store;
 #[allow(missing_docs, clippy::all)]
 pub mod proto {
     tonic::include_proto!("lockside.v1");
+
+    /// The encoded descriptors of `lockside.v1`, for server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("lockside");
 }

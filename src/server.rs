@@ -12,6 +12,7 @@ use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 use crate::admin;
 use crate::api::{LockApi, MAX_DECODED_BYTES};
@@ -62,6 +63,9 @@ pub enum ServeError {
     /// The server task panicked.
     #[error("server task: {0}")]
     Task(#[from] tokio::task::JoinError),
+    /// The reflection service could not read the descriptors.
+    #[error("reflection: {0}")]
+    Reflection(String),
 }
 
 /// Where to listen: `HOST:PORT` or `unix:PATH`.
@@ -139,8 +143,8 @@ impl Listener {
     }
 }
 
-/// HTTP/2 and shutdown settings of the server.
-#[derive(Clone, Debug)]
+/// HTTP/2, TLS, auth and shutdown settings of the server.
+#[derive(Clone)]
 pub struct ServerConfig {
     /// How often to PING a client's connection.
     pub keepalive_interval: Duration,
@@ -152,6 +156,22 @@ pub struct ServerConfig {
     /// When set, every `LockService` call must carry `authorization: Bearer <token>`
     /// (health is exempt, so probes need no secret).
     pub auth_token: Option<String>,
+    /// TLS on the gRPC listener (with a client CA: mutual TLS). Off by default: on
+    /// loopback or a Unix socket inside a pod, TLS adds nothing but cost.
+    pub tls: Option<ServerTlsConfig>,
+}
+
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the token.
+        f.debug_struct("ServerConfig")
+            .field("keepalive_interval", &self.keepalive_interval)
+            .field("keepalive_timeout", &self.keepalive_timeout)
+            .field("drain_timeout", &self.drain_timeout)
+            .field("auth_token", &self.auth_token.as_ref().map(|_| "<set>"))
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
 }
 
 impl Default for ServerConfig {
@@ -163,6 +183,7 @@ impl Default for ServerConfig {
             keepalive_timeout: Duration::from_secs(5),
             drain_timeout: Duration::from_secs(10),
             auth_token: None,
+            tls: None,
         }
     }
 }
@@ -201,7 +222,11 @@ pub async fn run(
             }
         });
     }
-    let router = Server::builder()
+    let mut builder = Server::builder();
+    if let Some(tls) = config.tls.clone() {
+        builder = builder.tls_config(tls)?;
+    }
+    let router = builder
         .http2_keepalive_interval(Some(config.keepalive_interval))
         .http2_keepalive_timeout(Some(config.keepalive_timeout))
         // One app per pod opens a handful of streams; 1,024 per connection bounds what
@@ -210,6 +235,7 @@ pub async fn run(
         // Headers carry a name and a token: 16 KiB is generous.
         .http2_max_header_list_size(Some(MAX_HEADER_BYTES))
         .add_service(health)
+        .add_service(reflection()?)
         .add_service(service);
     let signal = stop.clone().cancelled_owned();
     let mut socket_file = None;
@@ -261,6 +287,41 @@ pub async fn run(
     remove_socket(socket_file);
     tracing::info!("stopped");
     result
+}
+
+/// Server reflection (v1), so `grpcurl`/`buf curl` can call the sidecar without the
+/// proto file. Exempt from auth like health: it tells nothing the proto does not.
+fn reflection() -> Result<
+    tonic_reflection::server::v1::ServerReflectionServer<
+        impl tonic_reflection::server::v1::ServerReflection,
+    >,
+    ServeError,
+> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| ServeError::Reflection(e.to_string()))
+}
+
+/// How long a client may take to finish the TLS handshake: bounds what a connection
+/// that never completes it costs.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// TLS for the gRPC listener from PEM files: the server's certificate chain and key,
+/// and for mutual TLS the CA that client certificates must chain to.
+pub fn tls_config(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    client_ca_pem: Option<&[u8]>,
+) -> ServerTlsConfig {
+    let mut tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(cert_pem, key_pem))
+        .timeout(TLS_HANDSHAKE_TIMEOUT);
+    if let Some(ca) = client_ca_pem {
+        tls = tls.client_ca_root(Certificate::from_pem(ca));
+    }
+    tls
 }
 
 fn remove_socket(path: Option<PathBuf>) {

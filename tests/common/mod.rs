@@ -3,6 +3,8 @@
 //! killed on drop, also when a test panics.
 #![allow(dead_code)]
 
+pub mod certs;
+
 use std::net::TcpListener as StdListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -223,7 +225,7 @@ pub fn test_server_config() -> ServerConfig {
         keepalive_interval: Duration::from_millis(300),
         keepalive_timeout: Duration::from_millis(300),
         drain_timeout: Duration::from_secs(5),
-        auth_token: None,
+        ..ServerConfig::default()
     }
 }
 

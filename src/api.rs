@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Code, Request, Response, Status, Streaming};
+use tracing::Instrument;
 
 use crate::engine::{
     self, AcquireRequest, Command, EndReason, Engine, EngineError, Event, Inbound, Mode,
@@ -18,6 +19,7 @@ use crate::engine::{
 use crate::proto::lock_service_server::LockService;
 use crate::proto::{self, lease_request, lease_response, not_acquired};
 use crate::store::Sharing;
+use crate::telemetry::{TRACEPARENT, TRACESTATE, TraceContext};
 
 /// Largest `LeaseRequest` the sidecar answers; larger ones are `Rejected`
 /// RESOURCE_EXHAUSTED and the session goes on. No valid request comes near it (a key
@@ -68,13 +70,14 @@ impl LockService for LockApi {
                 engine::prefix(&clean, engine::MAX_CLIENT_NAME_BYTES).to_owned()
             })
             .unwrap_or_default();
+        let trace = trace_context(request.metadata());
         let inbound = request.into_inner().map(|message| match message {
             Ok(message) => decode(message),
             Err(status) => Inbound::Broken(status.message().to_owned()),
         });
         let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
         self.engine
-            .start_session(client_name, inbound, tx)
+            .start_session(client_name, trace, inbound, tx)
             .map_err(status)?;
         let outbound = ReceiverStream::new(rx).map(encode);
         Ok(Response::new(Box::pin(outbound)))
@@ -84,8 +87,16 @@ impl LockService for LockApi {
         &self,
         request: Request<proto::DescribeRequest>,
     ) -> Result<Response<proto::DescribeResponse>, Status> {
+        let trace = trace_context(request.metadata());
         let key = request.into_inner().key;
-        let state = self.engine.describe(&key).await.map_err(status)?;
+        let span = tracing::info_span!("describe", key = %engine::prefix(&key, 128));
+        crate::telemetry::set_remote_parent(&span, &trace);
+        let state = self
+            .engine
+            .describe(&key)
+            .instrument(span)
+            .await
+            .map_err(status)?;
         Ok(Response::new(proto::DescribeResponse {
             mode: state
                 .sharing
@@ -180,6 +191,15 @@ fn field_duration(
         .map_err(|_| format!("{name} is out of range"))
 }
 
+/// The caller's W3C trace context from the request's metadata.
+fn trace_context(metadata: &tonic::metadata::MetadataMap) -> TraceContext {
+    let text = |name| metadata.get(name).and_then(|v| v.to_str().ok());
+    TraceContext {
+        traceparent: text(TRACEPARENT).unwrap_or_default().to_owned(),
+        tracestate: text(TRACESTATE).map(str::to_owned),
+    }
+}
+
 fn decode(message: proto::LeaseRequest) -> Inbound {
     let size = message.encoded_len();
     let (request_id, key) = match &message.command {
@@ -238,6 +258,10 @@ fn decode(message: proto::LeaseRequest) -> Inbound {
                 limit: a.limit,
                 fair: a.fair,
                 ttl,
+                trace: TraceContext {
+                    traceparent: a.traceparent,
+                    tracestate: None,
+                },
             })
         }
     };

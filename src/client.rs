@@ -210,6 +210,7 @@ impl Client {
             .into_inner();
         let duration = |d: Duration| prost_types::Duration::try_from(d).ok();
         let acquire = proto::Acquire {
+            traceparent: String::new(),
             request_id: 1,
             key: key.to_owned(),
             wait_timeout: options.wait.and_then(duration),

@@ -192,6 +192,16 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKSIDE_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
 
+    /// Export trace spans over OTLP/gRPC to this collector (e.g. http://localhost:4317).
+    /// The standard OpenTelemetry variable, so a pod's usual setting applies; unset: no
+    /// traces.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+
+    /// `service.name` of exported spans (the standard OpenTelemetry variable).
+    #[arg(long, env = "OTEL_SERVICE_NAME", default_value = "lockside")]
+    pub service_name: String,
+
     /// Log format on stderr: `text` for people, `json` for log pipelines.
     #[arg(long, env = "LOCKSIDE_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -259,6 +269,15 @@ impl ServeArgs {
             max_pending_per_session: self.max_pending_per_session,
             max_waiters_per_key: self.max_waiters_per_key,
             lock_delay: self.lock_delay,
+        })
+    }
+
+    /// Where to send traces, if anywhere.
+    pub fn trace_config(&self) -> Option<crate::telemetry::TraceConfig> {
+        let endpoint = self.otlp_endpoint.as_deref().filter(|e| !e.is_empty())?;
+        Some(crate::telemetry::TraceConfig {
+            endpoint: endpoint.to_owned(),
+            service_name: self.service_name.clone(),
         })
     }
 

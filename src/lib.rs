@@ -19,6 +19,8 @@
 //!   (`/livez`, `/readyz`, `/metrics`); [`metrics`]: the Prometheus metrics.
 //! - [`server`]: listeners, HTTP/2 keepalive, and the shutdown sequence; [`server::run`]
 //!   is the entry point tests call on port 0.
+//! - [`telemetry`]: logs (text or JSON) and OTLP traces, with the caller's W3C trace
+//!   context as parent.
 //! - [`config`]: the command line (`lockside serve`, `hold`, `describe`, `bench`).
 //! - [`client`]: a Rust client: `Client::connect`, `lock(key)` → a guard with the
 //!   fencing token and a `lost()` future.
@@ -38,6 +40,7 @@ pub mod hold;
 pub mod metrics;
 pub mod server;
 pub mod store;
+pub mod telemetry;
 
 /// Generated gRPC types and stubs (package `lockside.v1`).
 #[allow(missing_docs, clippy::all)]

@@ -24,15 +24,6 @@ fn main() -> ExitCode {
             };
         }
     };
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match &cli.command {
-        CliCommand::Serve(args) if args.log_format == LogFormat::Json => logs.json().init(),
-        _ => logs.init(),
-    }
     let workers = match &cli.command {
         CliCommand::Serve(args) => usize::from(args.worker_threads),
         CliCommand::Hold(_) | CliCommand::Describe(_) | CliCommand::Healthcheck(_) => 1,
@@ -51,12 +42,23 @@ fn main() -> ExitCode {
     let runtime = match runtime {
         Ok(rt) => rt,
         Err(e) => {
-            tracing::error!(error = %e, "cannot start the runtime");
+            eprintln!("lockside: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
     runtime.block_on(async {
-        match cli.command {
+        let (format, traces) = match &cli.command {
+            CliCommand::Serve(args) => (args.log_format, args.trace_config()),
+            _ => (LogFormat::Text, None),
+        };
+        let telemetry = match lockside::telemetry::init(format, traces.as_ref()) {
+            Ok(telemetry) => telemetry,
+            Err(e) => {
+                eprintln!("lockside: {e}");
+                return ExitCode::from(EX_USAGE);
+            }
+        };
+        let code = match cli.command {
             CliCommand::Serve(args) => serve(args).await,
             CliCommand::Hold(args) => ExitCode::from(lockside::hold::hold(args).await),
             CliCommand::Describe(args) => ExitCode::from(lockside::hold::describe(args).await),
@@ -70,7 +72,9 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             },
-        }
+        };
+        telemetry.shutdown().await;
+        code
     })
 }
 

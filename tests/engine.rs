@@ -101,7 +101,12 @@ fn start(engine: &Engine) -> Session {
     let (tx, inbound) = mpsc::channel(64);
     let (out, rx) = mpsc::channel(4096);
     engine
-        .start_session("test".into(), ReceiverStream::new(inbound), out)
+        .start_session(
+            "test".into(),
+            Default::default(),
+            ReceiverStream::new(inbound),
+            out,
+        )
         .expect("session");
     Session { tx, rx, next_id: 0 }
 }
@@ -115,6 +120,7 @@ fn request(key: &str, ttl: u64, wait: Option<u64>) -> AcquireRequest {
         limit: 0,
         fair: false,
         ttl: Some(Duration::from_secs(ttl)),
+        trace: Default::default(),
     }
 }
 
@@ -373,7 +379,12 @@ async fn shutdown_releases_and_says_so() {
     );
     assert!(
         engine
-            .start_session("late".into(), tokio_stream::empty(), mpsc::channel(1).0)
+            .start_session(
+                "late".into(),
+                Default::default(),
+                tokio_stream::empty(),
+                mpsc::channel(1).0,
+            )
             .is_err()
     );
 }

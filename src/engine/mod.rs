@@ -101,6 +101,8 @@ pub struct AcquireRequest {
     pub fair: bool,
     /// Requested TTL; `None`: the default.
     pub ttl: Option<Duration>,
+    /// The caller's trace context for this acquire (empty: the session's).
+    pub trace: crate::telemetry::TraceContext,
 }
 
 /// A client command on a session.
@@ -417,6 +419,7 @@ impl Engine {
     pub fn start_session<S>(
         &self,
         client_name: String,
+        trace: crate::telemetry::TraceContext,
         inbound: S,
         outbound: mpsc::Sender<Event>,
     ) -> Result<(), EngineError>
@@ -433,7 +436,10 @@ impl Engine {
             ))
         })?;
         let session = session::Session::new(self.shared.clone(), client_name, outbound)?;
-        let span = tracing::debug_span!("session", session = %session.id());
+        // INFO: exported as a trace span when traces are on (a sidecar's sessions are
+        // few and long; this is not per request).
+        let span = tracing::info_span!("session", session = %session.id(), client = %session.client_name());
+        crate::telemetry::set_remote_parent(&span, &trace);
         let sessions = self.shared.metrics.sessions.clone();
         sessions.inc();
         tokio::spawn(

@@ -321,7 +321,27 @@ pub struct SidecarProcess {
 
 impl SidecarProcess {
     pub fn start(store: &str, namespace: &str, extra: &[&str]) -> Self {
+        Self::launch(store, namespace, extra, &[], None)
+    }
+
+    /// With environment variables, and stderr appended to `log` (else discarded).
+    pub fn launch(
+        store: &str,
+        namespace: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        log: Option<&Path>,
+    ) -> Self {
         for _ in 0..5 {
+            let stderr = match log {
+                None => Stdio::null(),
+                Some(path) => std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .expect("open the sidecar's log")
+                    .into(),
+            };
             let addr = format!("127.0.0.1:{}", free_port());
             let child = Command::new(env!("CARGO_BIN_EXE_lockside"))
                 .args([
@@ -343,8 +363,9 @@ impl SidecarProcess {
                     "300ms",
                 ])
                 .args(extra)
+                .envs(env.iter().copied())
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
+                .stderr(stderr)
                 .spawn()
                 .expect("spawn lockside");
             let mut process = Self {

@@ -44,6 +44,8 @@ enum Slot {
 
 struct Acquiring {
     request_id: u64,
+    /// The `acquire` trace span: from the request to its answer.
+    span: tracing::Span,
     /// When the request arrived, for the wait-time histogram.
     started: Instant,
     /// A `Waiting` was sent: a grant is then a handoff.
@@ -166,6 +168,10 @@ impl Session {
 
     pub(crate) fn id(&self) -> &str {
         &self.id
+    }
+
+    pub(crate) fn client_name(&self) -> &str {
+        &self.client_name
     }
 
     pub(crate) async fn run<S>(mut self, mut inbound: S)

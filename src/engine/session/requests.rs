@@ -6,11 +6,37 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::attempt::{AcquireOp, acquire};
 use super::{Acquiring, Done, Session, Slot};
 use crate::engine::{AcquireRequest, Command, MAX_WAIT, MIN_TTL, Mode, RejectCode, validate_key};
 use crate::store::{Claim, Sharing};
+
+/// The span of a first acquire of a key; its outcome, wait and token are recorded
+/// when it is answered (`results.rs`).
+fn acquire_span(request: &AcquireRequest, sharing: Sharing, limit: u32) -> tracing::Span {
+    let mode = match (sharing, limit) {
+        (Sharing::Shared, _) => "shared",
+        (Sharing::Exclusive, 1) => "exclusive",
+        (Sharing::Exclusive, _) => "semaphore",
+    };
+    let span = tracing::info_span!(
+        "acquire",
+        key = %request.key,
+        mode,
+        limit,
+        fair = request.fair,
+        wait_timeout_ms = request.wait.map(|w| w.as_millis() as u64),
+        outcome = tracing::field::Empty,
+        waited_ms = tracing::field::Empty,
+        queue_position = tracing::field::Empty,
+        fencing_token = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    crate::telemetry::set_remote_parent(&span, &request.trace);
+    span
+}
 
 impl Session {
     pub(super) fn handle(&mut self, command: Command) {
@@ -197,10 +223,12 @@ impl Session {
                     fair: request.fair,
                 };
                 let cancel = CancellationToken::new();
+                let span = acquire_span(&request, sharing, limit);
                 self.slots.insert(
                     request.key.clone(),
                     Slot::Acquiring(Acquiring {
                         request_id: request.request_id,
+                        span: span.clone(),
                         started: Instant::now(),
                         waited: false,
                         cancel: cancel.clone(),
@@ -209,7 +237,7 @@ impl Session {
                     }),
                 );
                 self.pending.insert(request.request_id);
-                self.ops.push(Box::pin(acquire(AcquireOp {
+                let op = acquire(AcquireOp {
                     store: self.shared.store.clone(),
                     turns: self.shared.store_calls.clone(),
                     claim,
@@ -218,7 +246,8 @@ impl Session {
                     guard,
                     cancel,
                     waiting: self.waiting_tx.clone(),
-                })));
+                });
+                self.ops.push(Box::pin(op.instrument(span)));
             }
         }
     }

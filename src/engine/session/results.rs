@@ -6,10 +6,32 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::{Done, Held, Outcome, Session, Slot};
+use super::{Acquiring, Done, Held, Outcome, Session, Slot};
 use crate::engine::renewer::{Lease, LeaseClock, RenewEvent};
 use crate::engine::{Command, Event, NotAcquiredReason, RejectCode, drift_margin};
 use crate::store::Claim;
+
+/// Records how an acquire ended on its span.
+fn trace_outcome(a: &Acquiring, outcome: &Outcome) {
+    let span = &a.span;
+    span.record("waited_ms", a.started.elapsed().as_millis() as u64);
+    let name = match outcome {
+        _ if a.cancelled => "cancelled",
+        Outcome::Granted { fence, .. } => {
+            span.record("fencing_token", fence);
+            "granted"
+        }
+        Outcome::Busy => "busy",
+        Outcome::Timeout => "timeout",
+        Outcome::Cancelled => "cancelled",
+        Outcome::Conflict { .. } => "conflict",
+        Outcome::Unavailable(_) => {
+            span.record("otel.status_code", "ERROR");
+            "unavailable"
+        }
+    };
+    span.record("outcome", name);
+}
 
 impl Session {
     pub(super) fn on_waiting(&mut self, request_id: u64, key: String, position: u32) {
@@ -18,6 +40,7 @@ impl Session {
             && !a.cancelled
         {
             a.waited = true;
+            a.span.record("queue_position", position);
             self.send(Event::Waiting {
                 request_id,
                 key,
@@ -139,6 +162,7 @@ impl Session {
             }
             return;
         };
+        trace_outcome(&a, &outcome);
         let reason = match outcome {
             Outcome::Granted { .. } if a.cancelled => {
                 self.release_in_background(key.clone(), claim.owner);

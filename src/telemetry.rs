@@ -1,0 +1,133 @@
+//! Logs and traces. Logs go to stderr, as text or JSON, filtered by `RUST_LOG`. When
+//! an OTLP endpoint is configured (`OTEL_EXPORTER_OTLP_ENDPOINT`), the sidecar's own
+//! spans (a `session` per Lease stream, an `acquire` per first acquire of a key, a
+//! `describe` per call) are exported to it over OTLP/gRPC, as children of the caller's
+//! trace when the request carries W3C `traceparent` metadata.
+//!
+//! Spans are exported in batches from a background thread; a collector that is slow
+//! or gone costs dropped spans (the batch queue is bounded), never a blocked lock.
+
+use std::collections::HashMap;
+
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::Layer;
+use tracing_subscriber::filter::{EnvFilter, LevelFilter, Targets};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+use crate::config::LogFormat;
+
+/// The W3C trace context header (and metadata key) a caller's trace arrives in.
+pub const TRACEPARENT: &str = "traceparent";
+/// Its vendor-specific companion.
+pub const TRACESTATE: &str = "tracestate";
+
+/// A caller's W3C trace context, as it arrived (unchecked).
+#[derive(Clone, Debug, Default)]
+pub struct TraceContext {
+    /// `traceparent`; empty: none.
+    pub traceparent: String,
+    /// `tracestate`, if any.
+    pub tracestate: Option<String>,
+}
+
+/// How long shutdown waits for the last spans to be exported.
+const FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Where to send traces.
+#[derive(Clone, Debug)]
+pub struct TraceConfig {
+    /// The OTLP/gRPC collector, e.g. `http://otel-collector:4317`.
+    pub endpoint: String,
+    /// `service.name` of every span.
+    pub service_name: String,
+}
+
+/// The installed logging and tracing; flushes exported spans on [`Telemetry::shutdown`].
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+/// Installs the process-wide subscriber: logs to stderr, and spans to `traces` when
+/// given. Must run inside the tokio runtime (the exporter's channel lives on it).
+pub fn init(format: LogFormat, traces: Option<&TraceConfig>) -> Result<Telemetry, String> {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    // Colours only for a person at a terminal, not in a pod's log file.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let logs = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(colour);
+    let logs = match format {
+        LogFormat::Json => logs.json().with_filter(filter).boxed(),
+        LogFormat::Text => logs.with_filter(filter).boxed(),
+    };
+    let (otel, provider) = match traces {
+        None => (None, None),
+        Some(config) => {
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(config.endpoint.clone())
+                .build()
+                .map_err(|e| format!("OTLP exporter: {e}"))?;
+            let resource = opentelemetry_sdk::Resource::builder()
+                .with_service_name(config.service_name.clone())
+                .build();
+            let provider = SdkTracerProvider::builder()
+                .with_batch_exporter(exporter)
+                .with_resource(resource)
+                .build();
+            let layer = tracing_opentelemetry::layer()
+                .with_tracer(provider.tracer("lockside"))
+                // Only the sidecar's own spans, whatever RUST_LOG says about logs.
+                .with_filter(Targets::new().with_target("lockside", LevelFilter::INFO));
+            (Some(layer), Some(provider))
+        }
+    };
+    tracing_subscriber::registry()
+        .with(logs)
+        .with(otel)
+        .try_init()
+        .map_err(|e| format!("logging: {e}"))?;
+    Ok(Telemetry { provider })
+}
+
+impl Telemetry {
+    /// Exports the spans still buffered, then stops the exporter.
+    pub async fn shutdown(self) {
+        let Some(provider) = self.provider else {
+            return;
+        };
+        // shutdown() blocks until the last batch is sent or the export fails; a gone
+        // collector must not hold up the pod's termination for long.
+        let flush = tokio::task::spawn_blocking(move || provider.shutdown());
+        match tokio::time::timeout(FLUSH_TIMEOUT, flush).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "flushing traces failed"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "flushing traces failed"),
+            Err(_) => tracing::warn!("flushing traces took too long; the last spans are lost"),
+        }
+    }
+}
+
+/// Makes `span` a child of the remote span in `trace`. A missing or malformed header leaves the span where it was: a bad
+/// header from a client must never cost it its lock.
+pub fn set_remote_parent(span: &tracing::Span, trace: &TraceContext) {
+    if trace.traceparent.is_empty() || span.is_disabled() {
+        return;
+    }
+    let mut carrier = HashMap::with_capacity(2);
+    carrier.insert(TRACEPARENT.to_owned(), trace.traceparent.clone());
+    if let Some(state) = &trace.tracestate {
+        carrier.insert(TRACESTATE.to_owned(), state.clone());
+    }
+    let context = TraceContextPropagator::new().extract(&carrier);
+    use opentelemetry::trace::TraceContextExt;
+    if context.span().span_context().is_valid() {
+        let _ = span.set_parent(context);
+    }
+}

@@ -10,7 +10,9 @@
 //!    Redis commands per handoff;
 //! 4. semaphore: 32 sessions share 4 permits of one key;
 //! 5. death to grant: a holder's connection closes while another session waits;
-//! 6. `--locks` locks held and renewed: Redis load, sidecar CPU and memory.
+//! 6. `--locks` locks held and renewed: Redis load, sidecar CPU and memory;
+//! 7. the cost of traces and metrics: uncontended cycles on a sidecar exporting spans
+//!    and scraped, against one with neither (`observe.rs`).
 //!
 //! Without `--sidecar` the bench spawns `lockside serve` on a free loopback port and
 //! stops it with SIGTERM at the end, also after an error.
@@ -23,6 +25,7 @@
 
 mod contend;
 mod hold;
+mod observe;
 mod process;
 mod report;
 mod session;
@@ -195,16 +198,16 @@ async fn measure(
     };
     let mut report = Report::default();
     eprintln!(
-        "bench: sidecar at {}; phase 1/6: cycles, 1 session",
+        "bench: sidecar at {}; phase 1/7: cycles, 1 session",
         ctx.addr
     );
     cycle_phase(&ctx, 1, &mut report).await?;
-    eprintln!("bench: phase 2/6: cycles, 64 sessions");
+    eprintln!("bench: phase 2/7: cycles, 64 sessions");
     cycle_phase(&ctx, 64, &mut report).await?;
     for run in HANDOFFS {
         let fair = if run.fair { "fair" } else { "unfair" };
         let waiters = run.waiters;
-        eprintln!("bench: phase 3/6: handoff, {waiters} waiters on one key, {fair}");
+        eprintln!("bench: phase 3/7: handoff, {waiters} waiters on one key, {fair}");
         handoff_phase(&ctx, run, &mut report).await?;
     }
     report.notes.push(
@@ -213,12 +216,20 @@ async fn measure(
          EVALSHA round trip"
             .into(),
     );
-    eprintln!("bench: phase 4/6: semaphore, {SEM_SESSIONS} sessions on {PERMITS} permits");
+    eprintln!("bench: phase 4/7: semaphore, {SEM_SESSIONS} sessions on {PERMITS} permits");
     semaphore_phase(&ctx, &mut report).await?;
-    eprintln!("bench: phase 5/6: death to grant, {DEATH_ROUNDS} rounds");
+    eprintln!("bench: phase 5/7: death to grant, {DEATH_ROUNDS} rounds");
     death_phase(&ctx, &mut report).await?;
-    eprintln!("bench: phase 6/6: {} locks held", args.locks);
+    eprintln!("bench: phase 6/7: {} locks held", args.locks);
     hold_phase(&ctx, args.locks, args.hold_ttl, sidecar.pid(), &mut report).await?;
+    if args.sidecar.is_none() {
+        eprintln!("bench: phase 7/7: traces and metrics on vs off, uncontended cycles");
+        observe::observability_phase(args, tag, &mut report).await?;
+    } else {
+        report.notes.push(
+            "phase 7 (observability cost) needs spawned sidecars: skipped with --sidecar".into(),
+        );
+    }
     Ok(report)
 }
 
@@ -285,12 +296,17 @@ async fn sidecar_cycles(
     key: String,
     until: Instant,
 ) -> Result<Vec<Duration>, String> {
+    cycles(&mut s, &key, until).await
+}
+
+/// Acquire→release cycles on one session until `until`; one sample per cycle.
+async fn cycles(s: &mut Session, key: &str, until: Instant) -> Result<Vec<Duration>, String> {
     let mut samples = Vec::new();
     while sampling(until, &samples) {
         let start = Instant::now();
-        let id = s.acquire(&key, None, None).await?;
+        let id = s.acquire(key, None, None).await?;
         s.wait_for(id, Want::Granted).await?;
-        let id = s.release(&key).await?;
+        let id = s.release(key).await?;
         s.wait_for(id, Want::Released).await?;
         samples.push(start.elapsed());
     }

@@ -34,18 +34,34 @@ impl Sidecar {
             };
             return Ok((sidecar, connect(addr).await?));
         }
+        // Any free admin port: the bench does not scrape it, and 7421 may be taken.
+        Self::spawn(args, tag, "127.0.0.1:0", None).await
+    }
+
+    /// Spawns `lockside serve` with its admin listener at `admin` (or `none`) and,
+    /// with `otlp`, traces exported there; no traces otherwise, whatever this
+    /// process's environment says.
+    pub(super) async fn spawn(
+        args: &BenchArgs,
+        tag: &str,
+        admin: &str,
+        otlp: Option<&str>,
+    ) -> Result<(Self, Channel), String> {
         let addr = format!("127.0.0.1:{}", free_port()?);
         let namespace = namespace(tag);
         let mut command = Command::new(std::env::current_exe().map_err(err("own path"))?);
         command
             .args(["serve", "--listen", &addr, "--namespace", &namespace])
-            // Any free port: the bench does not scrape it, and 7421 may be taken.
-            .args(["--admin-listen", "127.0.0.1:0"])
+            .args(["--admin-listen", admin])
             // Through the environment, not argv: a password in the URL stays out of `ps`.
             .env("LOCKSIDE_STORE", &args.redis)
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .kill_on_drop(true);
+        if let Some(endpoint) = otlp {
+            command.env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint);
+        }
         if std::env::var_os("RUST_LOG").is_none() {
             command.env("RUST_LOG", "warn");
         }
@@ -96,7 +112,7 @@ impl Sidecar {
     }
 }
 
-fn free_port() -> Result<u16, String> {
+pub(super) fn free_port() -> Result<u16, String> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(err("free port"))?;
     Ok(listener.local_addr().map_err(err("free port"))?.port())
 }

@@ -63,7 +63,7 @@ pub(super) fn mb(kb: u64) -> f64 {
 /// that 8 and 64 waiters of the same fairness sit on adjacent lines; "N waiters" are
 /// N + 1 sessions on one key, "16 on 1 key" is 15 waiters.
 #[rustfmt::skip]
-const TABLE: [(&str, &str); 50] = [
+const TABLE: [(&str, &str); 54] = [
     ("cycle1_p50_us", "cycle, 1 session: p50 (µs)"),
     ("cycle1_p99_us", "cycle, 1 session: p99 (µs)"),
     ("cycle1_per_s", "cycle, 1 session: cycles/s"),
@@ -114,6 +114,10 @@ const TABLE: [(&str, &str); 50] = [
     ("hold_cpu_percent", "locks held: sidecar CPU (% core)"),
     ("hold_rss_before_mb", "locks held: RSS before taking (MB)"),
     ("hold_rss_mb", "locks held: sidecar RSS (MB)"),
+    ("observe_p50_us", "cycle, traces+metrics on (vs off): p50 (µs)"),
+    ("observe_p99_us", "cycle, traces+metrics on (vs off): p99 (µs)"),
+    ("observe_per_s", "cycle, traces+metrics on (vs off): cycles/s"),
+    ("observe_spans", "traces on: spans received by the OTLP sink"),
 ];
 
 /// The figure that the target of `id` is relative to, when it is another line's.
@@ -142,6 +146,7 @@ fn target(id: &str, f: Figures, base: Option<f64>) -> Option<(&'static str, Opti
         "death_p50_ms" => ("≤ 50 ms", v.map(|v| v <= 50.0)),
         "hold_cpu_percent" => ("≤ 1% of a core", v.map(|v| v <= 1.0)),
         "hold_rss_mb" => ("≤ 50 MB", v.map(|v| v <= 50.0)),
+        "observe_p50_us" => ("≤ 1.10× off", ratio.map(|r| r <= 1.10)),
         _ => return None,
     })
 }

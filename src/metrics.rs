@@ -2,12 +2,15 @@
 //! listener. Names follow Prometheus conventions: `lockside_` prefix, `_total` on
 //! counters (added by the encoder), `_seconds` on durations.
 
+use std::sync::Arc;
+
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use tokio::sync::Semaphore;
 
 /// How an acquire ended.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -74,6 +77,10 @@ pub struct Metrics {
     /// `Lost` events sent.
     pub lost: Counter,
     store_errors: Family<KindLabel, Counter>,
+    store_calls: Gauge,
+    /// The engine's limit on concurrent store calls and its semaphore, read at scrape
+    /// time (a gauge kept up to date on every call would cost every call).
+    store_calls_source: std::sync::OnceLock<(Arc<Semaphore>, usize)>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -106,6 +113,12 @@ impl Metrics {
         let jeopardy = Counter::default();
         let lost = Counter::default();
         let store_errors = Family::<KindLabel, Counter>::default();
+        let store_calls = Gauge::default();
+        registry.register(
+            "store_calls_in_flight",
+            "Store calls under way (the pool's use; at most 256 at once, more wait)",
+            store_calls.clone(),
+        );
         registry.register("sessions", "Open Lease streams", sessions.clone());
         registry.register(
             "locks_held",
@@ -154,6 +167,8 @@ impl Metrics {
             jeopardy,
             lost,
             store_errors,
+            store_calls,
+            store_calls_source: std::sync::OnceLock::new(),
         }
     }
 
@@ -178,8 +193,18 @@ impl Metrics {
             .inc();
     }
 
+    /// Where `lockside_store_calls_in_flight` is read from: the semaphore that admits
+    /// at most `limit` store calls at once.
+    pub fn watch_store_calls(&self, semaphore: Arc<Semaphore>, limit: usize) {
+        let _ = self.store_calls_source.set((semaphore, limit));
+    }
+
     /// The text exposition.
     pub fn render(&self) -> Result<String, std::fmt::Error> {
+        if let Some((semaphore, limit)) = self.store_calls_source.get() {
+            let busy = limit.saturating_sub(semaphore.available_permits());
+            self.store_calls.set(busy as i64);
+        }
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
         Ok(text)

@@ -137,6 +137,8 @@ async fn metrics_count_what_sessions_do() {
         "{held}"
     );
     assert!(sample(&held, "lockside_renewal_seconds_count") >= 1.0);
+    // The store-call pool's use, read at scrape time: nothing under way now.
+    assert_eq!(sample(&held, "lockside_store_calls_in_flight"), 0.0);
     lock.release().await.expect("release");
     eventually("the released lock leaves the gauge", || async {
         let (_, text) = get(&sidecar.admin, "/metrics").await;

@@ -389,6 +389,8 @@ impl Engine {
         let metrics = Arc::new(Metrics::new());
         let renewer = Renewer::spawn(store.clone(), metrics.clone(), shutdown.clone());
         let sessions = Arc::new(Semaphore::new(config.max_sessions));
+        let store_calls = Arc::new(Semaphore::new(MAX_STORE_CALLS));
+        metrics.watch_store_calls(store_calls.clone(), MAX_STORE_CALLS);
         Self {
             shared: Arc::new(Shared {
                 store,
@@ -397,7 +399,7 @@ impl Engine {
                 wakers,
                 renewer,
                 shutdown,
-                store_calls: Arc::new(Semaphore::new(MAX_STORE_CALLS)),
+                store_calls,
                 next_lease: AtomicU64::new(1),
             }),
             sessions,

@@ -40,6 +40,8 @@ pub enum StoreSpec {
     Memory,
     /// Redis standalone, `redis://` or `rediss://`.
     Redis(String),
+    /// Redlock over independent masters, `redlock://h1:p1,h2:p2,h3:p3`.
+    Redlock(String),
 }
 
 impl std::str::FromStr for StoreSpec {
@@ -52,7 +54,10 @@ impl std::str::FromStr for StoreSpec {
         if s.starts_with("redis://") || s.starts_with("rediss://") {
             return Ok(Self::Redis(s.to_owned()));
         }
-        for scheme in ["redis+sentinel://", "redis+cluster://", "redlock://"] {
+        if s.starts_with("redlock://") {
+            return Ok(Self::Redlock(s.to_owned()));
+        }
+        for scheme in ["redis+sentinel://", "redis+cluster://"] {
             if s.starts_with(scheme) {
                 return Err(format!("{scheme} stores are not supported yet"));
             }
@@ -68,7 +73,7 @@ impl std::fmt::Display for StoreSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Memory => f.write_str("memory"),
-            Self::Redis(url) => f.write_str(&redact(url)),
+            Self::Redis(url) | Self::Redlock(url) => f.write_str(&redact(url)),
         }
     }
 }
@@ -418,7 +423,12 @@ mod tests {
     fn stores_parse_and_redact() {
         assert_eq!("memory".parse(), Ok(StoreSpec::Memory));
         assert!(matches!("redis://h:1".parse(), Ok(StoreSpec::Redis(_))));
-        assert!("redlock://a,b,c".parse::<StoreSpec>().is_err());
+        assert!(matches!(
+            "redlock://a,b,c".parse(),
+            Ok(StoreSpec::Redlock(_))
+        ));
+        let shown = StoreSpec::Redlock("redlock://u:pw@a,b,c".into()).to_string();
+        assert!(!shown.contains("pw"));
         assert!("mysql://x".parse::<StoreSpec>().is_err());
         assert_eq!(redact("redis://u:secret@h:1/0"), "redis://***@h:1/0");
         let shown = StoreSpec::Redis("rediss://:pw@h:1".into()).to_string();

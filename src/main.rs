@@ -8,7 +8,7 @@ use clap::Parser;
 use lockside::config::{Cli, CliCommand, LogFormat, ServeArgs, StoreSpec};
 use lockside::engine::Engine;
 use lockside::server::{self, Listener};
-use lockside::store::{Store, memory::MemoryStore, redis::RedisStore};
+use lockside::store::{Store, memory::MemoryStore, redis::RedisStore, redlock::RedlockStore};
 
 const EX_USAGE: u8 = 64;
 
@@ -98,6 +98,15 @@ async fn serve(args: ServeArgs) -> ExitCode {
                 return ExitCode::from(EX_USAGE);
             }
         },
+        StoreSpec::Redlock(url) => {
+            match RedlockStore::new(url, &args.namespace, args.store_timeout) {
+                Ok(store) => Arc::new(store),
+                Err(e) => {
+                    eprintln!("lockside serve: --store: {e}");
+                    return ExitCode::from(EX_USAGE);
+                }
+            }
+        }
     };
     let listener = match Listener::bind(&args.listen).await {
         Ok(listener) => listener,

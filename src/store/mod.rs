@@ -16,6 +16,7 @@
 
 pub mod memory;
 pub mod redis;
+pub mod redlock;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -263,6 +264,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// Subscribes to release notices. Every sidecar on the store sees every notice.
     fn notices(&self) -> broadcast::Receiver<Notice>;
+
+    /// Whether this store can keep locks of this kind safely; `Err` says why not (for
+    /// example, Redlock masters cannot count a semaphore's permits together). Asked
+    /// before the first acquire of a key.
+    fn supports(&self, _sharing: Sharing, _limit: u32, _fair: bool) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// How many grants per millisecond a lock can take before its fencing tokens run ahead

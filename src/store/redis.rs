@@ -55,6 +55,7 @@ struct Scripts {
     renew: Script,
     unwait: Script,
     describe: Script,
+    fence: Script,
 }
 
 /// The Redis standalone store.
@@ -121,10 +122,19 @@ impl RedisStore {
                 renew: script!("renew.lua"),
                 unwait: script!("unwait.lua"),
                 describe: script!("describe.lua"),
+                fence: script!("fence.lua"),
             },
             notices,
             listener,
         })
+    }
+
+    /// Raises the fencing counter of `key` to `fence` when it is lower (Redlock writes
+    /// a majority's token back this way; see `redlock.rs`).
+    pub async fn raise_fence(&self, key: &str, fence: u64) -> Result<(), StoreError> {
+        let fence = fence.to_string();
+        let _: i64 = self.invoke(&self.scripts.fence, key, &[&fence]).await?;
+        Ok(())
     }
 
     /// The Redis key of one part of a lock (see `lua/common.lua`).

@@ -55,7 +55,7 @@ impl Drop for TempDir {
     }
 }
 
-fn signal(pid: u32, sig: &str) {
+pub fn signal(pid: u32, sig: &str) {
     let status = Command::new("kill")
         .args([&format!("-{sig}"), &pid.to_string()])
         .status()

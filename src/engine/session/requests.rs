@@ -174,6 +174,14 @@ impl Session {
                 }));
             }
             None => {
+                if let Err(message) = self.shared.store.supports(sharing, limit, request.fair) {
+                    return self.reject(
+                        request.request_id,
+                        &request.key,
+                        RejectCode::Unimplemented,
+                        message,
+                    );
+                }
                 if self.slots.len() >= max_locks {
                     let message =
                         format!("this session holds or waits for {max_locks} locks, its limit");

@@ -1,0 +1,213 @@
+//! Redlock over three real masters: majorities grant and exclude, failed partial
+//! acquisitions are rolled back at once, a minority of masters may fail, fencing tokens
+//! strictly increase even when the masters' counters disagree, and what Redlock cannot
+//! keep safely (semaphores, fair queues) is refused.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Redis, Sidecar, acquire, namespace, secs, signal};
+use lockside::store::redis::RedisStore;
+use lockside::store::redlock::RedlockStore;
+use lockside::store::{Acquired, Claim, Sharing, Store};
+
+struct Masters {
+    redis: Vec<Redis>,
+    namespace: String,
+}
+
+impl Masters {
+    fn start(n: usize) -> Self {
+        Self {
+            redis: (0..n).map(|_| Redis::start()).collect(),
+            namespace: namespace(),
+        }
+    }
+
+    fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .redis
+            .iter()
+            .map(|r| format!("127.0.0.1:{}", r.port))
+            .collect();
+        format!("redlock://{}", hosts.join(","))
+    }
+
+    async fn sidecar(&self) -> Sidecar {
+        let store = RedlockStore::new(&self.url(), &self.namespace, Duration::from_secs(1));
+        Sidecar::start(Arc::new(store.expect("redlock store"))).await
+    }
+
+    /// Master `i` on its own, as a standalone store in the same namespace.
+    fn single(&self, i: usize) -> RedisStore {
+        RedisStore::new(
+            &self.redis[i].url(),
+            &self.namespace,
+            Duration::from_secs(1),
+        )
+        .expect("store")
+    }
+
+    /// The fencing counter of `key` on master `i`.
+    fn counter(&self, i: usize, key: &str) -> String {
+        let counter = format!("{{{}:{key}}}:f", self.namespace);
+        self.redis[i].cli(&["GET", &counter])
+    }
+}
+
+fn claim(key: &str, owner: &str) -> Claim {
+    Claim {
+        key: key.into(),
+        owner: owner.into(),
+        ttl: Duration::from_secs(30),
+        wait: false,
+        session_id: "other".into(),
+        client_name: "other".into(),
+        sharing: Sharing::Exclusive,
+        limit: 1,
+        fair: false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_majority_grants_and_excludes() {
+    let masters = Masters::start(3);
+    let sidecar = masters.sidecar().await;
+    let client = sidecar.client().await;
+    let mut a = client.lease().await;
+    let mut b = client.lease().await;
+    let first = a.grant("k").await.fencing_token;
+    let mut wait = acquire("k");
+    wait.wait_timeout = Some(secs(10.0));
+    let id = b.send_acquire(wait).await;
+    b.expect_waiting(id).await;
+    a.release("k").await;
+    let second = b.granted_after_wait(id).await.fencing_token;
+    assert!(second > first, "{second} > {first}");
+    let mut holding = 0;
+    for i in 0..3 {
+        let state = masters.single(i).describe("k").await.expect("describe");
+        if state.holders.iter().any(|h| h.session_id == b.session_id) {
+            holding += 1;
+        }
+        assert!(state.holders.iter().all(|h| h.session_id == b.session_id));
+    }
+    assert!(holding >= 2, "a majority of masters has the grant");
+    let described = client.describe("k").await;
+    assert_eq!(described.holders.len(), 1);
+    assert_eq!(described.holders[0].session_id, b.session_id);
+    sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_vote_is_rolled_back_at_once() {
+    let masters = Masters::start(3);
+    // Someone else holds the key on masters 1 and 2 (a minority view for us is
+    // master 0 alone).
+    for i in [1, 2] {
+        let got = masters.single(i).acquire(&claim("k", "someone-else")).await;
+        assert!(matches!(got, Ok(Acquired::Granted { .. })), "{got:?}");
+    }
+    let sidecar = masters.sidecar().await;
+    let mut lease = sidecar.client().await.lease().await;
+    let id = lease.send_acquire(acquire("k")).await;
+    assert_eq!(lease.expect_not_acquired(id).await, 1, "BUSY");
+    let state = masters.single(0).describe("k").await.expect("describe");
+    assert!(
+        state.holders.is_empty(),
+        "master 0 granted alone and must have been rolled back: {state:?}"
+    );
+    sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minority_of_masters_may_fail_a_majority_may_not() {
+    let mut masters = Masters::start(3);
+    let sidecar = masters.sidecar().await;
+    let mut lease = sidecar.client().await.lease().await;
+    masters.redis[0].kill();
+    lease.grant("one-down").await;
+    // A frozen master does not slow grants: the majority answers first.
+    let frozen = masters.redis[1].pid();
+    signal(frozen, "STOP");
+    masters.redis[0].restart();
+    lease.grant("one-frozen").await;
+    signal(frozen, "CONT");
+    masters.redis[0].kill();
+    masters.redis[1].kill();
+    let id = lease.send_acquire(acquire("two-down")).await;
+    let rejected = lease.expect_rejected(id).await;
+    assert_eq!(rejected.code, 14, "UNAVAILABLE: {rejected:?}");
+    sidecar.shutdown().await;
+}
+
+/// The grant's token is written back to the masters: a later majority that does not
+/// include the master with the highest counter still issues a larger token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_when_the_masters_counters_disagree() {
+    let mut masters = Masters::start(3);
+    // Master 0's counter runs far ahead of the others' (and of any clock).
+    let far = (u64::from(u32::MAX) * 1_000_000).to_string();
+    let counter = format!("{{{}:k}}:f", masters.namespace);
+    masters.redis[0].cli(&["SET", &counter, &far]);
+    let sidecar = masters.sidecar().await;
+    let mut lease = sidecar.client().await.lease().await;
+    masters.redis[2].kill();
+    let first = lease.grant("k").await.fencing_token;
+    assert!(first > far.parse::<u64>().expect("number"), "{first}");
+    assert_eq!(masters.counter(1, "k"), first.to_string(), "written back");
+    lease.release("k").await;
+    // Without master 0, the majority is 1 and 2: master 1 knows the token.
+    masters.redis[0].kill();
+    masters.redis[2].restart();
+    let second = lease.grant("k").await.fencing_token;
+    assert!(second > first, "{second} > {first}");
+    sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_across_a_master_restarted_empty() {
+    let mut masters = Masters::start(3);
+    let sidecar = masters.sidecar().await;
+    let mut lease = sidecar.client().await.lease().await;
+    let mut last = 0;
+    for round in 0..30 {
+        if round == 10 || round == 20 {
+            masters.redis[round / 10 - 1].restart();
+        }
+        let token = lease.grant("k").await.fencing_token;
+        assert!(token > last, "round {round}: {token} after {last}");
+        last = token;
+        lease.release("k").await;
+    }
+    sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphores_and_fair_queues_are_refused() {
+    let masters = Masters::start(3);
+    let sidecar = masters.sidecar().await;
+    let mut lease = sidecar.client().await.lease().await;
+    let mut semaphore = acquire("sem");
+    semaphore.limit = 3;
+    let id = lease.send_acquire(semaphore).await;
+    let rejected = lease.expect_rejected(id).await;
+    assert_eq!(rejected.code, 12, "UNIMPLEMENTED: {rejected:?}");
+    assert!(
+        rejected.message.contains("semaphores"),
+        "{}",
+        rejected.message
+    );
+    let mut fair = acquire("fair");
+    fair.fair = true;
+    let id = lease.send_acquire(fair).await;
+    assert_eq!(lease.expect_rejected(id).await.code, 12);
+    // Shared locks are fine: any two majorities share a master.
+    let mut shared = acquire("rw");
+    shared.mode = lockside::proto::LockMode::Shared as i32;
+    let id = lease.send_acquire(shared).await;
+    lease.expect_granted(id).await;
+    sidecar.shutdown().await;
+}

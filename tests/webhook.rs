@@ -294,8 +294,10 @@ async fn kubernetes_validate(pod: &Value) -> (bool, String) {
     let dir = TempDir::new("validate");
     let file = dir.0.join("pod.json");
     std::fs::write(&file, pod.to_string()).expect("write pod");
-    let run = tokio::process::Command::new("kubernetes-validate")
-        .args(["--strict", "-k", "1.33.0"])
+    // `python3 -m`: the same program as the `kubernetes-validate` script, found even
+    // where pyenv has no shim for the script yet.
+    let run = tokio::process::Command::new("python3")
+        .args(["-m", "kubernetes_validate", "--strict", "-k", "1.33.0"])
         .arg(&file)
         .kill_on_drop(true)
         .output();

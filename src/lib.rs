@@ -26,7 +26,8 @@
 //! - [`hold`]: `lockside hold KEY -- CMD` and `lockside describe KEY`, on that client.
 //! - [`bench`]: the benchmark, sidecar against direct Redis in one run.
 //! - [`webhook`]: `lockside webhook`, the Kubernetes admission webhook that injects the
-//!   sidecar: `webhook/patch.rs` (Pod JSON → JSONPatch, pure), `webhook/review.rs`
+//!   sidecar: `webhook/patch.rs` (Pod JSON → JSONPatch, pure), `webhook/sidecar.rs`
+//!   (the injected container), `webhook/review.rs`
 //!   (the `AdmissionReview` v1 envelope), `webhook/tls.rs` (certificate, reloaded),
 //!   `webhook/mod.rs` (flags and the HTTPS server; [`webhook::run`] for tests).
 //! - `main.rs`: a thin `main` that parses flags (exit 64 on bad ones) and runs.

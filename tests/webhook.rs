@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use common::{PATIENCE, TempDir};
-use lockside::webhook::patch::SidecarDefaults;
+use lockside::webhook::SidecarDefaults;
 use lockside::webhook::tls::CertFiles;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,

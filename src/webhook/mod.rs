@@ -2,6 +2,7 @@
 //! sidecar into pods that opt in (`lockside.io/inject: "true"`).
 //!
 //! - [`patch`]: the pure part, Pod JSON → JSONPatch (unit-tested beside the code).
+//! - [`sidecar`]: the injected container and its defaults.
 //! - [`review`]: the `AdmissionReview` v1 envelope around it.
 //! - [`tls`]: the certificate, reloaded when cert-manager renews it.
 //! - this file: the flags and the HTTPS server (`POST /mutate`, `GET /healthz`);
@@ -9,6 +10,7 @@
 
 pub mod patch;
 pub mod review;
+pub mod sidecar;
 pub mod tls;
 
 use std::future::Future;
@@ -32,8 +34,8 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{LogFormat, StoreSpec, parse_duration};
-use patch::SidecarDefaults;
 use review::Outcome;
+pub use sidecar::SidecarDefaults;
 
 /// Largest request body read. The API server sends at most 3 MiB (its own request
 /// limit) and etcd stores objects of at most 1.5 MiB, so 4 MiB refuses no real review
@@ -103,11 +105,11 @@ impl WebhookArgs {
             .parse::<StoreSpec>()
             .map_err(|e| format!("--sidecar-store: {e}"))?;
         if self.sidecar_default_ttl < crate::engine::MIN_TTL
-            || self.sidecar_default_ttl > patch::MAX_DEFAULT_TTL
+            || self.sidecar_default_ttl > sidecar::MAX_DEFAULT_TTL
         {
             return Err("--sidecar-default-ttl must lie between 1s and 1h".into());
         }
-        patch::check_image(&self.sidecar_image).map_err(|e| format!("--sidecar-image {e}"))?;
+        sidecar::check_image(&self.sidecar_image).map_err(|e| format!("--sidecar-image {e}"))?;
         if self.tls_reload_interval < Duration::from_secs(1) {
             return Err("--tls-reload-interval must be at least 1s".into());
         }

@@ -7,7 +7,8 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::patch::{self, Decision, PatchError, SidecarDefaults};
+use super::SidecarDefaults;
+use super::patch::{self, Decision, PatchError};
 
 const API_VERSION: &str = "admission.k8s.io/v1";
 const KIND: &str = "AdmissionReview";

@@ -4,8 +4,10 @@
 #
 # No Docker engine runs on the machines this project is developed on, so this file is
 # not built there. To keep it from drifting, the builder runs exactly the command CI
-# builds with (`cargo build --release --locked`), on the same Debian release as the
-# runtime image (bookworm = debian12, so the same glibc).
+# builds with (`cargo build --release --locked`, the last step of .ci/run), on the same
+# Debian release as the runtime image (bookworm = debian12, so the same glibc). CI lints
+# this file with hadolint, and tests/dockerfile.rs checks the cargo command, the user,
+# the ports, the entry point and the HEALTHCHECK.
 
 # ---- builder -------------------------------------------------------------------------
 FROM rust:1-bookworm AS builder

@@ -1,4 +1,5 @@
-//! The command line. Every flag also reads `LOCKSIDE_<FLAG>` from the environment.
+//! The command line. Every flag also reads `LOCKSIDE_<FLAG>` from the environment
+//! (`webhook`'s flags are in [`crate::webhook`]).
 //! Tests build [`EngineConfig`] and [`ServerConfig`] directly instead.
 
 use std::path::{Path, PathBuf};
@@ -31,6 +32,8 @@ pub enum CliCommand {
     Healthcheck(crate::hold::HealthcheckArgs),
     /// Measure a sidecar against direct Redis calls (see README "Benchmark").
     Bench(crate::bench::BenchArgs),
+    /// Run the Kubernetes admission webhook that injects the sidecar into pods.
+    Webhook(crate::webhook::WebhookArgs),
 }
 
 /// Where locks are kept.

@@ -21,11 +21,17 @@
 //!   is the entry point tests call on port 0.
 //! - [`telemetry`]: logs (text or JSON) and OTLP traces, with the caller's W3C trace
 //!   context as parent.
-//! - [`config`]: the command line (`lockside serve`, `hold`, `describe`, `bench`).
+//! - [`config`]: the command line (`lockside serve`, `hold`, `describe`, `bench`,
+//!   `webhook`).
 //! - [`client`]: a Rust client: `Client::connect`, `lock(key)` → a guard with the
 //!   fencing token and a `lost()` future.
 //! - [`hold`]: `lockside hold KEY -- CMD` and `lockside describe KEY`, on that client.
 //! - [`bench`]: the benchmark, sidecar against direct Redis in one run.
+//! - [`webhook`]: `lockside webhook`, the Kubernetes admission webhook that injects the
+//!   sidecar: `webhook/patch.rs` (Pod JSON → JSONPatch, pure), `webhook/sidecar.rs`
+//!   (the injected container), `webhook/review.rs`
+//!   (the `AdmissionReview` v1 envelope), `webhook/tls.rs` (certificate, reloaded),
+//!   `webhook/mod.rs` (flags and the HTTPS server; [`webhook::run`] for tests).
 //! - `main.rs`: a thin `main` that parses flags (exit 64 on bad ones) and runs.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -41,6 +47,7 @@ pub mod metrics;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod webhook;
 
 /// Generated gRPC types and stubs (package `lockside.v1`).
 #[allow(missing_docs, clippy::all)]

@@ -9,6 +9,8 @@ use lockside::config::{Cli, CliCommand, LogFormat, ServeArgs, StoreSpec};
 use lockside::engine::Engine;
 use lockside::server::{self, Listener};
 use lockside::store::{Store, memory::MemoryStore, redis::RedisStore, redlock::RedlockStore};
+use lockside::webhook::{WebhookArgs, tls::CertFiles};
+use tokio_util::sync::CancellationToken;
 
 const EX_USAGE: u8 = 64;
 
@@ -26,7 +28,11 @@ fn main() -> ExitCode {
     };
     let workers = match &cli.command {
         CliCommand::Serve(args) => usize::from(args.worker_threads),
-        CliCommand::Hold(_) | CliCommand::Describe(_) | CliCommand::Healthcheck(_) => 1,
+        // The injector answers a few reviews a minute: one thread is plenty.
+        CliCommand::Hold(_)
+        | CliCommand::Describe(_)
+        | CliCommand::Healthcheck(_)
+        | CliCommand::Webhook(_) => 1,
         CliCommand::Bench(_) => 0,
     };
     let runtime = match workers {
@@ -49,6 +55,7 @@ fn main() -> ExitCode {
     runtime.block_on(async {
         let (format, traces) = match &cli.command {
             CliCommand::Serve(args) => (args.log_format, args.trace_config()),
+            CliCommand::Webhook(args) => (args.log_format, None),
             _ => (LogFormat::Text, None),
         };
         let telemetry = match lockside::telemetry::init(format, traces.as_ref()) {
@@ -65,6 +72,7 @@ fn main() -> ExitCode {
             CliCommand::Healthcheck(args) => {
                 ExitCode::from(lockside::hold::healthcheck(args).await)
             }
+            CliCommand::Webhook(args) => webhook(args).await,
             CliCommand::Bench(args) => match lockside::bench::run(args).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -154,6 +162,49 @@ async fn serve(args: ServeArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+async fn webhook(args: WebhookArgs) -> ExitCode {
+    let defaults = match args.sidecar_defaults() {
+        Ok(defaults) => defaults,
+        Err(e) => {
+            eprintln!("lockside webhook: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    let tls = CertFiles::load(&args.tls_cert, &args.tls_key)
+        .map(Arc::new)
+        .and_then(|certs| Ok((certs.server_config()?, certs)));
+    let (tls, certs) = match tls {
+        Ok(tls) => tls,
+        Err(e) => {
+            eprintln!("lockside webhook: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    let listener = match tokio::net::TcpListener::bind(&args.listen).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            tracing::error!(listen = %args.listen, error = %e, "cannot listen");
+            return ExitCode::FAILURE;
+        }
+    };
+    let bound = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    tracing::info!(
+        address = %bound,
+        sidecar_image = %defaults.image,
+        sidecar_store = %lockside::config::redact(&defaults.store),
+        "injector listening (POST /mutate, GET /healthz)"
+    );
+    let stop = CancellationToken::new();
+    let reload = tokio::spawn(certs.watch(args.tls_reload_interval, stop.clone()));
+    lockside::webhook::run(listener, tls, defaults, shutdown_signal()).await;
+    stop.cancel();
+    let _ = reload.await;
+    ExitCode::SUCCESS
 }
 
 /// Completes on SIGTERM or SIGINT.

@@ -21,7 +21,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum CliCommand {
     /// Run the sidecar.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run a command while holding a lock, like `etcdctl lock` (exit statuses: README).
     Hold(crate::hold::HoldArgs),
     /// Print a lock's holders and queue.
@@ -161,6 +161,28 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKSIDE_STORE_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
     pub store_timeout: Duration,
 
+    /// PEM file of the CA certificates that sign the Redis servers' certificates
+    /// (`rediss://` stores). Unset: the public web PKI roots, as for a managed Redis.
+    #[arg(long, env = "LOCKSIDE_STORE_CA_FILE")]
+    pub store_ca_file: Option<std::path::PathBuf>,
+
+    /// PEM client certificate for Redis servers that require mutual TLS (with
+    /// `--store-client-key`).
+    #[arg(
+        long,
+        env = "LOCKSIDE_STORE_CLIENT_CERT",
+        requires = "store_client_key"
+    )]
+    pub store_client_cert: Option<std::path::PathBuf>,
+
+    /// PEM private key of `--store-client-cert`. Read once, never logged.
+    #[arg(
+        long,
+        env = "LOCKSIDE_STORE_CLIENT_KEY",
+        requires = "store_client_cert"
+    )]
+    pub store_client_key: Option<std::path::PathBuf>,
+
     /// How long shutdown may take to release every lock.
     #[arg(long, env = "LOCKSIDE_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
@@ -214,6 +236,17 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
+    /// The Redis store's options beyond its URL.
+    pub fn redis_options(&self) -> crate::store::redis::RedisOptions {
+        crate::store::redis::RedisOptions {
+            timeout: self.store_timeout,
+            ca_file: self.store_ca_file.clone(),
+            client_cert: self.store_client_cert.clone(),
+            client_key: self.store_client_key.clone(),
+            ..Default::default()
+        }
+    }
+
     /// Checks values that clap cannot and builds the engine's configuration.
     pub fn engine_config(&self) -> Result<EngineConfig, String> {
         if self.max_ttl < crate::engine::MIN_TTL {
@@ -300,6 +333,31 @@ mod tests {
         assert_eq!(redact("redis://u:secret@h:1/0"), "redis://***@h:1/0");
         let shown = StoreSpec::Redis("rediss://:pw@h:1".into()).to_string();
         assert!(!shown.contains("pw"));
+    }
+
+    #[test]
+    fn store_certificates_reach_the_redis_options() {
+        let cli = Cli::try_parse_from([
+            "lockside",
+            "serve",
+            "--store",
+            "rediss://h:1",
+            "--store-ca-file",
+            "/etc/ca.pem",
+            "--store-client-cert",
+            "/c.pem",
+            "--store-client-key",
+            "/c.key",
+        ])
+        .expect("flags parse");
+        let CliCommand::Serve(args) = cli.command else {
+            panic!("serve");
+        };
+        let options = args.redis_options();
+        assert_eq!(options.ca_file, Some("/etc/ca.pem".into()));
+        assert_eq!(options.client_key, Some("/c.key".into()));
+        let half = ["lockside", "serve", "--store-client-cert", "/c.pem"];
+        assert!(Cli::try_parse_from(half).is_err(), "a cert needs its key");
     }
 
     #[test]

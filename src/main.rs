@@ -57,7 +57,7 @@ fn main() -> ExitCode {
     };
     runtime.block_on(async {
         match cli.command {
-            CliCommand::Serve(args) => serve(args).await,
+            CliCommand::Serve(args) => serve(*args).await,
             CliCommand::Hold(args) => ExitCode::from(lockside::hold::hold(args).await),
             CliCommand::Describe(args) => ExitCode::from(lockside::hold::describe(args).await),
             CliCommand::Healthcheck(args) => {
@@ -87,13 +87,15 @@ async fn serve(args: ServeArgs) -> ExitCode {
     };
     let store: Arc<dyn Store> = match &args.store {
         StoreSpec::Memory => Arc::new(MemoryStore::new()),
-        StoreSpec::Redis(url) => match RedisStore::new(url, &args.namespace, args.store_timeout) {
-            Ok(store) => Arc::new(store),
-            Err(e) => {
-                eprintln!("lockside serve: --store: {e}");
-                return ExitCode::from(EX_USAGE);
+        StoreSpec::Redis(url) => {
+            match RedisStore::with_options(url, &args.namespace, &args.redis_options()) {
+                Ok(store) => Arc::new(store),
+                Err(e) => {
+                    eprintln!("lockside serve: --store: {e}");
+                    return ExitCode::from(EX_USAGE);
+                }
             }
-        },
+        }
     };
     let listener = match Listener::bind(&args.listen).await {
         Ok(listener) => listener,

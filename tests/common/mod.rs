@@ -9,6 +9,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod proxy;
+pub mod topology;
+
 use lockside::engine::{Engine, EngineConfig};
 use lockside::proto::lock_service_client::LockServiceClient;
 use lockside::proto::{self, lease_request, lease_response};

@@ -37,7 +37,8 @@ pub enum CliCommand {
 pub enum StoreSpec {
     /// The embedded memory store.
     Memory,
-    /// Redis standalone, `redis://` or `rediss://`.
+    /// Redis: standalone (`redis://`, `rediss://`) or through Sentinel
+    /// (`redis+sentinel://`, `rediss+sentinel://`).
     Redis(String),
 }
 
@@ -48,10 +49,16 @@ impl std::str::FromStr for StoreSpec {
         if s == "memory" {
             return Ok(Self::Memory);
         }
-        if s.starts_with("redis://") || s.starts_with("rediss://") {
+        let redis = [
+            "redis://",
+            "rediss://",
+            "redis+sentinel://",
+            "rediss+sentinel://",
+        ];
+        if redis.iter().any(|scheme| s.starts_with(scheme)) {
             return Ok(Self::Redis(s.to_owned()));
         }
-        for scheme in ["redis+sentinel://", "redis+cluster://", "redlock://"] {
+        for scheme in ["redis+cluster://", "redlock://"] {
             if s.starts_with(scheme) {
                 return Err(format!("{scheme} stores are not supported yet"));
             }
@@ -132,7 +139,8 @@ pub struct ServeArgs {
     pub admin_listen: String,
 
     /// Where locks live: memory (embedded, the default, for one replica and tests),
-    /// redis://[user:pass@]host:port[/db] or rediss://...
+    /// redis://[user:pass@]host:port[/db], rediss://..., or
+    /// redis+sentinel://[user:pass@]h1:26379,h2:26379/master-name (rediss+sentinel://).
     #[arg(long, env = "LOCKSIDE_STORE", default_value = "memory")]
     pub store: StoreSpec,
 
@@ -328,6 +336,10 @@ mod tests {
     fn stores_parse_and_redact() {
         assert_eq!("memory".parse(), Ok(StoreSpec::Memory));
         assert!(matches!("redis://h:1".parse(), Ok(StoreSpec::Redis(_))));
+        assert!(matches!(
+            "redis+sentinel://a:1,b:2/m".parse(),
+            Ok(StoreSpec::Redis(_))
+        ));
         assert!("redlock://a,b,c".parse::<StoreSpec>().is_err());
         assert!("mysql://x".parse::<StoreSpec>().is_err());
         assert_eq!(redact("redis://u:secret@h:1/0"), "redis://***@h:1/0");

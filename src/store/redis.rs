@@ -10,6 +10,7 @@ mod link;
 mod notices;
 mod options;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::redis::{self, Script, Value};
@@ -53,7 +54,7 @@ struct Scripts {
 
 /// The Redis store.
 pub struct RedisStore {
-    link: Link,
+    link: Arc<Link>,
     namespace: String,
     channel: String,
     timeout: Duration,
@@ -100,12 +101,21 @@ impl RedisStore {
         options: &RedisOptions,
     ) -> Result<Self, StoreError> {
         let topology = Topology::parse(url, options)?;
-        if !matches!(topology, Topology::Standalone(_)) {
+        if matches!(topology, Topology::Cluster(_)) {
             return Err(StoreError::Config(
-                "Sentinel and Cluster stores are not supported yet".into(),
+                "Cluster stores are not supported yet".into(),
             ));
         }
-        let link = Link::new(topology, options.timeout);
+        let sentinel = matches!(topology, Topology::Sentinel { .. });
+        let link = Arc::new(Link::new(topology, options.timeout));
+        if sentinel {
+            // The notice listener learns the master from the first connection: make it
+            // now rather than at the first request.
+            let link = link.clone();
+            tokio::spawn(async move {
+                let _ = link.connection().await;
+            });
+        }
         let channel = format!("{namespace}:released");
         let notices = broadcast::channel(NOTICE_BUFFER).0;
         let listener = tokio::spawn(notices::listen(

@@ -10,7 +10,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
-use deadpool_redis::redis::{self, AsyncConnectionConfig, ConnectionInfo, RedisError};
+use deadpool_redis::redis::{
+    self, AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, RedisError,
+};
 use tokio::sync::watch;
 
 use super::options::Topology;
@@ -104,7 +106,24 @@ impl Link {
         }
         let conn = match &self.topology {
             Topology::Standalone(info) => Conn::Single(single(info, self.timeout).await?),
-            Topology::Sentinel { .. } | Topology::Cluster(_) => {
+            Topology::Sentinel {
+                sentinels,
+                master,
+                template,
+            } => {
+                let info = resolve(sentinels, master, template, self.timeout).await?;
+                let conn = master_connection(&info, self.timeout).await?;
+                self.server.send_if_modified(|server| {
+                    let moved = server.as_ref().map(|s| s.addr()) != Some(info.addr());
+                    if moved {
+                        tracing::info!(master = %info.addr(), "connected to the master the sentinels name");
+                        *server = Some(info);
+                    }
+                    moved
+                });
+                Conn::Single(conn)
+            }
+            Topology::Cluster(_) => {
                 return Err(StoreError::Config("not supported yet".into()));
             }
         };
@@ -152,4 +171,70 @@ pub(crate) async fn single(
         .get_multiplexed_async_connection_with_config(&config)
         .await
         .map_err(|e| StoreError::Unavailable(e.to_string()))
+}
+
+/// The master's address as the first sentinel that answers names it, with the
+/// template's credentials and TLS settings. Sentinels are asked in order; one that does
+/// not answer within `timeout` is skipped.
+async fn resolve(
+    sentinels: &[ConnectionInfo],
+    master: &str,
+    template: &ConnectionInfo,
+    timeout: Duration,
+) -> Result<ConnectionInfo, StoreError> {
+    for sentinel in sentinels {
+        let ask = async {
+            let mut conn = single(sentinel, timeout).await?;
+            redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(master)
+                .query_async::<Option<(String, u16)>>(&mut conn)
+                .await
+                .map_err(|e| StoreError::Unavailable(e.to_string()))
+        };
+        match tokio::time::timeout(timeout, ask).await {
+            Ok(Ok(Some((host, port)))) => {
+                let addr = match template.addr() {
+                    ConnectionAddr::TcpTls {
+                        insecure,
+                        tls_params,
+                        ..
+                    } => ConnectionAddr::TcpTls {
+                        host,
+                        port,
+                        insecure: *insecure,
+                        tls_params: tls_params.clone(),
+                    },
+                    _ => ConnectionAddr::Tcp(host, port),
+                };
+                return Ok(template.clone().set_addr(addr));
+            }
+            Ok(Ok(None)) => tracing::warn!(%master, "a sentinel does not know the master"),
+            Ok(Err(e)) => tracing::debug!(error = %e, "a sentinel did not answer"),
+            Err(_) => tracing::debug!("a sentinel did not answer in time"),
+        }
+    }
+    Err(StoreError::Unavailable(
+        "no sentinel named the master".into(),
+    ))
+}
+
+/// A connection to the server the sentinels named, checked to be a master: a sentinel
+/// may still name a demoted master for a moment after a failover.
+async fn master_connection(
+    info: &ConnectionInfo,
+    timeout: Duration,
+) -> Result<MultiplexedConnection, StoreError> {
+    let mut conn = single(info, timeout).await?;
+    let role: Vec<redis::Value> = redis::cmd("ROLE")
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+    match role.first() {
+        Some(redis::Value::BulkString(r)) if r == b"master" => Ok(conn),
+        _ => Err(StoreError::Unavailable(format!(
+            "{} is not a master (yet)",
+            info.addr()
+        ))),
+    }
 }

@@ -191,6 +191,21 @@ pub struct ServeArgs {
     )]
     pub store_client_key: Option<std::path::PathBuf>,
 
+    /// Replicas that must acknowledge a grant or a renewal (Redis `WAIT`, pipelined
+    /// with the script on the same connection) before it counts. A grant that is not
+    /// acknowledged in time is undone and the acquire answered UNAVAILABLE; a renewal
+    /// that is not counts as failed (Jeopardy, then Lost). 0 (off) by default: it costs
+    /// a replica round trip per grant and needs replicas; without it a failover may
+    /// hand out a lock twice (see README "Which topology, what guarantee").
+    #[arg(long, env = "LOCKSIDE_MIN_REPLICA_ACKS", default_value_t = 0)]
+    pub min_replica_acks: u32,
+
+    /// How long a grant or renewal waits for `--min-replica-acks`. 100 ms: a healthy
+    /// replica acknowledges within a millisecond or two, and an acquire should fail
+    /// fast rather than wait on a replica that is gone. Must be below --store-timeout.
+    #[arg(long, env = "LOCKSIDE_REPLICA_ACK_TIMEOUT", default_value = "100ms", value_parser = parse_duration)]
+    pub replica_ack_timeout: Duration,
+
     /// How long shutdown may take to release every lock.
     #[arg(long, env = "LOCKSIDE_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
@@ -251,7 +266,8 @@ impl ServeArgs {
             ca_file: self.store_ca_file.clone(),
             client_cert: self.store_client_cert.clone(),
             client_key: self.store_client_key.clone(),
-            ..Default::default()
+            min_replica_acks: self.min_replica_acks,
+            replica_ack_timeout: self.replica_ack_timeout,
         }
     }
 

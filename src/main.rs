@@ -86,6 +86,10 @@ async fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     let store: Arc<dyn Store> = match &args.store {
+        StoreSpec::Memory if args.min_replica_acks > 0 => {
+            eprintln!("lockside serve: --min-replica-acks needs a Redis store with replicas");
+            return ExitCode::from(EX_USAGE);
+        }
         StoreSpec::Memory => Arc::new(MemoryStore::new()),
         StoreSpec::Redis(url) => {
             match RedisStore::with_options(url, &args.namespace, &args.redis_options()) {

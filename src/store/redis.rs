@@ -6,6 +6,7 @@
 //! Requests share one connection (`redis/link.rs`); release notices come from one
 //! pub/sub subscription per sidecar (`redis/notices.rs`).
 
+mod acked;
 mod link;
 mod notices;
 mod options;
@@ -52,8 +53,16 @@ struct Scripts {
     describe: Script,
 }
 
+/// Replica acknowledgement settings (see `redis/acked.rs`).
+struct Acks {
+    /// Replicas that must acknowledge; 0: no `WAIT`.
+    min: u32,
+    timeout: Duration,
+}
+
 /// The Redis store.
 pub struct RedisStore {
+    acks: Acks,
     link: Arc<Link>,
     namespace: String,
     channel: String,
@@ -106,6 +115,11 @@ impl RedisStore {
                 "Cluster stores are not supported yet".into(),
             ));
         }
+        if options.min_replica_acks > 0 && options.replica_ack_timeout >= options.timeout {
+            return Err(StoreError::Config(
+                "--replica-ack-timeout must be shorter than --store-timeout".into(),
+            ));
+        }
         let sentinel = matches!(topology, Topology::Sentinel { .. });
         let link = Arc::new(Link::new(topology, options.timeout));
         if sentinel {
@@ -124,6 +138,10 @@ impl RedisStore {
             notices.clone(),
         ));
         Ok(Self {
+            acks: Acks {
+                min: options.min_replica_acks,
+                timeout: options.replica_ack_timeout,
+            },
             link,
             namespace: namespace.to_owned(),
             channel,
@@ -256,9 +274,29 @@ impl Store for RedisStore {
                 &self.channel,
                 &claim.key,
             ];
-            let reply: Vec<Value> = self
-                .invoke(&self.scripts.acquire, &claim.key, &args)
-                .await?;
+            let reply: Vec<Value> = if self.acks.min == 0 {
+                self.invoke(&self.scripts.acquire, &claim.key, &args)
+                    .await?
+            } else {
+                let keys = self.keys(&claim.key);
+                let (reply, acked) = self
+                    .invoke_acked(&self.scripts.acquire, &keys, &args)
+                    .await?;
+                let reply: Vec<Value> = redis::FromRedisValue::from_redis_value(reply)
+                    .map_err(|e| StoreError::Protocol(e.to_string()))?;
+                if !acked && matches!(reply.first(), Some(Value::Int(1))) {
+                    // Not on enough replicas: a failover could hand it out again. Undo
+                    // it rather than hand out a grant that is not safe.
+                    let _ = self
+                        .release(&claim.key, &claim.owner, true, Duration::ZERO)
+                        .await;
+                    return Err(StoreError::Unavailable(format!(
+                        "the grant was not acknowledged by {} replicas within {:?}",
+                        self.acks.min, self.acks.timeout
+                    )));
+                }
+                reply
+            };
             match reply.as_slice() {
                 [code, fence] if int(code)? == 1 => Ok(Acquired::Granted {
                     fence: int(fence)? as u64,
@@ -310,19 +348,29 @@ impl Store for RedisStore {
                 return Ok(Vec::new());
             }
             let script = &self.scripts.renew;
-            let calls: Vec<_> = batch
-                .chunks(RENEW_CHUNK)
-                .map(|chunk| {
-                    let mut call = script.prepare_invoke();
-                    for r in chunk {
-                        call.key(self.key(r.key, "h")).key(self.key(r.key, "d"));
-                        call.arg(r.owner).arg(r.ttl.as_millis() as u64);
-                    }
-                    call
-                })
-                .collect();
-            let replies: Vec<Vec<i64>> = self
-                .run(|conn| async move {
+            let replies: Vec<Vec<i64>> = if self.acks.min > 0 {
+                let (replies, acked) = self.renew_acked(batch).await?;
+                if !acked {
+                    // Renewed on the master only: not a renewal a failover keeps.
+                    return Err(StoreError::Unavailable(format!(
+                        "the renewal was not acknowledged by {} replicas within {:?}",
+                        self.acks.min, self.acks.timeout
+                    )));
+                }
+                replies
+            } else {
+                let calls: Vec<_> = batch
+                    .chunks(RENEW_CHUNK)
+                    .map(|chunk| {
+                        let mut call = script.prepare_invoke();
+                        for r in chunk {
+                            call.key(self.key(r.key, "h")).key(self.key(r.key, "d"));
+                            call.arg(r.owner).arg(r.ttl.as_millis() as u64);
+                        }
+                        call
+                    })
+                    .collect();
+                self.run(|conn| async move {
                     // Concurrent calls on one multiplexed connection go out pipelined:
                     // one round trip for the whole batch.
                     let calls = calls.iter().map(|call| {
@@ -334,7 +382,8 @@ impl Store for RedisStore {
                         .into_iter()
                         .collect::<redis::RedisResult<Vec<_>>>()
                 })
-                .await?;
+                .await?
+            };
             let renewed: Vec<bool> = replies.into_iter().flatten().map(|n| n == 1).collect();
             if renewed.len() != batch.len() {
                 return Err(StoreError::Protocol("renew: bad reply".into()));

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 pub mod proxy;
 pub mod topology;
+pub mod workload;
 
 use lockside::engine::{Engine, EngineConfig};
 use lockside::proto::lock_service_client::LockServiceClient;

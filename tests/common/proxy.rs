@@ -124,42 +124,60 @@ async fn pipe(
     // halves, but a closed peer that gets more bytes answers with RST.
 }
 
+/// Copies one direction. A reader stamps each chunk with its arrival and a writer
+/// sends it at arrival + latency: a delay line, so latency does not queue chunks behind
+/// each other (pipelined requests stay pipelined).
 async fn copy(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut faults: watch::Receiver<Faults>,
     pick: fn(&Faults) -> Fault,
 ) {
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        // A frozen direction reads nothing until the fault changes.
-        loop {
-            let fault = pick(&faults.borrow_and_update());
-            if fault != Fault::Freeze {
-                break;
-            }
-            if faults.changed().await.is_err() {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let writer = async move {
+        while let Some((at, bytes)) = rx.recv().await {
+            tokio::time::sleep_until(at).await;
+            if to.write_all(&bytes).await.is_err() {
                 return;
             }
         }
-        let n = tokio::select! {
-            n = from.read(&mut buf) => match n {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            },
-            changed = faults.changed() => {
-                if changed.is_err() { return }
-                continue;
+    };
+    let reader = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            // A frozen direction reads nothing until the fault changes.
+            loop {
+                let fault = pick(&faults.borrow_and_update());
+                if fault != Fault::Freeze {
+                    break;
+                }
+                if faults.changed().await.is_err() {
+                    return;
+                }
             }
-        };
-        let fault = pick(&faults.borrow());
-        match fault {
-            Fault::Blackhole => continue,
-            Fault::Latency(d) => tokio::time::sleep(d).await,
-            Fault::Pass | Fault::Freeze => {}
+            let n = tokio::select! {
+                n = from.read(&mut buf) => match n {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                },
+                changed = faults.changed() => {
+                    if changed.is_err() { return }
+                    continue;
+                }
+            };
+            let fault = pick(&faults.borrow());
+            let at = match fault {
+                Fault::Blackhole => continue,
+                Fault::Latency(d) => tokio::time::Instant::now() + d,
+                Fault::Pass | Fault::Freeze => tokio::time::Instant::now(),
+            };
+            if tx.send((at, buf[..n].to_vec())).is_err() {
+                return;
+            }
         }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
+    };
+    tokio::select! {
+        _ = writer => {}
+        _ = reader => {}
     }
 }

@@ -128,7 +128,12 @@ impl SentinelSetup {
 
     /// With more `redis-server` arguments for every data node.
     pub async fn start_with(extra: &[&str]) -> Self {
-        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        // Full syncs start at once (Redis 7 waits 5 s for more replicas by default).
+        let extra: Vec<String> = ["--repl-diskless-sync-delay", "0"]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect();
         let master = Redis::start_custom(None, &extra, &[], false);
         let mut nodes = vec![master];
         let mut replication = Vec::new();
@@ -145,7 +150,10 @@ impl SentinelSetup {
         }
         let master_port = nodes[0].port;
         let synced = wait_until(PATIENCE, || {
-            cli(master_port, &["info", "replication"]).contains("connected_slaves:2")
+            cli(master_port, &["info", "replication"])
+                .matches("state=online")
+                .count()
+                == 2
         })
         .await;
         assert!(synced, "replicas connected");

@@ -23,7 +23,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum CliCommand {
     /// Run the sidecar.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run a command while holding a lock, like `etcdctl lock` (exit statuses: README).
     Hold(crate::hold::HoldArgs),
     /// Print a lock's holders and queue.
@@ -41,7 +41,8 @@ pub enum CliCommand {
 pub enum StoreSpec {
     /// The embedded memory store.
     Memory,
-    /// Redis standalone, `redis://` or `rediss://`.
+    /// Redis: standalone (`redis://`, `rediss://`) or through Sentinel
+    /// (`redis+sentinel://`, `rediss+sentinel://`).
     Redis(String),
     /// Redlock over independent masters, `redlock://h1:p1,h2:p2,h3:p3`.
     Redlock(String),
@@ -54,13 +55,19 @@ impl std::str::FromStr for StoreSpec {
         if s == "memory" {
             return Ok(Self::Memory);
         }
-        if s.starts_with("redis://") || s.starts_with("rediss://") {
+        let redis = [
+            "redis://",
+            "rediss://",
+            "redis+sentinel://",
+            "rediss+sentinel://",
+        ];
+        if redis.iter().any(|scheme| s.starts_with(scheme)) {
             return Ok(Self::Redis(s.to_owned()));
         }
         if s.starts_with("redlock://") {
             return Ok(Self::Redlock(s.to_owned()));
         }
-        for scheme in ["redis+sentinel://", "redis+cluster://"] {
+        for scheme in ["redis+cluster://"] {
             if s.starts_with(scheme) {
                 return Err(format!("{scheme} stores are not supported yet"));
             }
@@ -141,7 +148,8 @@ pub struct ServeArgs {
     pub admin_listen: String,
 
     /// Where locks live: memory (embedded, the default, for one replica and tests),
-    /// redis://[user:pass@]host:port[/db] or rediss://...
+    /// redis://[user:pass@]host:port[/db], rediss://..., or
+    /// redis+sentinel://[user:pass@]h1:26379,h2:26379/master-name (rediss+sentinel://).
     #[arg(long, env = "LOCKSIDE_STORE", default_value = "memory")]
     pub store: StoreSpec,
 
@@ -169,6 +177,43 @@ pub struct ServeArgs {
     /// healthy Redis round trip and below the shortest TTL's renewal slack.
     #[arg(long, env = "LOCKSIDE_STORE_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
     pub store_timeout: Duration,
+
+    /// PEM file of the CA certificates that sign the Redis servers' certificates
+    /// (`rediss://` stores). Unset: the public web PKI roots, as for a managed Redis.
+    #[arg(long, env = "LOCKSIDE_STORE_CA_FILE")]
+    pub store_ca_file: Option<std::path::PathBuf>,
+
+    /// PEM client certificate for Redis servers that require mutual TLS (with
+    /// `--store-client-key`).
+    #[arg(
+        long,
+        env = "LOCKSIDE_STORE_CLIENT_CERT",
+        requires = "store_client_key"
+    )]
+    pub store_client_cert: Option<std::path::PathBuf>,
+
+    /// PEM private key of `--store-client-cert`. Read once, never logged.
+    #[arg(
+        long,
+        env = "LOCKSIDE_STORE_CLIENT_KEY",
+        requires = "store_client_cert"
+    )]
+    pub store_client_key: Option<std::path::PathBuf>,
+
+    /// Replicas that must acknowledge a grant or a renewal (Redis `WAIT`, pipelined
+    /// with the script on the same connection) before it counts. A grant that is not
+    /// acknowledged in time is undone and the acquire answered UNAVAILABLE; a renewal
+    /// that is not counts as failed (Jeopardy, then Lost). 0 (off) by default: it costs
+    /// a replica round trip per grant and needs replicas; without it a failover may
+    /// hand out a lock twice (see README "Which topology, what guarantee").
+    #[arg(long, env = "LOCKSIDE_MIN_REPLICA_ACKS", default_value_t = 0)]
+    pub min_replica_acks: u32,
+
+    /// How long a grant or renewal waits for `--min-replica-acks`. 100 ms: a healthy
+    /// replica acknowledges within a millisecond or two, and an acquire should fail
+    /// fast rather than wait on a replica that is gone. Must be below --store-timeout.
+    #[arg(long, env = "LOCKSIDE_REPLICA_ACK_TIMEOUT", default_value = "100ms", value_parser = parse_duration)]
+    pub replica_ack_timeout: Duration,
 
     /// How long shutdown may take to release every lock.
     #[arg(long, env = "LOCKSIDE_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
@@ -246,6 +291,18 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
+    /// The Redis store's options beyond its URL.
+    pub fn redis_options(&self) -> crate::store::redis::RedisOptions {
+        crate::store::redis::RedisOptions {
+            timeout: self.store_timeout,
+            ca_file: self.store_ca_file.clone(),
+            client_cert: self.store_client_cert.clone(),
+            client_key: self.store_client_key.clone(),
+            min_replica_acks: self.min_replica_acks,
+            replica_ack_timeout: self.replica_ack_timeout,
+        }
+    }
+
     /// Checks values that clap cannot and builds the engine's configuration.
     pub fn engine_config(&self) -> Result<EngineConfig, String> {
         if self.max_ttl < crate::engine::MIN_TTL {
@@ -427,6 +484,10 @@ mod tests {
         assert_eq!("memory".parse(), Ok(StoreSpec::Memory));
         assert!(matches!("redis://h:1".parse(), Ok(StoreSpec::Redis(_))));
         assert!(matches!(
+            "redis+sentinel://a:1,b:2/m".parse(),
+            Ok(StoreSpec::Redis(_))
+        ));
+        assert!(matches!(
             "redlock://a,b,c".parse(),
             Ok(StoreSpec::Redlock(_))
         ));
@@ -436,6 +497,31 @@ mod tests {
         assert_eq!(redact("redis://u:secret@h:1/0"), "redis://***@h:1/0");
         let shown = StoreSpec::Redis("rediss://:pw@h:1".into()).to_string();
         assert!(!shown.contains("pw"));
+    }
+
+    #[test]
+    fn store_certificates_reach_the_redis_options() {
+        let cli = Cli::try_parse_from([
+            "lockside",
+            "serve",
+            "--store",
+            "rediss://h:1",
+            "--store-ca-file",
+            "/etc/ca.pem",
+            "--store-client-cert",
+            "/c.pem",
+            "--store-client-key",
+            "/c.key",
+        ])
+        .expect("flags parse");
+        let CliCommand::Serve(args) = cli.command else {
+            panic!("serve");
+        };
+        let options = args.redis_options();
+        assert_eq!(options.ca_file, Some("/etc/ca.pem".into()));
+        assert_eq!(options.client_key, Some("/c.key".into()));
+        let half = ["lockside", "serve", "--store-client-cert", "/c.pem"];
+        assert!(Cli::try_parse_from(half).is_err(), "a cert needs its key");
     }
 
     #[test]

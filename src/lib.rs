@@ -14,7 +14,9 @@
 //!   notices (`engine/wakers.rs`). Knows no Redis and no protobuf.
 //! - [`store`]: the [`store::Store`] trait and its implementations: `store/memory.rs`
 //!   (embedded) and `store/redis.rs` with one Lua script per state change in
-//!   `store/lua/`.
+//!   `store/lua/`; `store/redis/options.rs` (URLs, topologies, TLS files),
+//!   `store/redis/link.rs` (the shared connection), `store/redis/notices.rs` (the
+//!   release-notice subscription).
 //! - [`admin`]: gRPC health (SERVING while the store answers) and the admin listener
 //!   (`/livez`, `/readyz`, `/metrics`); [`metrics`]: the Prometheus metrics.
 //! - [`server`]: listeners, HTTP/2 keepalive, and the shutdown sequence; [`server::run`]

@@ -66,7 +66,7 @@ fn main() -> ExitCode {
             }
         };
         let code = match cli.command {
-            CliCommand::Serve(args) => serve(args).await,
+            CliCommand::Serve(args) => serve(*args).await,
             CliCommand::Hold(args) => ExitCode::from(lockside::hold::hold(args).await),
             CliCommand::Describe(args) => ExitCode::from(lockside::hold::describe(args).await),
             CliCommand::Healthcheck(args) => {
@@ -98,14 +98,26 @@ async fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     let store: Arc<dyn Store> = match &args.store {
+        StoreSpec::Memory if args.min_replica_acks > 0 => {
+            eprintln!("lockside serve: --min-replica-acks needs a Redis store with replicas");
+            return ExitCode::from(EX_USAGE);
+        }
         StoreSpec::Memory => Arc::new(MemoryStore::new()),
-        StoreSpec::Redis(url) => match RedisStore::new(url, &args.namespace, args.store_timeout) {
-            Ok(store) => Arc::new(store),
-            Err(e) => {
-                eprintln!("lockside serve: --store: {e}");
-                return ExitCode::from(EX_USAGE);
+        StoreSpec::Redis(url) => {
+            match RedisStore::with_options(url, &args.namespace, &args.redis_options()) {
+                Ok(store) => Arc::new(store),
+                Err(e) => {
+                    eprintln!("lockside serve: --store: {e}");
+                    return ExitCode::from(EX_USAGE);
+                }
             }
-        },
+        }
+        StoreSpec::Redlock(_) if args.min_replica_acks > 0 => {
+            eprintln!(
+                "lockside serve: --min-replica-acks does not apply to Redlock's independent masters"
+            );
+            return ExitCode::from(EX_USAGE);
+        }
         StoreSpec::Redlock(url) => {
             match RedlockStore::new(url, &args.namespace, args.store_timeout) {
                 Ok(store) => Arc::new(store),

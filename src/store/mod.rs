@@ -283,8 +283,12 @@ pub const FENCE_PER_MS: u64 = 1024;
 /// increase while the store keeps its data; the clock component makes them increase
 /// across a store that lost the counter (a restarted memory store, a Redis failover that
 /// lost the last writes), assuming the store's clock does not go back by more than the
-/// time since the lost token was issued. Tokens stay below 2^53 until the year 2248, so
-/// JavaScript clients can hold them in a double.
+/// time since the lost token was issued. For a failover: the new master's clock is not
+/// behind the old master's by more than the failover takes (seconds, against the
+/// milliseconds NTP keeps nodes apart), and a key took fewer than 1024 grants per
+/// millisecond before it (more run ahead of the clock, and a failover may then repeat
+/// some). Tested by scenario 7 of `tests/failover.rs`. Tokens stay below 2^53 until
+/// the year 2248, so JavaScript clients can hold them in a double.
 pub fn next_fence(last: u64, unix_ms: u64) -> u64 {
     last.saturating_add(1)
         .max(unix_ms.saturating_mul(FENCE_PER_MS))

@@ -1,27 +1,31 @@
-//! Redis standalone through deadpool-redis. Every state change is one Lua script from
-//! `lua/`, run by EVALSHA (loaded again on NOSCRIPT). The key layout is documented at the
-//! top of `lua/common.lua`; all keys of one lock share the hash tag `{ns:KEY}`.
+//! Redis through redis-rs: standalone, Sentinel or Cluster (see `redis/options.rs` for
+//! the URLs). Every state change is one Lua script from `lua/`, run by EVALSHA (loaded
+//! again on NOSCRIPT). The key layout is documented at the top of `lua/common.lua`; all
+//! keys of one lock share the hash tag `{ns:KEY}`, so every script touches one slot.
 //!
-//! Requests share one multiplexed connection taken from the pool: redis-rs pipelines
-//! concurrent requests on it, and the pool's per-checkout PING is paid only when the
-//! connection is replaced after an error, not once per lock operation.
-//! Release notices come from one pub/sub subscription per sidecar.
+//! Requests share one connection (`redis/link.rs`); release notices come from one
+//! pub/sub subscription per sidecar (`redis/notices.rs`).
 
-use std::sync::Mutex;
+mod acked;
+mod link;
+mod notices;
+mod options;
+
+use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis::aio::MultiplexedConnection;
-use deadpool_redis::redis::io::tcp::TcpSettings;
-use deadpool_redis::redis::{self, IntoConnectionInfo, Script, Value};
-use deadpool_redis::{Manager, Pool, Runtime};
+use deadpool_redis::redis::{self, Script, Value};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
-use tokio_stream::StreamExt;
+
+pub use options::RedisOptions;
 
 use super::{
     Acquired, Claim, HolderState, KeyState, Notice, QueuedState, Renewal, Sharing, Store,
     StoreError, StoreFuture,
 };
+use link::{Conn, Link};
+use options::Topology;
 
 macro_rules! script {
     ($file:literal) => {
@@ -37,16 +41,8 @@ macro_rules! script {
 /// (about a millisecond each).
 const RENEW_CHUNK: usize = 1000;
 
-/// Connections the pool may open. Requests share one multiplexed connection; the pool
-/// replaces it after an error and serves the few callers that race the replacement.
-const POOL_SIZE: usize = 4;
-
 /// How many notices a slow sidecar task may fall behind before it resyncs.
 const NOTICE_BUFFER: usize = 4096;
-
-/// Reconnect backoff of the pub/sub subscription.
-const RESUBSCRIBE_MIN: Duration = Duration::from_millis(50);
-const RESUBSCRIBE_MAX: Duration = Duration::from_secs(2);
 
 struct Scripts {
     acquire: Script,
@@ -58,10 +54,17 @@ struct Scripts {
     fence: Script,
 }
 
-/// The Redis standalone store.
+/// Replica acknowledgement settings (see `redis/acked.rs`).
+struct Acks {
+    /// Replicas that must acknowledge; 0: no `WAIT`.
+    min: u32,
+    timeout: Duration,
+}
+
+/// The Redis store.
 pub struct RedisStore {
-    pool: Pool,
-    conn: Mutex<Option<MultiplexedConnection>>,
+    acks: Acks,
+    link: Arc<Link>,
     namespace: String,
     channel: String,
     timeout: Duration,
@@ -90,31 +93,60 @@ fn unavailable(e: impl std::fmt::Display) -> StoreError {
 }
 
 impl RedisStore {
-    /// Connects lazily to `url` (`redis://` or `rediss://`); keys live under `namespace`;
-    /// every call gives up after `timeout`. Must be called inside a tokio runtime.
+    /// Connects lazily to `url`; keys live under `namespace`; every call gives up after
+    /// `timeout`. Must be called inside a tokio runtime.
     pub fn new(url: &str, namespace: &str, timeout: Duration) -> Result<Self, StoreError> {
-        let config = |e: redis::RedisError| StoreError::Config(e.to_string());
-        // Nagle's algorithm would hold back the second of two pipelined requests until
-        // the first is acknowledged; lock handoffs are latency-bound.
-        let info = url
-            .into_connection_info()
-            .map_err(config)?
-            .set_tcp_settings(TcpSettings::default().set_nodelay(true));
-        let client = redis::Client::open(info.clone()).map_err(config)?;
-        let pool = Pool::builder(Manager::new(info).map_err(config)?)
-            .max_size(POOL_SIZE)
-            .runtime(Runtime::Tokio1)
-            .build()
-            .map_err(|e| StoreError::Config(e.to_string()))?;
+        let options = RedisOptions {
+            timeout,
+            ..RedisOptions::default()
+        };
+        Self::with_options(url, namespace, &options)
+    }
+
+    /// Connects lazily to `url` with `options` (certificates, replica acknowledgement).
+    /// Must be called inside a tokio runtime.
+    pub fn with_options(
+        url: &str,
+        namespace: &str,
+        options: &RedisOptions,
+    ) -> Result<Self, StoreError> {
+        let topology = Topology::parse(url, options)?;
+        if matches!(topology, Topology::Cluster(_)) {
+            return Err(StoreError::Config(
+                "Cluster stores are not supported yet".into(),
+            ));
+        }
+        if options.min_replica_acks > 0 && options.replica_ack_timeout >= options.timeout {
+            return Err(StoreError::Config(
+                "--replica-ack-timeout must be shorter than --store-timeout".into(),
+            ));
+        }
+        let sentinel = matches!(topology, Topology::Sentinel { .. });
+        let link = Arc::new(Link::new(topology, options.timeout));
+        if sentinel {
+            // The notice listener learns the master from the first connection: make it
+            // now rather than at the first request.
+            let link = link.clone();
+            tokio::spawn(async move {
+                let _ = link.connection().await;
+            });
+        }
         let channel = format!("{namespace}:released");
         let notices = broadcast::channel(NOTICE_BUFFER).0;
-        let listener = tokio::spawn(listen(client, channel.clone(), notices.clone()));
+        let listener = tokio::spawn(notices::listen(
+            link.server(),
+            channel.clone(),
+            notices.clone(),
+        ));
         Ok(Self {
-            pool,
-            conn: Mutex::new(None),
+            acks: Acks {
+                min: options.min_replica_acks,
+                timeout: options.replica_ack_timeout,
+            },
+            link,
             namespace: namespace.to_owned(),
             channel,
-            timeout,
+            timeout: options.timeout,
             scripts: Scripts {
                 acquire: script!("acquire.lua"),
                 hold: script!("hold.lua"),
@@ -146,47 +178,25 @@ impl RedisStore {
         ["h", "d", "f", "w", "q", "x"].map(|part| self.key(key, part))
     }
 
-    async fn connection(&self) -> Result<MultiplexedConnection, StoreError> {
-        if let Some(conn) = self.lock_conn().as_ref() {
-            return Ok(conn.clone());
-        }
-        // Boxed: the pool's future is large and rarely needed, and every in-flight call
-        // would otherwise carry its size (7 KB per call before, a 100 MB peak with 10,000
-        // acquires in flight).
-        Box::pin(self.fresh_connection()).await
-    }
-
-    async fn fresh_connection(&self) -> Result<MultiplexedConnection, StoreError> {
-        let pooled = self.pool.get().await.map_err(unavailable)?;
-        let conn = deadpool_redis::Connection::take(pooled);
-        *self.lock_conn() = Some(conn.clone());
-        Ok(conn)
-    }
-
-    fn lock_conn(&self) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {
-        self.conn.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Runs `f` on the shared connection within the timeout. On a broken connection or a
-    /// timeout the connection is dropped, so the next call takes a fresh one.
+    /// Runs `f` on the shared connection within the timeout. On a broken connection, a
+    /// server that is no longer the master, or a timeout, the connection is dropped, so
+    /// the next call takes a fresh one (after a failover: to the new master).
     async fn run<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
     where
-        F: FnOnce(MultiplexedConnection) -> Fut,
+        F: FnOnce(Conn) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
         let attempt = async {
-            let conn = self.connection().await?;
+            let conn = self.link.connection().await?;
             f(conn).await.map_err(|e| {
-                if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
-                    self.lock_conn().take();
-                }
+                self.link.failed(&e);
                 unavailable(e)
             })
         };
         match tokio::time::timeout(self.timeout, attempt).await {
             Ok(result) => result,
             Err(_) => {
-                self.lock_conn().take();
+                self.link.forget();
                 Err(StoreError::Unavailable(format!(
                     "no answer within {:?}",
                     self.timeout
@@ -274,9 +284,29 @@ impl Store for RedisStore {
                 &self.channel,
                 &claim.key,
             ];
-            let reply: Vec<Value> = self
-                .invoke(&self.scripts.acquire, &claim.key, &args)
-                .await?;
+            let reply: Vec<Value> = if self.acks.min == 0 {
+                self.invoke(&self.scripts.acquire, &claim.key, &args)
+                    .await?
+            } else {
+                let keys = self.keys(&claim.key);
+                let (reply, acked) = self
+                    .invoke_acked(&self.scripts.acquire, &keys, &args)
+                    .await?;
+                let reply: Vec<Value> = redis::FromRedisValue::from_redis_value(reply)
+                    .map_err(|e| StoreError::Protocol(e.to_string()))?;
+                if !acked && matches!(reply.first(), Some(Value::Int(1))) {
+                    // Not on enough replicas: a failover could hand it out again. Undo
+                    // it rather than hand out a grant that is not safe.
+                    let _ = self
+                        .release(&claim.key, &claim.owner, true, Duration::ZERO)
+                        .await;
+                    return Err(StoreError::Unavailable(format!(
+                        "the grant was not acknowledged by {} replicas within {:?}",
+                        self.acks.min, self.acks.timeout
+                    )));
+                }
+                reply
+            };
             match reply.as_slice() {
                 [code, fence] if int(code)? == 1 => Ok(Acquired::Granted {
                     fence: int(fence)? as u64,
@@ -328,19 +358,29 @@ impl Store for RedisStore {
                 return Ok(Vec::new());
             }
             let script = &self.scripts.renew;
-            let calls: Vec<_> = batch
-                .chunks(RENEW_CHUNK)
-                .map(|chunk| {
-                    let mut call = script.prepare_invoke();
-                    for r in chunk {
-                        call.key(self.key(r.key, "h")).key(self.key(r.key, "d"));
-                        call.arg(r.owner).arg(r.ttl.as_millis() as u64);
-                    }
-                    call
-                })
-                .collect();
-            let replies: Vec<Vec<i64>> = self
-                .run(|conn| async move {
+            let replies: Vec<Vec<i64>> = if self.acks.min > 0 {
+                let (replies, acked) = self.renew_acked(batch).await?;
+                if !acked {
+                    // Renewed on the master only: not a renewal a failover keeps.
+                    return Err(StoreError::Unavailable(format!(
+                        "the renewal was not acknowledged by {} replicas within {:?}",
+                        self.acks.min, self.acks.timeout
+                    )));
+                }
+                replies
+            } else {
+                let calls: Vec<_> = batch
+                    .chunks(RENEW_CHUNK)
+                    .map(|chunk| {
+                        let mut call = script.prepare_invoke();
+                        for r in chunk {
+                            call.key(self.key(r.key, "h")).key(self.key(r.key, "d"));
+                            call.arg(r.owner).arg(r.ttl.as_millis() as u64);
+                        }
+                        call
+                    })
+                    .collect();
+                self.run(|conn| async move {
                     // Concurrent calls on one multiplexed connection go out pipelined:
                     // one round trip for the whole batch.
                     let calls = calls.iter().map(|call| {
@@ -352,7 +392,8 @@ impl Store for RedisStore {
                         .into_iter()
                         .collect::<redis::RedisResult<Vec<_>>>()
                 })
-                .await?;
+                .await?
+            };
             let renewed: Vec<bool> = replies.into_iter().flatten().map(|n| n == 1).collect();
             if renewed.len() != batch.len() {
                 return Err(StoreError::Protocol("renew: bad reply".into()));
@@ -425,34 +466,5 @@ impl Store for RedisStore {
 
     fn notices(&self) -> broadcast::Receiver<Notice> {
         self.notices.subscribe()
-    }
-}
-
-/// Keeps one subscription to the release channel, reconnecting with backoff. After every
-/// (re)subscription it sends `Resync`: releases published while it was away were missed.
-async fn listen(client: redis::Client, channel: String, notices: broadcast::Sender<Notice>) {
-    let mut backoff = RESUBSCRIBE_MIN;
-    loop {
-        match client.get_async_pubsub().await {
-            Ok(mut pubsub) => match pubsub.subscribe(&channel).await {
-                Ok(()) => {
-                    backoff = RESUBSCRIBE_MIN;
-                    tracing::debug!(%channel, "subscribed to release notices");
-                    let _ = notices.send(Notice::Resync);
-                    let mut messages = pubsub.on_message();
-                    while let Some(msg) = messages.next().await {
-                        if let Ok(payload) = msg.get_payload::<String>() {
-                            let _ = notices.send(Notice::parse(&payload));
-                        }
-                    }
-                    tracing::warn!("release notice subscription ended; resubscribing");
-                }
-                Err(e) => tracing::warn!(error = %e, "subscribing to release notices failed"),
-            },
-            Err(e) => tracing::debug!(error = %e, "release notice connection failed"),
-        }
-        // Backoff between reconnects to an unreachable Redis (not a wait for a lock).
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(RESUBSCRIBE_MAX);
     }
 }

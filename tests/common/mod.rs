@@ -11,6 +11,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod proxy;
+pub mod topology;
+pub mod workload;
+
 use lockside::engine::{Engine, EngineConfig};
 use lockside::proto::lock_service_client::LockServiceClient;
 use lockside::proto::{self, lease_request, lease_response};
@@ -70,6 +74,12 @@ pub struct Redis {
     dir: TempDir,
     /// `requirepass`, when the server wants one.
     password: Option<String>,
+    /// More `redis-server` arguments (ACL users, TLS files).
+    server_args: Vec<String>,
+    /// How `redis-cli` reaches it (`--tls --cacert ...`, `--user ... --pass ...`).
+    cli_args: Vec<String>,
+    /// Serve TLS only (`--port 0 --tls-port P`).
+    tls: bool,
 }
 
 impl Redis {
@@ -79,12 +89,26 @@ impl Redis {
 
     /// A server that requires `password` (AUTH).
     pub fn start_with_password(password: Option<&str>) -> Self {
+        Self::start_custom(password, &[], &[], false)
+    }
+
+    /// A server with more arguments; `cli_args` tell `redis-cli` how to reach it, `tls`
+    /// serves TLS only.
+    pub fn start_custom(
+        password: Option<&str>,
+        server_args: &[String],
+        cli_args: &[String],
+        tls: bool,
+    ) -> Self {
         let dir = TempDir::new("redis");
         let mut redis = Self {
             port: 0,
             child: None,
             dir,
             password: password.map(str::to_owned),
+            server_args: server_args.to_vec(),
+            cli_args: cli_args.to_vec(),
+            tls,
         };
         // A port found free can be taken before redis binds it: retry on failure.
         for _ in 0..5 {
@@ -97,9 +121,15 @@ impl Redis {
     }
 
     fn spawn(&mut self) -> bool {
+        let port = self.port.to_string();
+        let ports = match self.tls {
+            true => vec!["--port", "0", "--tls-port", &port],
+            false => vec!["--port", &port],
+        };
         let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string()])
+            .args(ports)
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(&self.server_args)
             .args(["--dir", &self.dir.0.to_string_lossy()])
             .args(
                 self.password
@@ -138,6 +168,7 @@ impl Redis {
         };
         Command::new("redis-cli")
             .args(["-p", &self.port.to_string()])
+            .args(&self.cli_args)
             .args(
                 self.password
                     .iter()
@@ -157,6 +188,7 @@ impl Redis {
     pub fn cli(&self, args: &[&str]) -> String {
         let out = Command::new("redis-cli")
             .args(["-p", &self.port.to_string()])
+            .args(&self.cli_args)
             .args(args)
             .output()
             .expect("redis-cli");

@@ -1,0 +1,99 @@
+//! Replica acknowledgement (`--min-replica-acks N`): a grant or a renewal counts only
+//! once N replicas have it, so a failover to one of them cannot lose it.
+//!
+//! The script and `WAIT N timeout` go out pipelined on the same connection: `WAIT`
+//! counts only the writes of the connection it is sent on. The connection is shared
+//! (multiplexed), so `WAIT` also waits for other requests' writes made before it; that
+//! is conservative (it can only wait longer or count fewer acknowledgements), never
+//! optimistic.
+
+use deadpool_redis::redis::{self, FromRedisValue, Script, Value};
+
+use super::{RENEW_CHUNK, RedisStore};
+use crate::store::{Renewal, StoreError};
+
+impl RedisStore {
+    /// Runs `script` on `keys` and `args`, then `WAIT`; returns the script's reply and
+    /// whether enough replicas acknowledged it.
+    pub(super) async fn invoke_acked(
+        &self,
+        script: &Script,
+        keys: &[String],
+        args: &[&str],
+    ) -> Result<(Value, bool), StoreError> {
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha
+            .arg(script.get_hash())
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
+        self.pipelined_with_wait(script, vec![evalsha])
+            .await
+            .map(|(mut replies, acked)| (replies.pop().unwrap_or(Value::Nil), acked))
+    }
+
+    /// Runs `calls` (EVALSHA of `script`) and `WAIT` in one pipeline; loads the script
+    /// and tries once more on NOSCRIPT. Returns each call's reply and whether enough
+    /// replicas acknowledged them.
+    pub(super) async fn pipelined_with_wait(
+        &self,
+        script: &Script,
+        calls: Vec<redis::Cmd>,
+    ) -> Result<(Vec<Value>, bool), StoreError> {
+        let wanted = self.acks.min;
+        let mut pipe = redis::pipe();
+        for call in calls {
+            pipe.add_command(call);
+        }
+        pipe.cmd("WAIT")
+            .arg(wanted)
+            .arg(self.acks.timeout.as_millis() as u64);
+        let pipe = &pipe;
+        let mut replies = self
+            .run(|mut conn| async move {
+                match pipe.query_async::<Vec<Value>>(&mut conn).await {
+                    Err(e) if e.code() == Some("NOSCRIPT") => {
+                        script.prepare_invoke().load_async(&mut conn).await?;
+                        pipe.query_async(&mut conn).await
+                    }
+                    other => other,
+                }
+            })
+            .await?;
+        let acks = match replies.pop() {
+            Some(Value::Int(n)) => n,
+            _ => return Err(StoreError::Protocol("WAIT: bad reply".into())),
+        };
+        Ok((replies, acks >= i64::from(wanted)))
+    }
+
+    /// The renewal batch as in `Store::renew`, with `WAIT` after it: the replies per
+    /// chunk and whether enough replicas acknowledged them.
+    pub(super) async fn renew_acked(
+        &self,
+        batch: &[Renewal<'_>],
+    ) -> Result<(Vec<Vec<i64>>, bool), StoreError> {
+        let script = &self.scripts.renew;
+        let calls = batch
+            .chunks(RENEW_CHUNK)
+            .map(|chunk| {
+                let mut call = redis::cmd("EVALSHA");
+                call.arg(script.get_hash()).arg(chunk.len() * 2);
+                for r in chunk {
+                    call.arg(self.key(r.key, "h")).arg(self.key(r.key, "d"));
+                }
+                for r in chunk {
+                    call.arg(r.owner).arg(r.ttl.as_millis() as u64);
+                }
+                call
+            })
+            .collect();
+        let (replies, acked) = self.pipelined_with_wait(script, calls).await?;
+        let replies = replies
+            .into_iter()
+            .map(Vec::<i64>::from_redis_value)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| StoreError::Protocol(e.to_string()))?;
+        Ok((replies, acked))
+    }
+}

@@ -135,6 +135,15 @@ pub async fn hold(args: HoldArgs) -> u8 {
         eprintln!("lockside hold: {e}");
         status
     };
+    // Installed first: a SIGTERM between the grant and the command's start must reach
+    // the command, not end `hold` with the lock taken. While waiting for the lock, a
+    // signal ends `hold` as it would have ended it without handlers.
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return fail(EXIT_UNAVAILABLE, &"cannot install signal handlers");
+    };
     let client = match connect(&args.connect).await {
         Ok(client) => client,
         Err(e) => return fail(EXIT_UNAVAILABLE, &e),
@@ -146,7 +155,13 @@ pub async fn hold(args: HoldArgs) -> u8 {
         limit: args.limit,
         fair: args.fair,
     };
-    let lock = match client.lock_with(&args.key, options).await {
+    let locked = tokio::select! {
+        locked = client.lock_with(&args.key, options) => locked,
+        // 128 + the signal's number, as a shell reports a process it ended.
+        _ = term.recv() => return 128 + 15,
+        _ = int.recv() => return 128 + 2,
+    };
+    let lock = match locked {
         Ok(lock) => lock,
         Err(e @ ClientError::NotAcquired(_)) => return fail(EXIT_NOT_ACQUIRED, &e),
         Err(e) => return fail(EXIT_UNAVAILABLE, &e),
@@ -163,13 +178,6 @@ pub async fn hold(args: HoldArgs) -> u8 {
     {
         Ok(child) => child,
         Err(e) => return fail(EXIT_NO_COMMAND, &format!("{program}: {e}")),
-    };
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        stop(&mut child, args.kill_grace).await;
-        return fail(EXIT_UNAVAILABLE, &"cannot install signal handlers");
     };
     loop {
         tokio::select! {

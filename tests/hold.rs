@@ -133,11 +133,25 @@ async fn not_acquired_in_time_and_no_sidecar_have_their_own_statuses() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signals_are_forwarded_to_the_command() {
     let (sidecar, client) = memory_sidecar().await;
-    let script = "trap 'exit 42' TERM; while true; do sleep 0.05; done";
-    let child = hold(&sidecar.addr, &["k", "--", "sh", "-c", script])
+    // The command says when its trap is set, so the signal cannot come before it.
+    let dir = common::TempDir::new("hold-signals");
+    let ready = dir.0.join("ready");
+    let script = format!(
+        "trap 'exit 42' TERM; touch {}; while true; do sleep 0.05; done",
+        ready.display()
+    );
+    let child = hold(&sidecar.addr, &["k", "--", "sh", "-c", &script])
         .spawn()
         .expect("spawn");
     held(&client, "k").await;
+    let trapped = async {
+        while !ready.exists() {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(common::PATIENCE, trapped)
+        .await
+        .expect("the command set its trap");
     let pid = child.id().expect("pid").to_string();
     assert!(
         std::process::Command::new("kill")
@@ -241,4 +255,33 @@ async fn describe_prints_the_holders() {
         text.contains("holder ") && text.contains("holds 1"),
         "{text}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_while_waiting_ends_hold_without_running_the_command() {
+    let (sidecar, client) = memory_sidecar().await;
+    let holder = client.lock("k").await.expect("lock");
+    let dir = TempDir::new("hold-wait");
+    let ran = dir.0.join("ran");
+    let script = format!("touch {}", ran.display());
+    let child = hold(&sidecar.addr, &["k", "--", "sh", "-c", &script])
+        .spawn()
+        .expect("spawn");
+    // Waiting: the hold process is registered behind the holder.
+    tokio::time::timeout(PATIENCE, async {
+        while client.describe("k").await.expect("describe").waiters == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("hold waits");
+    let pid = child.id().expect("pid").to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    assert!(killed.expect("kill").success());
+    assert_eq!(status(child).await, 143, "128 + SIGTERM, like a shell");
+    holder.release().await.expect("release");
+    assert!(!ran.exists(), "the command never ran");
+    assert!(free(&client, "k").await, "nothing left behind");
 }

@@ -9,13 +9,17 @@ use std::time::Duration;
 
 use lockside::engine::{
     AcquireRequest, Command, Engine, EngineConfig, Event, Inbound, Mode, NotAcquiredReason,
-    drift_margin,
 };
 use lockside::store::memory::MemoryStore;
 use lockside::store::{Acquired, Claim, KeyState, Notice, Renewal, Store, StoreError, StoreFuture};
 use tokio::sync::{broadcast, mpsc};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
+
+/// The engine's default drift margin.
+fn margin(ttl: Duration) -> Duration {
+    lockside::store::drift_margin(ttl, lockside::store::DEFAULT_CLOCK_DRIFT)
+}
 
 /// The memory store, with a switch that makes every call fail and counters of renewals.
 #[derive(Default)]
@@ -202,7 +206,7 @@ async fn lost_is_sent_at_the_safe_deadline_while_the_store_still_holds() {
     let (_, granted_ttl) = a.granted("k", 3).await;
     assert_eq!(
         granted_ttl,
-        ttl - drift_margin(ttl),
+        ttl - margin(ttl),
         "validity counted from the send time"
     );
     store.down.store(true, Ordering::SeqCst);
@@ -211,7 +215,7 @@ async fn lost_is_sent_at_the_safe_deadline_while_the_store_still_holds() {
             assert_eq!(key, "k");
             // The first renewal is due at TTL/3.
             assert_eq!(t0.elapsed(), ttl / 3);
-            assert_eq!(ttl_remaining, ttl - drift_margin(ttl) - ttl / 3);
+            assert_eq!(ttl_remaining, ttl - margin(ttl) - ttl / 3);
         }
         other => panic!("expected Jeopardy, got {other:?}"),
     }
@@ -224,7 +228,7 @@ async fn lost_is_sent_at_the_safe_deadline_while_the_store_still_holds() {
     }
     assert_eq!(
         t0.elapsed(),
-        ttl - drift_margin(ttl),
+        ttl - margin(ttl),
         "Lost exactly at the safe deadline"
     );
     // The store has not let go yet: nobody else could have been granted meanwhile.
@@ -234,7 +238,7 @@ async fn lost_is_sent_at_the_safe_deadline_while_the_store_still_holds() {
         1,
         "Lost came before the store's expiry"
     );
-    assert!(state.holders[0].ttl_remaining >= drift_margin(ttl));
+    assert!(state.holders[0].ttl_remaining >= margin(ttl));
 }
 
 #[tokio::test(start_paused = true)]
@@ -251,7 +255,7 @@ async fn restored_after_a_short_outage() {
         Event::Restored { key, ttl: left } => {
             assert_eq!(key, "k");
             // Counted from the send time of the renewal that succeeded.
-            assert!(left <= ttl - drift_margin(ttl) && left > ttl - Duration::from_millis(300));
+            assert!(left <= ttl - margin(ttl) && left > ttl - Duration::from_millis(300));
         }
         other => panic!("expected Restored, got {other:?}"),
     }

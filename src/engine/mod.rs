@@ -54,6 +54,10 @@ pub struct EngineConfig {
     /// After a session ends without releasing (broken stream, keepalive timeout), its
     /// exclusive locks stay ungranted this long (Chubby's and Consul's lock-delay).
     pub lock_delay: Duration,
+    /// How fast the sidecar's clock may run slow against the store's, as a fraction:
+    /// every validity is shortened by this share of the TTL (plus 2 ms), so `Lost` comes
+    /// before the store lets a lock go while the rates differ by less.
+    pub clock_drift: f64,
 }
 
 impl Default for EngineConfig {
@@ -71,6 +75,7 @@ impl Default for EngineConfig {
             // resources from a client that keeps writing after its stream broke (Consul
             // defaults to 15 s); it is an opt-in per sidecar.
             lock_delay: Duration::ZERO,
+            clock_drift: crate::store::DEFAULT_CLOCK_DRIFT,
         }
     }
 }
@@ -335,12 +340,6 @@ pub fn prefix(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
-/// The drift margin taken off every validity: TTL/100 for clock rate differences
-/// between the sidecar and the store, plus 2 ms for timer and scheduling slop.
-pub fn drift_margin(ttl: Duration) -> Duration {
-    ttl / 100 + Duration::from_millis(2)
-}
-
 /// Everything sessions share.
 pub(crate) struct Shared {
     pub(crate) store: Arc<dyn Store>,
@@ -387,7 +386,12 @@ impl Engine {
             shutdown.clone(),
         ));
         let metrics = Arc::new(Metrics::new());
-        let renewer = Renewer::spawn(store.clone(), metrics.clone(), shutdown.clone());
+        let renewer = Renewer::spawn(
+            store.clone(),
+            metrics.clone(),
+            shutdown.clone(),
+            config.clock_drift,
+        );
         let sessions = Arc::new(Semaphore::new(config.max_sessions));
         let store_calls = Arc::new(Semaphore::new(MAX_STORE_CALLS));
         metrics.watch_store_calls(store_calls.clone(), MAX_STORE_CALLS);
@@ -528,7 +532,7 @@ mod tests {
     #[test]
     fn margin_is_one_percent_plus_two_ms() {
         assert_eq!(
-            drift_margin(Duration::from_secs(10)),
+            crate::store::drift_margin(Duration::from_secs(10), crate::store::DEFAULT_CLOCK_DRIFT),
             Duration::from_millis(102)
         );
     }

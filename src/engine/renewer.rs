@@ -17,8 +17,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::drift_margin;
 use crate::metrics::{Metrics, Renewed};
+use crate::store::drift_margin;
 use crate::store::{Renewal, Store};
 
 /// Shortest pause before retrying a failed renewal.
@@ -94,12 +94,14 @@ impl Renewer {
         store: Arc<dyn Store>,
         metrics: Arc<Metrics>,
         shutdown: CancellationToken,
+        drift: f64,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(
             Task {
                 store,
                 metrics,
+                drift,
                 rx,
                 entries: HashMap::new(),
                 schedule: BTreeSet::new(),
@@ -132,6 +134,8 @@ fn period(ttl: Duration) -> Duration {
 struct Task {
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
+    /// The configured clock drift (`EngineConfig::clock_drift`).
+    drift: f64,
     rx: mpsc::UnboundedReceiver<Cmd>,
     entries: HashMap<u64, Entry>,
     schedule: BTreeSet<(Instant, u64)>,
@@ -247,7 +251,7 @@ impl Task {
                 Ok(true) => {
                     lease
                         .clock
-                        .set(sent_at + lease.ttl - drift_margin(lease.ttl));
+                        .set(sent_at + lease.ttl - drift_margin(lease.ttl, self.drift));
                     entry.due = sent_at + period(lease.ttl);
                     if entry.failing {
                         entry.failing = false;

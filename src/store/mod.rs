@@ -273,6 +273,16 @@ pub trait Store: Send + Sync + 'static {
     }
 }
 
+/// The clock drift allowed for by default between a sidecar and the store: 1% of a
+/// TTL, as in the Redlock description (`--clock-drift`).
+pub const DEFAULT_CLOCK_DRIFT: f64 = 0.01;
+
+/// The margin taken off every validity: `drift` × TTL for clock rate differences
+/// between the sidecar and the store, plus 2 ms for timer and scheduling slop.
+pub fn drift_margin(ttl: Duration, drift: f64) -> Duration {
+    ttl.mul_f64(drift) + Duration::from_millis(2)
+}
+
 /// How many grants per millisecond a lock can take before its fencing tokens run ahead
 /// of the clock (they still increase; see [`next_fence`]).
 pub const FENCE_PER_MS: u64 = 1024;

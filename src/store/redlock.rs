@@ -38,15 +38,9 @@ use tokio::time::Instant;
 
 use super::redis::RedisStore;
 use super::{
-    Acquired, Claim, HolderState, KeyState, Notice, Renewal, Sharing, Store, StoreError,
-    StoreFuture,
+    Acquired, Claim, DEFAULT_CLOCK_DRIFT, HolderState, KeyState, Notice, Renewal, Sharing, Store,
+    StoreError, StoreFuture, drift_margin,
 };
-
-/// Clock drift allowed for between this sidecar and the masters, as in the Redlock
-/// description: 1% of the TTL plus 2 ms.
-fn drift(ttl: Duration) -> Duration {
-    ttl / 100 + Duration::from_millis(2)
-}
 
 /// After a majority granted, how long at least to wait for the other masters.
 const MIN_GRACE: Duration = Duration::from_millis(2);
@@ -194,7 +188,8 @@ impl RedlockStore {
         // Masters still to answer may yet grant: the roll-back below (or the session's
         // release) reaches them too, after the acquire on the same connection.
         drop(calls);
-        let in_time = start.elapsed() + drift(claim.ttl) < claim.ttl;
+        // The engine checks the grant again with the configured drift.
+        let in_time = start.elapsed() + drift_margin(claim.ttl, DEFAULT_CLOCK_DRIFT) < claim.ttl;
         if fences.len() >= self.quorum && in_time {
             let fence = fences.iter().copied().max().unwrap_or_default();
             let raised = self

@@ -8,8 +8,9 @@ use tokio::time::Instant;
 
 use super::{Acquiring, Done, Held, Outcome, Session, Slot};
 use crate::engine::renewer::{Lease, LeaseClock, RenewEvent};
-use crate::engine::{Command, Event, NotAcquiredReason, RejectCode, drift_margin};
+use crate::engine::{Command, Event, NotAcquiredReason, RejectCode};
 use crate::store::Claim;
+use crate::store::drift_margin;
 
 /// Records how an acquire ended on its span.
 fn trace_outcome(a: &Acquiring, outcome: &Outcome) {
@@ -170,7 +171,8 @@ impl Session {
             }
             _ if a.cancelled => Some(NotAcquiredReason::Cancelled),
             Outcome::Granted { fence, sent_at } => {
-                let valid_until = sent_at + claim.ttl - drift_margin(claim.ttl);
+                let drift = self.shared.config.clock_drift;
+                let valid_until = sent_at + claim.ttl - drift_margin(claim.ttl, drift);
                 if valid_until <= Instant::now() {
                     self.release_in_background(key.clone(), claim.owner);
                     let message = "the store answered too late for the grant to be safe";

@@ -2,20 +2,22 @@
 //! master is a standalone [`RedisStore`] running the same Lua scripts; a grant, a hold
 //! and a renewal count only when a majority of masters agree.
 //!
-//! - **Acquire** asks every master at once and decides once a majority granted (then
-//!   waiting as long again, at least 2 ms, for the others, so that healthy masters all
-//!   hold the grant while a frozen one does not delay it) or can no longer grant. A grant that took longer than the TTL minus the clock
-//!   drift is not safe and counts as failed. A failed attempt is rolled back at once on
-//!   every master (owner tokens are unique, so releasing where nothing was granted is a
-//!   no-op), so a split vote leaves nothing behind until the TTL.
+//! - **Acquire** asks every master at once. Once a majority granted (or no majority
+//!   can grant any more and a majority has answered), the others get as long again,
+//!   at least 2 ms: healthy masters all answer, a frozen one does not delay the answer.
+//!   A grant that took longer than the TTL minus the clock drift counts as failed. A
+//!   failed attempt is rolled back at once on every master that granted; a master that
+//!   had not answered is left alone (a release sent now could overtake the next try of
+//!   the same claim and undo it there), and a late grant on it expires at its TTL.
 //! - **Fencing tokens** strictly increase without trusting clocks: the grant's token is
 //!   the largest token of the granting masters, and it is written back to the masters
 //!   (a majority must confirm) before the grant is handed out. Any later majority shares
 //!   a master with that one, whose counter is then at least this token, so it issues a
 //!   larger one. A master restarted empty keeps the clock part of the token
 //!   (`unix_ms × 1024`), so it cannot go back either unless its clock does.
-//! - **Renewals** go to every master; a grant stays valid while a majority renews it.
-//!   **Releases** go to every master.
+//! - **Renewals** go to every master; a grant stays valid while a majority renews it,
+//!   known as soon as a majority has answered. **Releases** and holds answer once a
+//!   majority decides and reach the other masters in the background.
 //! - **Notices** from every master are merged: a release wakes a waiter once per master
 //!   (a woken waiter only tries again; spurious wakes cost an attempt, never safety).
 //! - **Not supported**: semaphores (N masters each counting permits would let more than
@@ -131,6 +133,33 @@ impl RedlockStore {
         join_all(self.masters.iter().map(|m| call(m))).await
     }
 
+    /// Runs `call` on every master at once; returns the answers (in arrival order) as
+    /// soon as `enough` says they decide the matter, or once all have come. A frozen
+    /// master then costs nothing while a majority answers.
+    async fn gather<'a, T, F, E>(&'a self, call: F, enough: E) -> Vec<Result<T, StoreError>>
+    where
+        F: Fn(&'a RedisStore) -> StoreFuture<'a, T>,
+        E: Fn(&[Result<T, StoreError>]) -> bool,
+    {
+        let mut calls: FuturesUnordered<_> = self.masters.iter().map(|m| call(m)).collect();
+        let mut answers = Vec::with_capacity(self.masters.len());
+        while let Some(answer) = calls.next().await {
+            answers.push(answer);
+            if enough(&answers) {
+                break;
+            }
+        }
+        answers
+    }
+
+    /// Whether hold or release answers decide: a majority still has the grant, or
+    /// too many lack it for a majority to be possible.
+    fn count_decided(&self, answers: &[Result<Option<u32>, StoreError>]) -> bool {
+        let held = answers.iter().filter(|a| matches!(a, Ok(Some(_)))).count();
+        let lacking = answers.iter().filter(|a| matches!(a, Ok(None))).count();
+        held >= self.quorum || lacking > self.masters.len() - self.quorum
+    }
+
     /// Too few masters answered to decide anything.
     fn no_quorum(&self, answered: usize) -> StoreError {
         StoreError::Unavailable(format!(
@@ -140,17 +169,46 @@ impl RedlockStore {
         ))
     }
 
-    /// Takes the grant back from every master.
-    async fn roll_back(&self, key: &str, owner: &str) {
-        self.everywhere(|m| m.release(key, owner, true, Duration::ZERO))
-            .await;
+    /// Takes a grant back from the masters in `granted`, before the acquire answers.
+    /// Masters that had not answered are left alone: a release sent to them now could
+    /// overtake a retry of the same claim (same owner) and undo its grant; a late grant
+    /// there simply expires at its TTL.
+    async fn roll_back(&self, key: &str, owner: &str, granted: &[usize]) {
+        let release = |i: &usize| self.masters[*i].release(key, owner, true, Duration::ZERO);
+        join_all(granted.iter().map(release)).await;
+    }
+
+    /// Like [`Self::gather`] for calls that must reach every master even after the
+    /// answer is known (releases, holds): the rest finish in the background. Safe
+    /// because the owner token of a finished release or hold is never reused for a
+    /// new acquire.
+    async fn gather_all<T, F, E>(&self, call: F, enough: E) -> Vec<Result<T, StoreError>>
+    where
+        T: Send + 'static,
+        F: Fn(Arc<RedisStore>) -> StoreFuture<'static, T>,
+        E: Fn(&[Result<T, StoreError>]) -> bool,
+    {
+        let mut calls: FuturesUnordered<_> = self.masters.iter().map(|m| call(m.clone())).collect();
+        let mut answers = Vec::with_capacity(self.masters.len());
+        while let Some(answer) = calls.next().await {
+            answers.push(answer);
+            if enough(&answers) {
+                break;
+            }
+        }
+        if !calls.is_empty() {
+            tokio::spawn(async move { while calls.next().await.is_some() {} });
+        }
+        answers
     }
 
     async fn acquire_once(&self, claim: &Claim) -> Result<Acquired, StoreError> {
         let start = Instant::now();
-        let mut calls: FuturesUnordered<_> =
-            self.masters.iter().map(|m| m.acquire(claim)).collect();
+        let mut calls: FuturesUnordered<_> = (self.masters.iter().enumerate())
+            .map(|(i, m)| async move { (i, m.acquire(claim).await) })
+            .collect();
         let (mut fences, mut refused, mut failed) = (Vec::new(), 0, 0);
+        let mut granted: Vec<usize> = Vec::new();
         let mut look_again: Option<Duration> = None;
         let mut conflict = None;
         let n = self.masters.len();
@@ -158,16 +216,16 @@ impl RedlockStore {
         loop {
             let next = match grace {
                 None => calls.next().await,
-                // After a majority granted: the others a little longer, so that a
-                // healthy master holds the grant too (one master restarting empty then
-                // cannot undo it), but a frozen one does not hold the grant up.
                 Some(until) => tokio::time::timeout_at(until, calls.next())
                     .await
                     .unwrap_or(None),
             };
-            let Some(answer) = next else { break };
+            let Some((i, answer)) = next else { break };
             match answer {
-                Ok(Acquired::Granted { fence }) => fences.push(fence),
+                Ok(Acquired::Granted { fence }) => {
+                    fences.push(fence);
+                    granted.push(i);
+                }
                 Ok(Acquired::Busy { expires_in, .. }) => {
                     refused += 1;
                     look_again = Some(look_again.map_or(expires_in, |l| l.min(expires_in)));
@@ -178,29 +236,45 @@ impl RedlockStore {
                 }
                 Err(_) => failed += 1,
             }
-            if refused + failed > n - self.quorum {
-                break;
-            }
-            if fences.len() >= self.quorum && grace.is_none() {
+            // Decided: a majority granted, or no majority can grant any more and a
+            // majority has answered (so that a busy key is Busy, not UNAVAILABLE, while
+            // a master is down). Then the others get as long again, at least 2 ms: a
+            // healthy master answers and holds (or gives back) the grant like the rest,
+            // a frozen one does not hold up the answer.
+            let answered = fences.len() + refused;
+            let impossible = refused + failed > n - self.quorum;
+            let decided = fences.len() >= self.quorum || (impossible && answered >= self.quorum);
+            if decided && grace.is_none() {
                 grace = Some(Instant::now() + start.elapsed().max(MIN_GRACE));
             }
         }
-        // Masters still to answer may yet grant: the roll-back below (or the session's
-        // release) reaches them too, after the acquire on the same connection.
+        // Masters still to answer (frozen, or slower than the grace) may yet grant:
+        // after a success the session's renewals and release reach them too; after a
+        // failure the late grant expires at its TTL (see `roll_back`).
         drop(calls);
         // The engine checks the grant again with the configured drift.
         let in_time = start.elapsed() + drift_margin(claim.ttl, DEFAULT_CLOCK_DRIFT) < claim.ttl;
-        if fences.len() >= self.quorum && in_time {
-            let fence = fences.iter().copied().max().unwrap_or_default();
-            let raised = self
-                .everywhere(|m| Box::pin(m.raise_fence(&claim.key, fence)))
-                .await;
-            if raised.iter().filter(|r| r.is_ok()).count() >= self.quorum {
-                return Ok(Acquired::Granted { fence });
+        if fences.len() >= self.quorum {
+            if in_time {
+                let fence = fences.iter().copied().max().unwrap_or_default();
+                let quorum = self.quorum;
+                let raised = self
+                    .gather(
+                        |m| Box::pin(m.raise_fence(&claim.key, fence)),
+                        |a| a.iter().filter(|r| r.is_ok()).count() >= quorum,
+                    )
+                    .await;
+                if raised.iter().filter(|r| r.is_ok()).count() >= self.quorum {
+                    return Ok(Acquired::Granted { fence });
+                }
             }
+            self.roll_back(&claim.key, &claim.owner, &granted).await;
+            return Err(StoreError::Unavailable(
+                "a majority of Redlock masters granted, but too late or without confirming the token".into(),
+            ));
         }
-        if !fences.is_empty() {
-            self.roll_back(&claim.key, &claim.owner).await;
+        if !granted.is_empty() {
+            self.roll_back(&claim.key, &claim.owner, &granted).await;
         }
         if fences.len() + refused < self.quorum {
             return Err(self.no_quorum(fences.len() + refused));
@@ -263,7 +337,12 @@ impl Store for RedlockStore {
         ttl: Duration,
     ) -> StoreFuture<'a, Option<u32>> {
         Box::pin(async move {
-            let answers = self.everywhere(|m| m.hold(key, owner, ttl)).await;
+            let (k, o) = (key.to_owned(), owner.to_owned());
+            let hold = move |m: Arc<RedisStore>| -> StoreFuture<'static, Option<u32>> {
+                let (k, o) = (k.clone(), o.clone());
+                Box::pin(async move { m.hold(&k, &o, ttl).await })
+            };
+            let answers = self.gather_all(hold, |a| self.count_decided(a)).await;
             majority_count(&answers, self.quorum).map_err(|n| self.no_quorum(n))
         })
     }
@@ -276,14 +355,31 @@ impl Store for RedlockStore {
         delay: Duration,
     ) -> StoreFuture<'a, Option<u32>> {
         Box::pin(async move {
-            let answers = self.everywhere(|m| m.release(key, owner, all, delay)).await;
+            let (k, o) = (key.to_owned(), owner.to_owned());
+            let release = move |m: Arc<RedisStore>| -> StoreFuture<'static, Option<u32>> {
+                let (k, o) = (k.clone(), o.clone());
+                Box::pin(async move { m.release(&k, &o, all, delay).await })
+            };
+            let answers = self.gather_all(release, |a| self.count_decided(a)).await;
             majority_count(&answers, self.quorum).map_err(|n| self.no_quorum(n))
         })
     }
 
     fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<bool>> {
         Box::pin(async move {
-            let answers = self.everywhere(|m| m.renew(batch)).await;
+            let (n, quorum) = (self.masters.len(), self.quorum);
+            // Enough when a majority answered and every grant's fate is settled: renewed
+            // by a majority, or the masters still out could not make one.
+            let settled = |answers: &[Result<Vec<bool>, StoreError>]| {
+                let ok: Vec<&Vec<bool>> = answers.iter().flatten().collect();
+                let out = n - answers.len();
+                ok.len() >= quorum
+                    && (0..batch.len()).all(|i| {
+                        let yes = ok.iter().filter(|r| r.get(i) == Some(&true)).count();
+                        yes >= quorum || yes + out < quorum
+                    })
+            };
+            let answers = self.gather(|m| m.renew(batch), settled).await;
             let renewed: Vec<Vec<bool>> = answers.into_iter().flatten().collect();
             if renewed.len() < self.quorum {
                 return Err(self.no_quorum(renewed.len()));
@@ -322,7 +418,9 @@ impl Store for RedlockStore {
 
     fn ping(&self) -> StoreFuture<'_, ()> {
         Box::pin(async move {
-            let answers = self.everywhere(|m| m.ping()).await;
+            let quorum = self.quorum;
+            let enough = |a: &[Result<(), StoreError>]| a.iter().flatten().count() >= quorum;
+            let answers = self.gather(|m| m.ping(), enough).await;
             let answered = answers.iter().filter(|a| a.is_ok()).count();
             if answered < self.quorum {
                 return Err(self.no_quorum(answered));

@@ -54,7 +54,10 @@ impl Sidecar {
             .args(["serve", "--listen", &addr, "--namespace", &namespace])
             .args(["--admin-listen", admin])
             // Through the environment, not argv: a password in the URL stays out of `ps`.
-            .env("LOCKSIDE_STORE", &args.redis)
+            .env(
+                "LOCKSIDE_STORE",
+                args.store.as_deref().unwrap_or(&args.redis),
+            )
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -8,10 +8,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::certs::{Ca, write};
 use common::{Redis, Sidecar, TempDir, namespace};
 use lockside::store::redis::{RedisOptions, RedisStore};
 use lockside::store::{Claim, Sharing, Store, StoreError};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+use rcgen::ExtendedKeyUsagePurpose;
 
 /// A CA, a server certificate for 127.0.0.1 and a client certificate, as PEM files.
 struct Pki {
@@ -21,26 +22,17 @@ struct Pki {
 impl Pki {
     fn new() -> Self {
         let dir = TempDir::new("pki");
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        // Distinct names: OpenSSL takes a certificate whose issuer is its own subject
-        // for self-signed, and rcgen gives every certificate the same default name.
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, "lockside test CA");
-        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("ca key"))
-            .expect("ca");
-        let write = |name: &str, text: String| {
-            std::fs::write(dir.0.join(name), text).expect("write pem");
-        };
-        write("ca.pem", ca.pem());
-        for (name, names) in [("server", vec!["127.0.0.1".to_owned()]), ("client", vec![])] {
-            let key = KeyPair::generate().expect("key");
-            let mut params = CertificateParams::new(names).expect("params");
-            params.distinguished_name.push(DnType::CommonName, name);
-            let cert = params.signed_by(&key, &ca).expect("sign");
-            write(&format!("{name}.pem"), cert.pem());
-            write(&format!("{name}.key"), key.serialize_pem());
+        let ca = Ca::new("lockside test CA");
+        let server = ca.leaf(&["127.0.0.1"], ExtendedKeyUsagePurpose::ServerAuth);
+        let client = ca.client("client");
+        for (name, pem) in [
+            ("ca.pem", &ca.pem),
+            ("server.pem", &server.cert),
+            ("server.key", &server.key),
+            ("client.pem", &client.cert),
+            ("client.key", &client.key),
+        ] {
+            write(&dir, name, pem);
         }
         Self { dir }
     }

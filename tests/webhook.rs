@@ -10,13 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
+use common::certs::Ca;
 use common::{PATIENCE, TempDir};
 use lockside::webhook::SidecarDefaults;
 use lockside::webhook::tls::CertFiles;
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
+use rcgen::ExtendedKeyUsagePurpose;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
@@ -39,24 +37,13 @@ struct Pki {
 
 impl Pki {
     fn new(name: &str) -> Self {
-        let ca_key = KeyPair::generate().expect("CA key");
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.distinguished_name.push(DnType::CommonName, name);
-        ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let ca = CertifiedIssuer::self_signed(ca_params, ca_key).expect("CA");
-        let key = KeyPair::generate().expect("server key");
-        let mut params = CertificateParams::new(vec![
-            "localhost".to_owned(),
-            "lockside-injector.lockside-system.svc".to_owned(),
-        ])
-        .expect("server params");
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        let cert = params.signed_by(&key, &ca).expect("server certificate");
+        let ca = Ca::new(name);
+        let names = ["localhost", "lockside-injector.lockside-system.svc"];
+        let leaf = ca.leaf(&names, ExtendedKeyUsagePurpose::ServerAuth);
         Self {
-            ca_pem: ca.pem(),
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
+            ca_pem: ca.pem,
+            cert_pem: leaf.cert,
+            key_pem: leaf.key,
         }
     }
 

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
 };
 
 use super::TempDir;
@@ -27,6 +28,9 @@ impl Ca {
         let key = KeyPair::generate().expect("CA key");
         let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        // Distinct names: OpenSSL (redis-server) takes a certificate whose issuer is its
+        // own subject for self-signed, and rcgen gives every certificate one default name.
         params.distinguished_name.push(DnType::CommonName, name);
         let pem = params.self_signed(&key).expect("CA certificate").pem();
         Self {
@@ -48,10 +52,15 @@ impl Ca {
         self.leaf(&[name], ExtendedKeyUsagePurpose::ClientAuth)
     }
 
-    fn leaf(&self, names: &[&str], usage: ExtendedKeyUsagePurpose) -> Leaf {
+    /// A certificate for `names` (DNS names or IP addresses), for `usage`.
+    pub fn leaf(&self, names: &[&str], usage: ExtendedKeyUsagePurpose) -> Leaf {
         let key = KeyPair::generate().expect("leaf key");
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let common_name = names.first().cloned().unwrap_or_else(|| "client".into());
         let mut params = CertificateParams::new(names).expect("leaf params");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
         params.extended_key_usages = vec![usage];
         let cert = params
             .signed_by(&key, &self.issuer)

@@ -293,7 +293,9 @@ impl Store for RedisStore {
             let (channel, sharded) = self.notice_channel(&claim.key);
             if let (Some(shards), true) = (&self.shards, claim.wait) {
                 // Subscribed before asking, so no release after the busy answer is missed.
-                shards.want(&claim.key, &claim.owner, claim.ttl).await;
+                shards
+                    .want(&claim.key, &claim.owner, claim.ttl, self.timeout)
+                    .await;
             }
             let args = [
                 claim.owner.as_str(),

@@ -111,9 +111,10 @@ impl Shards {
     }
 
     /// Records `owner` as a waiter of `key` for `ttl` and makes sure this sidecar is
-    /// subscribed to the key's channel before returning. A subscription that fails is
-    /// not fatal: the waiter still looks again at its deadlines, only later.
-    pub(crate) async fn want(&self, key: &str, owner: &str, ttl: Duration) {
+    /// subscribed to the key's channel before returning (or `timeout` has passed). A
+    /// subscription that fails is not fatal: the waiter still looks again at its
+    /// deadlines, only later.
+    pub(crate) async fn want(&self, key: &str, owner: &str, ttl: Duration, timeout: Duration) {
         let subscribed = {
             let mut wanted = self.wanted();
             let now = Instant::now();
@@ -124,17 +125,21 @@ impl Shards {
             entry.subscribed.clone()
         };
         let channel = self.channel(key);
-        let made = subscribed
-            .get_or_try_init(|| async {
-                match self.link.connection().await? {
-                    Conn::Cluster(mut conn) => conn
-                        .ssubscribe(&channel)
-                        .await
-                        .map_err(|e| StoreError::Unavailable(e.to_string())),
-                    Conn::Single(_) => Ok(()),
-                }
-            })
-            .await;
+        let subscribe = subscribed.get_or_try_init(|| async {
+            match self.link.connection().await? {
+                Conn::Cluster(mut conn) => conn
+                    .ssubscribe(&channel)
+                    .await
+                    .map_err(|e| StoreError::Unavailable(e.to_string())),
+                Conn::Single(_) => Ok(()),
+            }
+        });
+        let made = match tokio::time::timeout(timeout, subscribe).await {
+            Ok(made) => made.map(drop),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "no answer within {timeout:?}"
+            ))),
+        };
         if let Err(e) = made {
             tracing::warn!(error = %e, %key, "subscribing to the key's release notices failed");
         }

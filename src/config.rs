@@ -41,8 +41,9 @@ pub enum CliCommand {
 pub enum StoreSpec {
     /// The embedded memory store.
     Memory,
-    /// Redis: standalone (`redis://`, `rediss://`) or through Sentinel
-    /// (`redis+sentinel://`, `rediss+sentinel://`).
+    /// Redis: standalone (`redis://`, `rediss://`), through Sentinel
+    /// (`redis+sentinel://`, `rediss+sentinel://`) or a Cluster (`redis+cluster://`,
+    /// `rediss+cluster://`).
     Redis(String),
     /// Redlock over independent masters, `redlock://h1:p1,h2:p2,h3:p3`.
     Redlock(String),
@@ -60,17 +61,14 @@ impl std::str::FromStr for StoreSpec {
             "rediss://",
             "redis+sentinel://",
             "rediss+sentinel://",
+            "redis+cluster://",
+            "rediss+cluster://",
         ];
         if redis.iter().any(|scheme| s.starts_with(scheme)) {
             return Ok(Self::Redis(s.to_owned()));
         }
         if s.starts_with("redlock://") {
             return Ok(Self::Redlock(s.to_owned()));
-        }
-        for scheme in ["redis+cluster://"] {
-            if s.starts_with(scheme) {
-                return Err(format!("{scheme} stores are not supported yet"));
-            }
         }
         Err(format!(
             "{:?} is not a store: use memory, redis://HOST:PORT or rediss://HOST:PORT",

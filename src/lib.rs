@@ -15,8 +15,12 @@
 //! - [`store`]: the [`store::Store`] trait and its implementations: `store/memory.rs`
 //!   (embedded) and `store/redis.rs` with one Lua script per state change in
 //!   `store/lua/`; `store/redis/options.rs` (URLs, topologies, TLS files),
-//!   `store/redis/link.rs` (the shared connection), `store/redis/notices.rs` (the
-//!   release-notice subscription).
+//!   `store/redis/link.rs` (the shared connection; on a Cluster, redis-rs' cluster
+//!   connection), `store/redis/notices.rs` (the release-notice subscription),
+//!   `store/redis/shards.rs` (Cluster: hash slots, sharded notices per waited-on key),
+//!   `store/redis/renew.rs` (batched renewals, per slot on a Cluster),
+//!   `store/redis/acked.rs` (replica acknowledgement, `WAIT`); `store/redlock.rs`
+//!   (Redlock over independent masters).
 //! - [`admin`]: gRPC health (SERVING while the store answers) and the admin listener
 //!   (`/livez`, `/readyz`, `/metrics`); [`metrics`]: the Prometheus metrics.
 //! - [`server`]: listeners, HTTP/2 keepalive, and the shutdown sequence; [`server::run`]

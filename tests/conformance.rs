@@ -1,5 +1,6 @@
 //! One conformance suite for every store: the same checks against the embedded memory
-//! store and a real `redis-server`. A store that passes is one the engine can use.
+//! store, a real `redis-server` and a real Redis Cluster (one shared by the tests that run
+//! at the same time). A store that passes is one the engine can use.
 //!
 //! Expiry here runs on real time for both stores (Redis has no paused clock), with TTLs
 //! of a few hundred milliseconds; the engine-level TTL tests use a paused clock.
@@ -9,6 +10,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::topology::ClusterSetup;
 use common::{Redis, StoreKind, make_store, namespace};
 use lockside::store::{Acquired, Claim, Notice, Renewal, Sharing, Store};
 
@@ -28,18 +30,26 @@ struct Subject {
     store: Arc<dyn Store>,
     notices: broadcast::Receiver<Notice>,
     _redis: Option<Redis>,
+    _cluster: Option<Arc<ClusterSetup>>,
 }
 
 async fn subject(kind: &str) -> Subject {
-    let (kind, redis) = match kind {
-        "memory" => (StoreKind::Memory, None),
+    let (kind, redis, cluster) = match kind {
+        "memory" => (StoreKind::Memory, None, None),
+        // One cluster for the tests that run at the same time; namespaces part them.
+        "cluster" => {
+            let cluster = tokio::task::block_in_place(ClusterSetup::shared);
+            (StoreKind::Redis(cluster.url()), None, Some(cluster))
+        }
         _ => {
             let redis = Redis::start();
-            (StoreKind::Redis(redis.url()), Some(redis))
+            (StoreKind::Redis(redis.url()), Some(redis), None)
         }
     };
     let store = make_store(&kind, &namespace());
     let mut notices = store.notices();
+    // A Cluster store subscribes per waited-on key, before each waiting acquire: no
+    // subscription to wait for here.
     if redis.is_some() {
         // The subscription is live once it says so; releases before that are missed.
         let first = tokio::time::timeout(common::PATIENCE, notices.recv()).await;
@@ -52,6 +62,7 @@ async fn subject(kind: &str) -> Subject {
         store,
         notices,
         _redis: redis,
+        _cluster: cluster,
     }
 }
 
@@ -686,6 +697,10 @@ macro_rules! conformance {
         }
         mod redis {
             $(#[tokio::test] async fn $name() { super::$name(super::subject("redis").await).await; })*
+        }
+        mod cluster {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+              async fn $name() { super::$name(super::subject("cluster").await).await; })*
         }
     };
 }

@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use deadpool_redis::redis::{self, aio::MultiplexedConnection};
+
+use super::servers::Servers;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, timeout};
 
@@ -133,6 +135,8 @@ async fn count_events(mut rx: tonic::Streaming<LeaseResponse>, events: Arc<Atomi
 /// One reading of Redis counters and of the sidecar process.
 pub(super) struct Sample {
     at: Instant,
+    /// The bench's own INFO calls in one reading (two per server).
+    own_calls: u64,
     commands: u64,
     evalsha: u64,
     /// Microseconds Redis spent running EVALSHA calls (scripts included).
@@ -147,7 +151,7 @@ impl Sample {
     pub(super) fn commands_until(&self, later: &Sample) -> u64 {
         later
             .commands
-            .saturating_sub(self.commands + OWN_INFO_CALLS)
+            .saturating_sub(self.commands + self.own_calls)
     }
 
     /// EVALSHA calls from this reading to `later`.
@@ -161,22 +165,27 @@ impl Sample {
     }
 }
 
-/// Reads Redis's command counters and, given a pid, the sidecar's CPU time and memory.
-pub(super) async fn sample(
-    redis: &mut MultiplexedConnection,
-    pid: Option<u32>,
-) -> Result<Sample, String> {
+/// Reads Redis's command counters (summed over the servers) and, given a pid, the
+/// sidecar's CPU time and memory.
+pub(super) async fn sample(redis: &mut Servers, pid: Option<u32>) -> Result<Sample, String> {
     let at = Instant::now();
-    let (stats, commandstats) = (
-        info(redis, "stats").await?,
-        info(redis, "commandstats").await?,
-    );
+    let (mut commands, mut evalsha, mut evalsha_usec) = (0, 0, 0);
+    for conn in &mut redis.0 {
+        let (stats, commandstats) = (
+            info(conn, "stats").await?,
+            info(conn, "commandstats").await?,
+        );
+        commands += info_field(&stats, "total_commands_processed:")
+            .ok_or("INFO stats has no total_commands_processed")?;
+        evalsha += info_field(&commandstats, "cmdstat_evalsha:calls=").unwrap_or(0);
+        evalsha_usec += cmdstat_field(&commandstats, "cmdstat_evalsha:", "usec=").unwrap_or(0);
+    }
     Ok(Sample {
         at,
-        commands: info_field(&stats, "total_commands_processed:")
-            .ok_or("INFO stats has no total_commands_processed")?,
-        evalsha: info_field(&commandstats, "cmdstat_evalsha:calls=").unwrap_or(0),
-        evalsha_usec: cmdstat_field(&commandstats, "cmdstat_evalsha:", "usec=").unwrap_or(0),
+        own_calls: OWN_INFO_CALLS * redis.0.len() as u64,
+        commands,
+        evalsha,
+        evalsha_usec,
         cpu_ticks: pid.map(cpu_ticks).transpose()?,
         rss_kb: pid.map(rss_kb).transpose()?,
     })

@@ -28,6 +28,7 @@ mod hold;
 mod observe;
 mod process;
 mod report;
+mod servers;
 mod session;
 
 use std::fmt::Display;
@@ -36,7 +37,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use deadpool_redis::redis::{self, aio::MultiplexedConnection};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -47,6 +47,7 @@ use contend::{HANDOFFS, PERMITS, SEM_SESSIONS, handoff_phase, semaphore_phase};
 use hold::hold_phase;
 use process::{Sidecar, connect};
 use report::{Report, Stats, ms, us};
+use servers::Servers;
 use session::{Session, Want};
 
 /// `wait_timeout` of contended acquires (phases 3 to 5).
@@ -146,34 +147,15 @@ fn random_hex(bytes: usize) -> Result<String, String> {
 
 /// Deletes every key of this run: fence counters never expire on their own.
 async fn cleanup(url: &str, tag: &str) -> Result<(), String> {
-    let mut conn = plain_redis(url).await?;
-    let mut cursor = 0u64;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("*{}*", namespace(tag)))
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await
-            .map_err(err("cleanup SCAN"))?;
-        if !keys.is_empty() {
-            let mut unlink = redis::cmd("UNLINK");
-            let done = unlink.arg(&keys).query_async::<u64>(&mut conn).await;
-            done.map_err(err("cleanup UNLINK"))?;
-        }
-        if next == 0 {
-            return Ok(());
-        }
-        cursor = next;
-    }
+    let mut servers = Servers::connect(url).await?;
+    servers
+        .unlink_matching(&format!("*{}*", namespace(tag)))
+        .await
 }
 
-async fn plain_redis(url: &str) -> Result<MultiplexedConnection, String> {
-    let client = redis::Client::open(url).map_err(err("--redis"))?;
-    let conn = client.get_multiplexed_async_connection().await;
-    conn.map_err(err("connecting to Redis"))
+/// Plain connections to the store's data servers, for counters and cleanup.
+async fn plain_redis(url: &str) -> Result<Servers, String> {
+    Servers::connect(url).await
 }
 
 /// What every phase needs.

@@ -4,12 +4,16 @@
 //! keys of one lock share the hash tag `{ns:KEY}`, so every script touches one slot.
 //!
 //! Requests share one connection (`redis/link.rs`); release notices come from one
-//! pub/sub subscription per sidecar (`redis/notices.rs`).
+//! pub/sub subscription per sidecar (`redis/notices.rs`), or on a Cluster from sharded
+//! subscriptions to the keys this sidecar waits on (`redis/shards.rs`). Batched
+//! renewals are in `redis/renew.rs`, replica acknowledgement in `redis/acked.rs`.
 
 mod acked;
 mod link;
 mod notices;
 mod options;
+mod renew;
+mod shards;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +30,7 @@ use super::{
 };
 use link::{Conn, Link};
 use options::Topology;
+use shards::Shards;
 
 macro_rules! script {
     ($file:literal) => {
@@ -35,11 +40,6 @@ macro_rules! script {
         ))
     };
 }
-
-/// Grants per script call in a renewal batch: large enough that 10,000 locks take ten
-/// calls pipelined in one round trip, small enough that one call does not stall Redis
-/// (about a millisecond each).
-const RENEW_CHUNK: usize = 1000;
 
 /// How many notices a slow sidecar task may fall behind before it resyncs.
 const NOTICE_BUFFER: usize = 4096;
@@ -66,7 +66,10 @@ pub struct RedisStore {
     acks: Acks,
     link: Arc<Link>,
     namespace: String,
+    /// Standalone and Sentinel: the one channel of every release notice.
     channel: String,
+    /// Cluster: a shard channel per key, subscribed while waited on.
+    shards: Option<Arc<Shards>>,
     timeout: Duration,
     scripts: Scripts,
     notices: broadcast::Sender<Notice>,
@@ -111,18 +114,13 @@ impl RedisStore {
         options: &RedisOptions,
     ) -> Result<Self, StoreError> {
         let topology = Topology::parse(url, options)?;
-        if matches!(topology, Topology::Cluster(_)) {
-            return Err(StoreError::Config(
-                "Cluster stores are not supported yet".into(),
-            ));
-        }
         if options.min_replica_acks > 0 && options.replica_ack_timeout >= options.timeout {
             return Err(StoreError::Config(
                 "--replica-ack-timeout must be shorter than --store-timeout".into(),
             ));
         }
         let sentinel = matches!(topology, Topology::Sentinel { .. });
-        let link = Arc::new(Link::new(topology, options.timeout));
+        let link = Arc::new(Link::new(topology, options.timeout)?);
         if sentinel {
             // The notice listener learns the master from the first connection: make it
             // now rather than at the first request.
@@ -133,11 +131,22 @@ impl RedisStore {
         }
         let channel = format!("{namespace}:released");
         let notices = broadcast::channel(NOTICE_BUFFER).0;
-        let listener = tokio::spawn(notices::listen(
-            link.server(),
-            channel.clone(),
-            notices.clone(),
-        ));
+        let (shards, listener) = match link.take_pushes() {
+            Some(pushes) => {
+                let shards = Arc::new(Shards::new(link.clone(), namespace));
+                let listener =
+                    tokio::spawn(shards::listen(pushes, shards.clone(), notices.clone()));
+                (Some(shards), listener)
+            }
+            None => {
+                let listener = tokio::spawn(notices::listen(
+                    link.server(),
+                    channel.clone(),
+                    notices.clone(),
+                ));
+                (None, listener)
+            }
+        };
         Ok(Self {
             acks: Acks {
                 min: options.min_replica_acks,
@@ -146,6 +155,7 @@ impl RedisStore {
             link,
             namespace: namespace.to_owned(),
             channel,
+            shards,
             timeout: options.timeout,
             scripts: Scripts {
                 acquire: script!("acquire.lua"),
@@ -172,6 +182,15 @@ impl RedisStore {
     /// The Redis key of one part of a lock (see `lua/common.lua`).
     fn key(&self, key: &str, part: &str) -> String {
         format!("{{{}:{}}}:{}", self.namespace, key, part)
+    }
+
+    /// Where the scripts publish release notices of `key`, and whether with `SPUBLISH`
+    /// ("1": a shard channel, Cluster) or `PUBLISH` ("0").
+    fn notice_channel(&self, key: &str) -> (String, &'static str) {
+        match &self.shards {
+            Some(shards) => (shards.channel(key), "1"),
+            None => (self.channel.clone(), "0"),
+        }
     }
 
     fn keys(&self, key: &str) -> [String; 6] {
@@ -271,6 +290,13 @@ impl Store for RedisStore {
             let flag = |on: bool| if on { "1" } else { "0" };
             let limit = claim.limit.to_string();
             let waiter = claim.waiter();
+            let (channel, sharded) = self.notice_channel(&claim.key);
+            if let (Some(shards), true) = (&self.shards, claim.wait) {
+                // Subscribed before asking, so no release after the busy answer is missed.
+                shards
+                    .want(&claim.key, &claim.owner, claim.ttl, self.timeout)
+                    .await;
+            }
             let args = [
                 claim.owner.as_str(),
                 &ttl,
@@ -281,8 +307,9 @@ impl Store for RedisStore {
                 &limit,
                 flag(claim.fair),
                 &waiter,
-                &self.channel,
+                &channel,
                 &claim.key,
+                sharded,
             ];
             let reply: Vec<Value> = if self.acks.min == 0 {
                 self.invoke(&self.scripts.acquire, &claim.key, &args)
@@ -307,6 +334,11 @@ impl Store for RedisStore {
                 }
                 reply
             };
+            if let (Some(shards), true) = (&self.shards, claim.wait)
+                && matches!(reply.first(), Some(Value::Int(1)) | Some(Value::Int(2)))
+            {
+                shards.unwant(&claim.key, &claim.owner);
+            }
             match reply.as_slice() {
                 [code, fence] if int(code)? == 1 => Ok(Acquired::Granted {
                     fence: int(fence)? as u64,
@@ -346,68 +378,29 @@ impl Store for RedisStore {
     ) -> StoreFuture<'a, Option<u32>> {
         Box::pin(async move {
             let all = if all { "1" } else { "0" };
-            let args = [owner, all, &self.channel, key, &ms(delay)];
+            let (channel, sharded) = self.notice_channel(key);
+            let args = [owner, all, &channel, key, &ms(delay), sharded];
             let n: i64 = self.invoke(&self.scripts.release, key, &args).await?;
             Ok(held_count(n))
         })
     }
 
     fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<bool>> {
-        Box::pin(async move {
-            if batch.is_empty() {
-                return Ok(Vec::new());
-            }
-            let script = &self.scripts.renew;
-            let replies: Vec<Vec<i64>> = if self.acks.min > 0 {
-                let (replies, acked) = self.renew_acked(batch).await?;
-                if !acked {
-                    // Renewed on the master only: not a renewal a failover keeps.
-                    return Err(StoreError::Unavailable(format!(
-                        "the renewal was not acknowledged by {} replicas within {:?}",
-                        self.acks.min, self.acks.timeout
-                    )));
-                }
-                replies
-            } else {
-                let calls: Vec<_> = batch
-                    .chunks(RENEW_CHUNK)
-                    .map(|chunk| {
-                        let mut call = script.prepare_invoke();
-                        for r in chunk {
-                            call.key(self.key(r.key, "h")).key(self.key(r.key, "d"));
-                            call.arg(r.owner).arg(r.ttl.as_millis() as u64);
-                        }
-                        call
-                    })
-                    .collect();
-                self.run(|conn| async move {
-                    // Concurrent calls on one multiplexed connection go out pipelined:
-                    // one round trip for the whole batch.
-                    let calls = calls.iter().map(|call| {
-                        let mut conn = conn.clone();
-                        async move { call.invoke_async::<Vec<i64>>(&mut conn).await }
-                    });
-                    futures_util::future::join_all(calls)
-                        .await
-                        .into_iter()
-                        .collect::<redis::RedisResult<Vec<_>>>()
-                })
-                .await?
-            };
-            let renewed: Vec<bool> = replies.into_iter().flatten().map(|n| n == 1).collect();
-            if renewed.len() != batch.len() {
-                return Err(StoreError::Protocol("renew: bad reply".into()));
-            }
-            Ok(renewed)
-        })
+        Box::pin(self.renew_batch(batch))
     }
 
     fn unwait<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let waiter = claim.waiter();
-            let args = [waiter.as_str(), &self.channel, &claim.key];
-            let _: i64 = self.invoke(&self.scripts.unwait, &claim.key, &args).await?;
-            Ok(())
+            let (channel, sharded) = self.notice_channel(&claim.key);
+            let args = [waiter.as_str(), &channel, &claim.key, sharded];
+            let result = self
+                .invoke::<i64>(&self.scripts.unwait, &claim.key, &args)
+                .await;
+            if let Some(shards) = &self.shards {
+                shards.unwant(&claim.key, &claim.owner);
+            }
+            result.map(drop)
         })
     }
 

@@ -35,7 +35,8 @@ pub fn free_port() -> u16 {
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("bind a free port");
-        if port < 55536 {
+        // A Cluster node also listens on port + 10000 (its bus): keep both free.
+        if port < 55536 && StdListener::bind(("127.0.0.1", port + 10000)).is_ok() {
             return port;
         }
     }

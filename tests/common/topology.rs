@@ -251,14 +251,34 @@ impl Drop for SentinelSetup {
     }
 }
 
-/// A cluster node: a `Redis` with cluster mode on.
+/// A Redis Cluster on loopback: six `Redis` nodes with cluster mode on.
 pub struct ClusterSetup {
     pub nodes: Vec<Redis>,
     frozen: Vec<u32>,
 }
 
+/// The cluster that tests of one binary share while any of them runs (see
+/// [`ClusterSetup::shared`]).
+static SHARED: std::sync::Mutex<std::sync::Weak<ClusterSetup>> =
+    std::sync::Mutex::new(std::sync::Weak::new());
+
 impl ClusterSetup {
-    /// Six nodes, three masters with one replica each, node timeout 1 s.
+    /// A cluster shared with the other tests of this binary that run at the same time
+    /// (namespaces keep them apart); it stops when the last of them drops it, also on
+    /// a panic, so no process outlives the test binary. Only for tests that do not
+    /// freeze or fail over nodes.
+    pub fn shared() -> std::sync::Arc<Self> {
+        let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(cluster) = shared.upgrade() {
+            return cluster;
+        }
+        let cluster = std::sync::Arc::new(Self::start());
+        *shared = std::sync::Arc::downgrade(&cluster);
+        cluster
+    }
+
+    /// Six nodes, three masters with one replica each, node timeout 1 s. Blocks its
+    /// thread for about two seconds (in async tests: inside `block_in_place`).
     pub fn start() -> Self {
         let nodes: Vec<Redis> = (0..6)
             .map(|_| {
@@ -269,6 +289,9 @@ impl ClusterSetup {
                     "1000",
                     "--cluster-config-file",
                     "nodes.conf",
+                    // Full syncs start at once (Redis 7 waits 5 s for more replicas).
+                    "--repl-diskless-sync-delay",
+                    "0",
                 ]
                 .iter()
                 .map(|s| s.to_string())
@@ -301,6 +324,10 @@ impl ClusterSetup {
                 .filter(|p| cli(**p, &["role"]).starts_with("master"))
                 .count()
                 == 3
+                && ports.iter().all(|p| {
+                    let role = cli(*p, &["role"]);
+                    role.starts_with("master") || role.contains("connected")
+                })
         });
         assert!(ok, "cluster ready");
         Self {
@@ -369,6 +396,37 @@ impl ClusterSetup {
             .expect("a replica")
     }
 
+    /// The ports of the three masters, as the nodes see them now.
+    pub fn masters(&self) -> Vec<u16> {
+        self.nodes
+            .iter()
+            .filter(|n| !self.frozen.contains(&n.pid()))
+            .filter(|n| n.cli(&["role"]).starts_with("master"))
+            .map(|n| n.port)
+            .collect()
+    }
+
+    /// `CLUSTER FAILOVER` on `replica`: a coordinated switch, no write lost.
+    pub fn failover(&self, replica: u16) {
+        assert_eq!(cli(replica, &["cluster", "failover"]), "OK");
+    }
+
+    /// Whether every node that is not frozen sees `port` as a master serving slots.
+    pub fn promoted(&self, port: u16) -> bool {
+        self.nodes
+            .iter()
+            .filter(|n| !self.frozen.contains(&n.pid()))
+            .all(|n| {
+                n.cli(&["cluster", "nodes"]).lines().any(|line| {
+                    let fields: Vec<&str> = line.split(' ').collect();
+                    fields.len() > 8
+                        && fields[1].starts_with(&format!("127.0.0.1:{port}@"))
+                        && fields[2].contains("master")
+                })
+            })
+    }
+
+    /// SIGSTOPs the node on `port` (SIGCONT on drop).
     pub fn freeze(&mut self, port: u16) {
         let node = self.nodes.iter().find(|n| n.port == port).expect("a node");
         let pid = node.pid();
@@ -376,6 +434,7 @@ impl ClusterSetup {
         self.frozen.push(pid);
     }
 
+    /// SIGCONTs every frozen node.
     pub fn thaw(&mut self) {
         for pid in self.frozen.drain(..) {
             signal(pid, "CONT");

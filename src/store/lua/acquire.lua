@@ -2,7 +2,7 @@
 -- runs, and (fair) nobody queued ahead of it could be granted instead. Otherwise
 -- answers busy and, when ARGV[3] is '1', registers the waiter ARGV[9] for ARGV[2] ms
 -- (and queues it, when fair).
--- ARGV: owner ttl_ms wait session_id client_name mode limit fair waiter channel key
+-- ARGV: owner ttl_ms wait session_id client_name mode limit fair waiter channel key sharded
 -- Returns {1, fence} granted; {0, ms until something may change, queue position}
 -- busy; {2, the holders' limit} when the holders use another limit.
 local h, d, f, w, q, x = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -80,6 +80,6 @@ redis.call('ZREM', q, waiter)
 expire_at_last(h, d)
 if mode == 's' or (limit > 1 and n + 1 < limit) then
   -- Room is left for more readers or permits: pass the wake on.
-  wake(h, d, w, q, ARGV[10], ARGV[11])
+  wake(h, d, w, q, ARGV[10], ARGV[11], ARGV[12])
 end
 return {1, fence}

@@ -140,7 +140,9 @@ end
 
 -- Publishes "KEY" followed by "\nOWNER" per fair waiter to wake, when anyone waits:
 -- fair waiters are woken by name; a bare key wakes one unfair waiter per sidecar.
-local function wake(h, d, w, q, channel, key)
+-- sharded = '1' (Redis Cluster): SPUBLISH to the key's own shard channel, which shares
+-- the lock's hash tag, so only the sidecars waiting on this key hear it.
+local function wake(h, d, w, q, channel, key, sharded)
   local waiting = redis.call('ZCARD', w)
   if waiting == 0 then
     return
@@ -154,6 +156,6 @@ local function wake(h, d, w, q, channel, key)
     end
   end
   if named > 0 or waiting > queued then
-    redis.call('PUBLISH', channel, message)
+    redis.call(sharded == '1' and 'SPUBLISH' or 'PUBLISH', channel, message)
   end
 end

@@ -1,7 +1,7 @@
 -- Takes one hold (ARGV[2] = '1': every hold) from ARGV[1]'s grant. When the grant goes,
 -- wakes the waiters that can now have the lock (see wake in common.lua); with ARGV[5]
 -- > 0 ms and an exclusive lock now free, starts a lock-delay first.
--- ARGV: owner all channel key delay_ms
+-- ARGV: owner all channel key delay_ms sharded
 -- Returns the holds left (0: released), or -1 when ARGV[1] does not hold the lock.
 local h, d, w, q, x = KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6]
 local owner = ARGV[1]
@@ -27,5 +27,5 @@ if redis.call('ZCARD', h) == 0 then
     redis.call('SET', x, '1', 'PX', int(delay))
   end
 end
-wake(h, d, w, q, ARGV[3], ARGV[4])
+wake(h, d, w, q, ARGV[3], ARGV[4], ARGV[6])
 return 0

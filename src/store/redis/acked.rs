@@ -6,11 +6,15 @@
 //! (multiplexed), so `WAIT` also waits for other requests' writes made before it; that
 //! is conservative (it can only wait longer or count fewer acknowledgements), never
 //! optimistic.
+//!
+//! On a Cluster the pipeline is routed as one unit to the master of the script's slot,
+//! on that node's one connection, so `WAIT` still follows the script there; a pipeline
+//! that meets a MOVED fails as a whole (the grant is then not handed out).
 
-use deadpool_redis::redis::{self, FromRedisValue, Script, Value};
+use deadpool_redis::redis::{self, Script, Value};
 
-use super::{RENEW_CHUNK, RedisStore};
-use crate::store::{Renewal, StoreError};
+use super::RedisStore;
+use crate::store::StoreError;
 
 impl RedisStore {
     /// Runs `script` on `keys` and `args`, then `WAIT`; returns the script's reply and
@@ -65,35 +69,5 @@ impl RedisStore {
             _ => return Err(StoreError::Protocol("WAIT: bad reply".into())),
         };
         Ok((replies, acks >= i64::from(wanted)))
-    }
-
-    /// The renewal batch as in `Store::renew`, with `WAIT` after it: the replies per
-    /// chunk and whether enough replicas acknowledged them.
-    pub(super) async fn renew_acked(
-        &self,
-        batch: &[Renewal<'_>],
-    ) -> Result<(Vec<Vec<i64>>, bool), StoreError> {
-        let script = &self.scripts.renew;
-        let calls = batch
-            .chunks(RENEW_CHUNK)
-            .map(|chunk| {
-                let mut call = redis::cmd("EVALSHA");
-                call.arg(script.get_hash()).arg(chunk.len() * 2);
-                for r in chunk {
-                    call.arg(self.key(r.key, "h")).arg(self.key(r.key, "d"));
-                }
-                for r in chunk {
-                    call.arg(r.owner).arg(r.ttl.as_millis() as u64);
-                }
-                call
-            })
-            .collect();
-        let (replies, acked) = self.pipelined_with_wait(script, calls).await?;
-        let replies = replies
-            .into_iter()
-            .map(Vec::<i64>::from_redis_value)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| StoreError::Protocol(e.to_string()))?;
-        Ok((replies, acked))
     }
 }

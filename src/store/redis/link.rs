@@ -5,15 +5,25 @@
 //! caller that needs one makes it; the others wait for that one instead of opening
 //! their own (10,000 acquires in flight after a reconnect open one connection, not
 //! 10,000).
+//!
+//! A Cluster connection (redis-rs' cluster client) is one multiplexed connection per
+//! node; it follows MOVED/ASK, refreshes the slot map and reconnects by itself, so it is
+//! made once and never dropped after an error (dropping it would also drop the sharded
+//! subscriptions it keeps, see `redis/shards.rs`). It speaks RESP3, so that the same
+//! connection carries the release notices as push messages.
 
 use std::sync::Mutex;
 use std::time::Duration;
 
 use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
+use deadpool_redis::redis::cluster::{ClusterClient, ClusterClientBuilder};
+use deadpool_redis::redis::cluster_async::ClusterConnection;
+use deadpool_redis::redis::io::tcp::TcpSettings;
 use deadpool_redis::redis::{
-    self, AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, RedisError,
+    self, AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, ProtocolVersion, PushInfo,
+    RedisError,
 };
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use super::options::Topology;
 use crate::store::StoreError;
@@ -23,6 +33,8 @@ use crate::store::StoreError;
 pub(crate) enum Conn {
     /// To one server (standalone, or the master the sentinels named).
     Single(MultiplexedConnection),
+    /// To a Redis Cluster: routed per key's slot.
+    Cluster(ClusterConnection),
 }
 
 impl ConnectionLike for Conn {
@@ -32,6 +44,7 @@ impl ConnectionLike for Conn {
     ) -> redis::RedisFuture<'a, redis::Value> {
         match self {
             Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -43,12 +56,14 @@ impl ConnectionLike for Conn {
     ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
         match self {
             Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
         }
     }
 }
@@ -62,21 +77,49 @@ pub(crate) struct Link {
     connecting: tokio::sync::Mutex<()>,
     /// The server the shared connection goes to, as `host:port`; changes on failover.
     server: watch::Sender<Option<ConnectionInfo>>,
+    /// Cluster: the client, made once with the sender of its push messages.
+    cluster: Option<ClusterClient>,
+    /// Cluster: where the push messages (sharded notices, reconnections) arrive, until
+    /// the notice listener takes it.
+    pushes: Mutex<Option<mpsc::UnboundedReceiver<PushInfo>>>,
 }
 
 impl Link {
-    pub(crate) fn new(topology: Topology, timeout: Duration) -> Self {
+    pub(crate) fn new(topology: Topology, timeout: Duration) -> Result<Self, StoreError> {
         let server = match &topology {
             Topology::Standalone(info) => Some(info.clone()),
-            Topology::Sentinel { .. } | Topology::Cluster(_) => None,
+            Topology::Sentinel { .. } | Topology::Cluster { .. } => None,
         };
-        Self {
+        let (cluster, pushes) = match &topology {
+            Topology::Cluster {
+                nodes,
+                certificates,
+            } => {
+                let (sender, receiver) = mpsc::unbounded_channel();
+                let client = cluster_client(nodes, certificates.as_ref(), timeout, sender)?;
+                (Some(client), Some(receiver))
+            }
+            _ => (None, None),
+        };
+        Ok(Self {
             topology,
             timeout,
             conn: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             server: watch::channel(server).0,
-        }
+            cluster,
+            pushes: Mutex::new(pushes),
+        })
+    }
+
+    /// Whether the store is a Redis Cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.cluster.is_some()
+    }
+
+    /// Cluster: the push messages of the connection (taken once, by the listener).
+    pub(crate) fn take_pushes(&self) -> Option<mpsc::UnboundedReceiver<PushInfo>> {
+        self.pushes.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
     /// The server data goes to, and its changes (for the pub/sub listener).
@@ -123,9 +166,15 @@ impl Link {
                 });
                 Conn::Single(conn)
             }
-            Topology::Cluster(_) => {
-                return Err(StoreError::Config("not supported yet".into()));
-            }
+            Topology::Cluster { .. } => match &self.cluster {
+                Some(client) => Conn::Cluster(
+                    client
+                        .get_async_connection()
+                        .await
+                        .map_err(|e| StoreError::Unavailable(e.to_string()))?,
+                ),
+                None => return Err(StoreError::Config("no cluster client".into())),
+            },
         };
         *self.slot() = Some(conn.clone());
         Ok(conn)
@@ -134,6 +183,10 @@ impl Link {
     /// Forgets the shared connection after `error` when it may be broken or point at
     /// the wrong server, so the next call makes a new one.
     pub(crate) fn failed(&self, error: &RedisError) {
+        if self.is_cluster() {
+            // The cluster connection repairs itself (see the module docs).
+            return;
+        }
         if error.is_io_error()
             || error.is_connection_dropped()
             || error.is_unrecoverable_error()
@@ -144,9 +197,13 @@ impl Link {
         }
     }
 
-    /// Forgets the shared connection (after a timeout).
+    /// Forgets the shared connection (after a timeout). Not a cluster connection: a
+    /// timeout there may concern one frozen node, and the connection reroutes by itself
+    /// once the cluster has failed over.
     pub(crate) fn forget(&self) {
-        self.slot().take();
+        if !self.is_cluster() {
+            self.slot().take();
+        }
     }
 }
 
@@ -155,6 +212,28 @@ impl Link {
 fn moved_role(error: &RedisError) -> bool {
     let text = error.to_string();
     text.contains("READONLY") || text.contains("MASTERDOWN")
+}
+
+/// The cluster client: RESP3 with a push sender (sharded notices), the store timeout
+/// for connecting and for each answer, no Nagle, and the certificates for every node.
+fn cluster_client(
+    nodes: &[ConnectionInfo],
+    certificates: Option<&redis::TlsCertificates>,
+    timeout: Duration,
+    pushes: mpsc::UnboundedSender<PushInfo>,
+) -> Result<ClusterClient, StoreError> {
+    let mut builder = ClusterClientBuilder::new(nodes.to_vec())
+        .use_protocol(ProtocolVersion::RESP3)
+        .push_sender(pushes)
+        .connection_timeout(timeout)
+        .response_timeout(timeout)
+        .tcp_settings(TcpSettings::default().set_nodelay(true));
+    if let Some(certificates) = certificates {
+        builder = builder.certs(certificates.clone());
+    }
+    builder
+        .build()
+        .map_err(|e| StoreError::Config(format!("cluster: {e}")))
 }
 
 /// A multiplexed connection to one server, within `timeout`.

@@ -54,7 +54,6 @@ impl Default for RedisOptions {
 
 /// Where the data lives, with everything needed to connect.
 #[derive(Clone, Debug)]
-#[allow(dead_code)] // Sentinel and Cluster are connected by the commits that follow.
 pub(crate) enum Topology {
     /// One server.
     Standalone(ConnectionInfo),
@@ -67,8 +66,14 @@ pub(crate) enum Topology {
         /// Credentials and TLS for the master; its address is replaced on resolution.
         template: ConnectionInfo,
     },
-    /// A Redis Cluster's seed nodes (credentials and TLS included).
-    Cluster(Vec<ConnectionInfo>),
+    /// A Redis Cluster, found from its seed nodes.
+    Cluster {
+        /// The seed nodes (credentials included).
+        nodes: Vec<ConnectionInfo>,
+        /// The certificate files for `rediss+cluster://`: the cluster client applies
+        /// them to every node it discovers, not only to the seeds.
+        certificates: Option<redis::TlsCertificates>,
+    },
 }
 
 impl Topology {
@@ -129,7 +134,10 @@ impl Topology {
                     .split(',')
                     .map(|h| node(auth, h))
                     .collect::<Result<Vec<_>, _>>()?;
-                Ok(Self::Cluster(nodes))
+                Ok(Self::Cluster {
+                    nodes,
+                    certificates,
+                })
             }
             Some(other) => Err(config(format!("unknown topology {other:?}"))),
         }
@@ -232,7 +240,7 @@ mod tests {
         assert_eq!(sentinels[0].redis_settings().password(), None);
         assert_eq!(template.redis_settings().username(), Some("u"));
         assert_eq!(template.redis_settings().password(), Some("p@ss"));
-        let Ok(Topology::Cluster(nodes)) = parse("redis+cluster://:pw@a:1,b:2,c:3") else {
+        let Ok(Topology::Cluster { nodes, .. }) = parse("redis+cluster://:pw@a:1,b:2,c:3") else {
             panic!("cluster");
         };
         assert_eq!(nodes.len(), 3);

@@ -1,0 +1,198 @@
+//! Lockside on a real Redis Cluster (3 masters, 3 replicas on loopback): locks on every
+//! master, handoffs woken by the sharded release notice (not by the holder's TTL),
+//! batched renewals across slots, and a coordinated failover (MOVED) in the middle.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::topology::{ClusterSetup, wait_until};
+use common::{Lease, PATIENCE, Sidecar, acquire, namespace, secs, waiting_for};
+use lockside::proto::{self, lease_response::Event};
+use lockside::store::Store;
+use lockside::store::redis::{RedisOptions, RedisStore};
+use tokio::time::Instant;
+
+fn store(url: &str, ns: &str) -> Arc<dyn Store> {
+    let options = RedisOptions {
+        timeout: Duration::from_millis(500),
+        ..RedisOptions::default()
+    };
+    Arc::new(RedisStore::with_options(url, ns, &options).expect("cluster store"))
+}
+
+fn start_cluster() -> ClusterSetup {
+    tokio::task::block_in_place(ClusterSetup::start)
+}
+
+/// One key per master: lock names whose slots the three masters serve.
+fn key_per_master(cluster: &ClusterSetup, ns: &str) -> Vec<(String, u16)> {
+    tokio::task::block_in_place(|| {
+        let mut found: Vec<(String, u16)> = Vec::new();
+        for i in 0.. {
+            let key = format!("key-{i}");
+            let master = cluster.master_of(&format!("{{{ns}:{key}}}:h"));
+            if found.iter().all(|(_, m)| *m != master) {
+                found.push((key, master));
+            }
+            if found.len() == 3 {
+                break;
+            }
+        }
+        found
+    })
+}
+
+/// `key` held by `holder` with a 30 s TTL; `waiter` (on another sidecar) waits, and
+/// gets it within a second of the release: woken by the notice, not the TTL.
+async fn handoff(holder: &mut Lease, waiter: &mut Lease, key: &str) -> Duration {
+    let id = holder
+        .send_acquire(proto::Acquire {
+            ttl: Some(secs(30.0)),
+            ..acquire(key)
+        })
+        .await;
+    let first = holder.expect_granted(id).await;
+    let id = waiter.send_acquire(waiting_for(key, 10.0)).await;
+    waiter.expect_waiting(id).await;
+    let released = Instant::now();
+    assert_eq!(holder.release(key).await, 0);
+    let next = waiter.expect_granted(id).await;
+    let took = released.elapsed();
+    assert!(next.fencing_token > first.fencing_token);
+    assert!(took < Duration::from_secs(1), "{key}: woken after {took:?}");
+    assert_eq!(waiter.release(key).await, 0);
+    took
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_on_every_master_are_handed_off_by_sharded_notices() {
+    let cluster = start_cluster();
+    let ns = namespace();
+    let a = Sidecar::start(store(&cluster.url(), &ns)).await;
+    let b = Sidecar::start(store(&cluster.url(), &ns)).await;
+    let mut holder = a.client().await.lease().await;
+    let mut waiter = b.client().await.lease().await;
+    let keys = key_per_master(&cluster, &ns);
+    for (key, master) in &keys {
+        let took = handoff(&mut holder, &mut waiter, key).await;
+        eprintln!("cluster handoff of {key} on master {master}: {took:?}");
+        // Only this key's channel: sidecar b subscribed while it waited, then left.
+        let channels = common::topology::cli(*master, &["pubsub", "shardchannels", "*"]);
+        assert!(!channels.contains(&ns) || channels.is_empty(), "{channels}");
+    }
+    // A waiter per key at once, on every master.
+    let mut ids = Vec::new();
+    for (key, _) in &keys {
+        let id = holder
+            .send_acquire(proto::Acquire {
+                ttl: Some(secs(30.0)),
+                ..acquire(key)
+            })
+            .await;
+        holder.expect_granted(id).await;
+        let id = waiter.send_acquire(waiting_for(key, 10.0)).await;
+        waiter.expect_waiting(id).await;
+        ids.push(id);
+    }
+    let released = Instant::now();
+    for (key, _) in &keys {
+        assert_eq!(holder.release(key).await, 0);
+    }
+    for id in ids {
+        waiter.expect_granted(id).await;
+    }
+    assert!(released.elapsed() < Duration::from_secs(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_locks_across_slots_are_renewed_past_two_ttls() {
+    let cluster = start_cluster();
+    let ns = namespace();
+    let sidecar = Sidecar::start(store(&cluster.url(), &ns)).await;
+    let client = sidecar.client().await;
+    let mut lease = client.lease().await;
+    let keys: Vec<String> = (0..50).map(|i| format!("renewed-{i}")).collect();
+    for key in &keys {
+        let id = lease
+            .send_acquire(proto::Acquire {
+                ttl: Some(secs(1.0)),
+                ..acquire(key)
+            })
+            .await;
+        lease.expect_granted(id).await;
+    }
+    // 2.5 TTLs: nothing may happen to a session whose locks are renewed.
+    let quiet = tokio::time::timeout(Duration::from_millis(2500), lease.next()).await;
+    assert!(quiet.is_err(), "no Lost or Jeopardy: {quiet:?}");
+    let masters = tokio::task::block_in_place(|| {
+        let mut masters: Vec<u16> = keys
+            .iter()
+            .map(|k| cluster.master_of(&format!("{{{ns}:{k}}}:h")))
+            .collect();
+        masters.sort_unstable();
+        masters.dedup();
+        masters
+    });
+    assert_eq!(masters.len(), 3, "the keys spread over all masters");
+    for key in keys.iter().step_by(7) {
+        let state = client.describe(key).await;
+        assert_eq!(state.holders.len(), 1, "{key} still held");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinated_failover_moves_locks_renewals_and_notices() {
+    let cluster = start_cluster();
+    let ns = namespace();
+    let a = Sidecar::start(store(&cluster.url(), &ns)).await;
+    let b = Sidecar::start(store(&cluster.url(), &ns)).await;
+    let mut holder = a.client().await.lease().await;
+    let mut waiter = b.client().await.lease().await;
+    let key = "moving";
+    let id = holder
+        .send_acquire(proto::Acquire {
+            ttl: Some(secs(2.0)),
+            ..acquire(key)
+        })
+        .await;
+    let first = holder.expect_granted(id).await;
+    // A waiter subscribed on the old master before the switch.
+    let id = waiter.send_acquire(waiting_for(key, 10.0)).await;
+    waiter.expect_waiting(id).await;
+    let redis_key = format!("{{{ns}:{key}}}:h");
+    let (old, replica) = tokio::task::block_in_place(|| {
+        let old = cluster.master_of(&redis_key);
+        (old, cluster.replica_of(old))
+    });
+    let switched = Instant::now();
+    cluster.failover(replica);
+    let promoted = wait_until(PATIENCE, || cluster.promoted(replica)).await;
+    assert!(promoted, "the replica took over");
+    eprintln!(
+        "CLUSTER FAILOVER {old} -> {replica}: {:?}",
+        switched.elapsed()
+    );
+    // Renewals follow the slot (MOVED): 2 TTLs without Lost.
+    let quiet = tokio::time::timeout(Duration::from_secs(4), holder.next()).await;
+    match quiet {
+        Err(_) | Ok(Event::Jeopardy(_)) | Ok(Event::Restored(_)) => {}
+        Ok(other) => panic!("the grant survives a coordinated failover: {other:?}"),
+    }
+    let state = a.client().await.describe(key).await;
+    assert_eq!(state.holders.len(), 1);
+    assert_eq!(state.fencing_token, first.fencing_token);
+    // The waiter's subscription moved to the new master: the release wakes it.
+    let released = Instant::now();
+    assert_eq!(holder.release(key).await, 0);
+    let next = waiter.expect_granted(id).await;
+    assert!(
+        released.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        released.elapsed()
+    );
+    assert!(next.fencing_token > first.fencing_token);
+    let new_master = tokio::task::block_in_place(|| cluster.master_of(&redis_key));
+    assert_eq!(new_master, replica);
+}

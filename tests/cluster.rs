@@ -196,3 +196,104 @@ async fn a_coordinated_failover_moves_locks_renewals_and_notices() {
     let new_master = tokio::task::block_in_place(|| cluster.master_of(&redis_key));
     assert_eq!(new_master, replica);
 }
+
+/// A slot migration (`CLUSTER SETSLOT … MIGRATING/IMPORTING`, `MIGRATE`, then `NODE`)
+/// while a lock is held and another sidecar waits: calls in the middle are redirected
+/// with ASK, renewals follow MOVED afterwards, and the waiter's sharded subscription
+/// follows the slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_migration_moves_locks_renewals_and_notices() {
+    let cluster = start_cluster();
+    let ns = namespace();
+    let a = Sidecar::start(store(&cluster.url(), &ns)).await;
+    let b = Sidecar::start(store(&cluster.url(), &ns)).await;
+    let mut holder = a.client().await.lease().await;
+    let mut waiter = b.client().await.lease().await;
+    let key = "migrating";
+    let id = holder
+        .send_acquire(proto::Acquire {
+            ttl: Some(secs(2.0)),
+            ..acquire(key)
+        })
+        .await;
+    let first = holder.expect_granted(id).await;
+    let id = waiter.send_acquire(waiting_for(key, 10.0)).await;
+    waiter.expect_waiting(id).await;
+    let before = a.client().await.describe(key).await;
+    assert_eq!(before.holders.len(), 1);
+
+    let redis_key = format!("{{{ns}:{key}}}:h");
+    let (source, target, slot) = tokio::task::block_in_place(|| {
+        let source = cluster.master_of(&redis_key);
+        let target = cluster
+            .masters()
+            .into_iter()
+            .find(|m| *m != source)
+            .expect("another master");
+        let slot = common::topology::cli(source, &["cluster", "keyslot", &redis_key]);
+        (source, target, slot)
+    });
+    let id_of = |port: u16| common::topology::cli(port, &["cluster", "myid"]);
+    let (source_id, target_id) = (id_of(source), id_of(target));
+    let cli = common::topology::cli;
+    assert_eq!(
+        cli(
+            target,
+            &["cluster", "setslot", &slot, "importing", &source_id]
+        ),
+        "OK"
+    );
+    assert_eq!(
+        cli(
+            source,
+            &["cluster", "setslot", &slot, "migrating", &target_id]
+        ),
+        "OK"
+    );
+    let keys = cli(source, &["cluster", "getkeysinslot", &slot, "100"]);
+    let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+    assert!(keys.len() >= 2, "the lock's keys are in the slot: {keys:?}");
+    let port = target.to_string();
+    let mut migrate = vec!["migrate", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+    migrate.extend(keys.iter().copied());
+    assert_eq!(cli(source, &migrate), "OK");
+    // Mid-migration the keys are on the target and the slot still on the source: Redis
+    // answers a script on several keys of the slot with ASK then TRYAGAIN until the
+    // slot is assigned, so a call now either reads the lock or fails as UNAVAILABLE —
+    // never a wrong answer.
+    let mut grpc = a.client().await.grpc;
+    let request = proto::DescribeRequest { key: key.into() };
+    match grpc.describe(request).await {
+        Ok(middle) => assert_eq!(middle.into_inner().holders.len(), 1),
+        Err(status) => assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}"),
+    }
+    for port in [target, source] {
+        assert_eq!(
+            cli(port, &["cluster", "setslot", &slot, "node", &target_id]),
+            "OK"
+        );
+    }
+    let moved = wait_until(PATIENCE, || cluster.master_of(&redis_key) == target).await;
+    assert!(moved, "every node sees the slot on its new master");
+
+    // Renewals follow the slot (MOVED): 2 TTLs without Lost.
+    let quiet = tokio::time::timeout(Duration::from_secs(4), holder.next()).await;
+    match quiet {
+        Err(_) | Ok(Event::Jeopardy(_)) | Ok(Event::Restored(_)) => {}
+        Ok(other) => panic!("the grant survives a slot migration: {other:?}"),
+    }
+    let state = a.client().await.describe(key).await;
+    assert_eq!(state.holders.len(), 1);
+    assert_eq!(state.fencing_token, first.fencing_token);
+    // The waiter's subscription moved with the slot: the release wakes it.
+    let released = Instant::now();
+    assert_eq!(holder.release(key).await, 0);
+    let next = waiter.expect_granted(id).await;
+    let took = released.elapsed();
+    eprintln!("slot {slot} {source} -> {target}: waiter woken {took:?} after the release");
+    assert!(
+        took < Duration::from_secs(1),
+        "woken by the notice: {took:?}"
+    );
+    assert!(next.fencing_token > first.fencing_token);
+}

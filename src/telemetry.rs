@@ -83,6 +83,14 @@ pub fn init(format: LogFormat, traces: Option<&TraceConfig>) -> Result<Telemetry
                 .build();
             let layer = tracing_opentelemetry::layer()
                 .with_tracer(provider.tracer("lockside"))
+                // A session's span is entered on every poll of its task: keep enter and
+                // exit cheap (no busy/idle timing, no context switch-in), and leave out
+                // attributes nobody reads (code location, thread, target).
+                .with_tracked_inactivity(false)
+                .with_context_activation(false)
+                .with_location(false)
+                .with_threads(false)
+                .with_target(false)
                 // Only the sidecar's own spans, whatever RUST_LOG says about logs.
                 .with_filter(Targets::new().with_target("lockside", LevelFilter::INFO));
             (Some(layer), Some(provider))

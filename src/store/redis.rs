@@ -49,6 +49,9 @@ struct Scripts {
     hold: Script,
     release: Script,
     renew: Script,
+    /// `renew_across.lua`, flagged `allow-cross-slot-keys` (Redis 7): on a Cluster, one
+    /// call renews the grants of many slots served by one node.
+    renew_across_slots: Script,
     unwait: Script,
     describe: Script,
     fence: Script,
@@ -162,6 +165,11 @@ impl RedisStore {
                 hold: script!("hold.lua"),
                 release: script!("release.lua"),
                 renew: script!("renew.lua"),
+                renew_across_slots: Script::new(concat!(
+                    "#!lua flags=allow-cross-slot-keys\n",
+                    include_str!("lua/common.lua"),
+                    include_str!("lua/renew_across.lua")
+                )),
                 unwait: script!("unwait.lua"),
                 describe: script!("describe.lua"),
                 fence: script!("fence.lua"),

@@ -159,3 +159,19 @@ local function wake(h, d, w, q, channel, key, sharded)
     redis.call(sharded == '1' and 'SPUBLISH' or 'PUBLISH', channel, message)
   end
 end
+
+-- Extends owner's grant of lock (h, d) by ttl ms while it is still held (its expiry not
+-- passed). Returns 1 when renewed, 0 when not held. Four commands: renewals run for
+-- every held lock every TTL/3.
+local function renew_grant(h, d, owner, ttl, now)
+  local expiry = redis.call('ZSCORE', h, owner)
+  if expiry and tonumber(expiry) > now then
+    local until_ms = int(now + ttl)
+    redis.call('ZADD', h, until_ms, owner)
+    -- GT: only ever extend, so no ZRANGE for the last expiry (both keys always carry one).
+    redis.call('PEXPIREAT', h, until_ms, 'GT')
+    redis.call('PEXPIREAT', d, until_ms, 'GT')
+    return 1
+  end
+  return 0
+end

@@ -142,15 +142,22 @@ async fn fifty_locks_across_slots_are_renewed_past_two_ttls() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_coordinated_failover_moves_locks_renewals_and_notices() {
-    let cluster = start_cluster();
-    let ns = namespace();
-    let a = Sidecar::start(store(&cluster.url(), &ns)).await;
-    let b = Sidecar::start(store(&cluster.url(), &ns)).await;
-    let mut holder = a.client().await.lease().await;
-    let mut waiter = b.client().await.lease().await;
-    let key = "moving";
+/// `key` held (TTL 2 s) by a session of one sidecar while a session of another waits
+/// for it: the scene of a topology change.
+struct Contended {
+    holding: Sidecar,
+    _waiting: Sidecar,
+    holder: Lease,
+    waiter: Lease,
+    first: proto::Granted,
+    wait_id: u64,
+}
+
+async fn contended(cluster: &ClusterSetup, ns: &str, key: &str) -> Contended {
+    let holding = Sidecar::start(store(&cluster.url(), ns)).await;
+    let waiting = Sidecar::start(store(&cluster.url(), ns)).await;
+    let mut holder = holding.client().await.lease().await;
+    let mut waiter = waiting.client().await.lease().await;
     let id = holder
         .send_acquire(proto::Acquire {
             ttl: Some(secs(2.0)),
@@ -158,9 +165,49 @@ async fn a_coordinated_failover_moves_locks_renewals_and_notices() {
         })
         .await;
     let first = holder.expect_granted(id).await;
-    // A waiter subscribed on the old master before the switch.
-    let id = waiter.send_acquire(waiting_for(key, 10.0)).await;
-    waiter.expect_waiting(id).await;
+    // The waiter subscribes where the slot is now, before the change.
+    let wait_id = waiter.send_acquire(waiting_for(key, 10.0)).await;
+    waiter.expect_waiting(wait_id).await;
+    Contended {
+        holding,
+        _waiting: waiting,
+        holder,
+        waiter,
+        first,
+        wait_id,
+    }
+}
+
+/// After the change: the grant lives through 2 TTLs of renewals (which follow the slot
+/// with MOVED) with its token, and its release wakes the waiter, whose subscription
+/// followed the slot, within a second. Returns how long the wake took.
+async fn survives_and_hands_off(c: &mut Contended, key: &str, change: &str) -> Duration {
+    let quiet = tokio::time::timeout(Duration::from_secs(4), c.holder.next()).await;
+    match quiet {
+        Err(_) | Ok(Event::Jeopardy(_)) | Ok(Event::Restored(_)) => {}
+        Ok(other) => panic!("the grant survives {change}: {other:?}"),
+    }
+    let state = c.holding.client().await.describe(key).await;
+    assert_eq!(state.holders.len(), 1);
+    assert_eq!(state.fencing_token, c.first.fencing_token);
+    let released = Instant::now();
+    assert_eq!(c.holder.release(key).await, 0);
+    let next = c.waiter.expect_granted(c.wait_id).await;
+    let took = released.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "woken by the notice: {took:?}"
+    );
+    assert!(next.fencing_token > c.first.fencing_token);
+    took
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinated_failover_moves_locks_renewals_and_notices() {
+    let cluster = start_cluster();
+    let ns = namespace();
+    let key = "moving";
+    let mut scene = contended(&cluster, &ns, key).await;
     let redis_key = format!("{{{ns}:{key}}}:h");
     let (old, replica) = tokio::task::block_in_place(|| {
         let old = cluster.master_of(&redis_key);
@@ -174,25 +221,7 @@ async fn a_coordinated_failover_moves_locks_renewals_and_notices() {
         "CLUSTER FAILOVER {old} -> {replica}: {:?}",
         switched.elapsed()
     );
-    // Renewals follow the slot (MOVED): 2 TTLs without Lost.
-    let quiet = tokio::time::timeout(Duration::from_secs(4), holder.next()).await;
-    match quiet {
-        Err(_) | Ok(Event::Jeopardy(_)) | Ok(Event::Restored(_)) => {}
-        Ok(other) => panic!("the grant survives a coordinated failover: {other:?}"),
-    }
-    let state = a.client().await.describe(key).await;
-    assert_eq!(state.holders.len(), 1);
-    assert_eq!(state.fencing_token, first.fencing_token);
-    // The waiter's subscription moved to the new master: the release wakes it.
-    let released = Instant::now();
-    assert_eq!(holder.release(key).await, 0);
-    let next = waiter.expect_granted(id).await;
-    assert!(
-        released.elapsed() < Duration::from_secs(1),
-        "{:?}",
-        released.elapsed()
-    );
-    assert!(next.fencing_token > first.fencing_token);
+    survives_and_hands_off(&mut scene, key, "a coordinated failover").await;
     let new_master = tokio::task::block_in_place(|| cluster.master_of(&redis_key));
     assert_eq!(new_master, replica);
 }
@@ -205,21 +234,9 @@ async fn a_coordinated_failover_moves_locks_renewals_and_notices() {
 async fn a_slot_migration_moves_locks_renewals_and_notices() {
     let cluster = start_cluster();
     let ns = namespace();
-    let a = Sidecar::start(store(&cluster.url(), &ns)).await;
-    let b = Sidecar::start(store(&cluster.url(), &ns)).await;
-    let mut holder = a.client().await.lease().await;
-    let mut waiter = b.client().await.lease().await;
     let key = "migrating";
-    let id = holder
-        .send_acquire(proto::Acquire {
-            ttl: Some(secs(2.0)),
-            ..acquire(key)
-        })
-        .await;
-    let first = holder.expect_granted(id).await;
-    let id = waiter.send_acquire(waiting_for(key, 10.0)).await;
-    waiter.expect_waiting(id).await;
-    let before = a.client().await.describe(key).await;
+    let mut scene = contended(&cluster, &ns, key).await;
+    let before = scene.holding.client().await.describe(key).await;
     assert_eq!(before.holders.len(), 1);
 
     let redis_key = format!("{{{ns}:{key}}}:h");
@@ -261,7 +278,7 @@ async fn a_slot_migration_moves_locks_renewals_and_notices() {
     // answers a script on several keys of the slot with ASK then TRYAGAIN until the
     // slot is assigned, so a call now either reads the lock or fails as UNAVAILABLE —
     // never a wrong answer.
-    let mut grpc = a.client().await.grpc;
+    let mut grpc = scene.holding.client().await.grpc;
     let request = proto::DescribeRequest { key: key.into() };
     match grpc.describe(request).await {
         Ok(middle) => assert_eq!(middle.into_inner().holders.len(), 1),
@@ -276,24 +293,6 @@ async fn a_slot_migration_moves_locks_renewals_and_notices() {
     let moved = wait_until(PATIENCE, || cluster.master_of(&redis_key) == target).await;
     assert!(moved, "every node sees the slot on its new master");
 
-    // Renewals follow the slot (MOVED): 2 TTLs without Lost.
-    let quiet = tokio::time::timeout(Duration::from_secs(4), holder.next()).await;
-    match quiet {
-        Err(_) | Ok(Event::Jeopardy(_)) | Ok(Event::Restored(_)) => {}
-        Ok(other) => panic!("the grant survives a slot migration: {other:?}"),
-    }
-    let state = a.client().await.describe(key).await;
-    assert_eq!(state.holders.len(), 1);
-    assert_eq!(state.fencing_token, first.fencing_token);
-    // The waiter's subscription moved with the slot: the release wakes it.
-    let released = Instant::now();
-    assert_eq!(holder.release(key).await, 0);
-    let next = waiter.expect_granted(id).await;
-    let took = released.elapsed();
+    let took = survives_and_hands_off(&mut scene, key, "a slot migration").await;
     eprintln!("slot {slot} {source} -> {target}: waiter woken {took:?} after the release");
-    assert!(
-        took < Duration::from_secs(1),
-        "woken by the notice: {took:?}"
-    );
-    assert!(next.fencing_token > first.fencing_token);
 }

@@ -141,6 +141,8 @@ async fn scenario_7_sentinel_failover_keeps_replicated_locks_and_loses_the_other
 }
 
 /// One line of figures per scenario, for the README's table.
+/// Prints a failover run's SCENARIO line and checks what every such run must show:
+/// enough grants to mean something, and no token regression.
 fn report(name: &str, outcome: &Outcome, fault: Instant, failover: Option<Duration>) -> Verdict {
     let verdict = check_history(&outcome.history);
     let mut takeover = takeovers(&outcome.history, fault);
@@ -157,6 +159,14 @@ fn report(name: &str, outcome: &Outcome, fault: Instant, failover: Option<Durati
         outcome.fenced_rejections,
         outcome.unavailable,
         outcome.lost,
+    );
+    assert!(
+        verdict.intervals > 20,
+        "enough grants to mean something: {verdict:?}"
+    );
+    assert_eq!(
+        verdict.token_regressions, 0,
+        "tokens never regress: {verdict:?}"
     );
     verdict
 }
@@ -198,14 +208,6 @@ async fn sentinel_failover_under_load(acks: u32) -> (Verdict, Outcome) {
         &outcome,
         fault,
         Some(failover),
-    );
-    assert!(
-        verdict.intervals > 20,
-        "enough grants to mean something: {verdict:?}"
-    );
-    assert_eq!(
-        verdict.token_regressions, 0,
-        "tokens never regress: {verdict:?}"
     );
     (verdict, outcome)
 }
@@ -466,14 +468,6 @@ async fn cluster_failover_under_load(fault: ClusterFault, acks: u32) -> (Verdict
         &outcome,
         at,
         Some(failover),
-    );
-    assert!(
-        verdict.intervals > 20,
-        "enough grants to mean something: {verdict:?}"
-    );
-    assert_eq!(
-        verdict.token_regressions, 0,
-        "tokens never regress: {verdict:?}"
     );
     (verdict, outcome)
 }

@@ -227,21 +227,12 @@ impl SentinelSetup {
 
     /// SIGSTOPs the data node on `port` (SIGCONT on drop).
     pub fn freeze(&mut self, port: u16) {
-        let node = self
-            .nodes
-            .iter()
-            .find(|n| n.port == port)
-            .expect("a data node");
-        let pid = node.pid();
-        signal(pid, "STOP");
-        self.frozen.push(pid);
+        freeze(&self.nodes, &mut self.frozen, port);
     }
 
     /// SIGCONTs every frozen node.
     pub fn thaw(&mut self) {
-        for pid in self.frozen.drain(..) {
-            signal(pid, "CONT");
-        }
+        thaw(&mut self.frozen);
     }
 }
 
@@ -428,22 +419,32 @@ impl ClusterSetup {
 
     /// SIGSTOPs the node on `port` (SIGCONT on drop).
     pub fn freeze(&mut self, port: u16) {
-        let node = self.nodes.iter().find(|n| n.port == port).expect("a node");
-        let pid = node.pid();
-        signal(pid, "STOP");
-        self.frozen.push(pid);
+        freeze(&self.nodes, &mut self.frozen, port);
     }
 
     /// SIGCONTs every frozen node.
     pub fn thaw(&mut self) {
-        for pid in self.frozen.drain(..) {
-            signal(pid, "CONT");
-        }
+        thaw(&mut self.frozen);
     }
 }
 
 impl Drop for ClusterSetup {
     fn drop(&mut self) {
         self.thaw();
+    }
+}
+
+/// SIGSTOPs the node of `nodes` on `port` and remembers its pid in `frozen`.
+fn freeze(nodes: &[Redis], frozen: &mut Vec<u32>, port: u16) {
+    let node = nodes.iter().find(|n| n.port == port).expect("a node");
+    let pid = node.pid();
+    signal(pid, "STOP");
+    frozen.push(pid);
+}
+
+/// SIGCONTs every pid in `frozen`.
+fn thaw(frozen: &mut Vec<u32>) {
+    for pid in frozen.drain(..) {
+        signal(pid, "CONT");
     }
 }

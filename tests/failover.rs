@@ -171,27 +171,38 @@ fn report(name: &str, outcome: &Outcome, fault: Instant, failover: Option<Durati
     verdict
 }
 
-/// Scenario 7 with `acks` replica acknowledgements: a workload on two sidecars, then
-/// replication cut, grants on the old master only, the master frozen, a failover.
-async fn sentinel_failover_under_load(acks: u32) -> (Verdict, Outcome) {
-    let mut topology = SentinelSetup::start().await;
-    let ns = namespace();
+/// The contended workload of scenarios 7 and 8 on two sidecars of the store at `url`,
+/// started now: 8 clients, 4 keys, for 8 s.
+async fn load_during_failover(
+    url: &str,
+    ns: &str,
+    acks: u32,
+) -> ([Sidecar; 2], tokio::task::JoinHandle<Outcome>) {
     let sidecars = [
-        Sidecar::start(store(&topology.url(), &ns, acks)).await,
-        Sidecar::start(store(&topology.url(), &ns, acks)).await,
+        Sidecar::start(store(url, ns, acks)).await,
+        Sidecar::start(store(url, ns, acks)).await,
     ];
     let addrs: Vec<String> = sidecars.iter().map(|s| s.addr.clone()).collect();
     let plan = Plan {
         clients: 8,
         keys: 4,
         // Long holds outlast the failover, so a grant lost by it is still in use when
-        // the key is granted again (the double grant this scenario measures).
+        // the key is granted again (the double grant these scenarios measure).
         ttl: Duration::from_secs(6),
         long_every: 4,
         long_hold: Duration::from_secs(4),
         run: Duration::from_secs(8),
     };
     let load = tokio::spawn(async move { workload::run(&addrs, plan).await });
+    (sidecars, load)
+}
+
+/// Scenario 7 with `acks` replica acknowledgements: a workload on two sidecars, then
+/// replication cut, grants on the old master only, the master frozen, a failover.
+async fn sentinel_failover_under_load(acks: u32) -> (Verdict, Outcome) {
+    let mut topology = SentinelSetup::start().await;
+    let ns = namespace();
+    let (_sidecars, load) = load_during_failover(&topology.url(), &ns, acks).await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let old = topology.master_port();
     topology.cut_replication();
@@ -435,24 +446,11 @@ enum ClusterFault {
 async fn cluster_failover_under_load(fault: ClusterFault, acks: u32) -> (Verdict, Outcome) {
     let mut cluster = tokio::task::block_in_place(ClusterSetup::start);
     let ns = namespace();
-    let sidecars = [
-        Sidecar::start(store(&cluster.url(), &ns, acks)).await,
-        Sidecar::start(store(&cluster.url(), &ns, acks)).await,
-    ];
-    let addrs: Vec<String> = sidecars.iter().map(|s| s.addr.clone()).collect();
-    let plan = Plan {
-        clients: 8,
-        keys: 4,
-        ttl: Duration::from_secs(6),
-        long_every: 4,
-        long_hold: Duration::from_secs(4),
-        run: Duration::from_secs(8),
-    };
     let (old, replica) = tokio::task::block_in_place(|| {
         let old = cluster.master_of(&format!("{{{ns}:key-0}}:h"));
         (old, cluster.replica_of(old))
     });
-    let load = tokio::spawn(async move { workload::run(&addrs, plan).await });
+    let (_sidecars, load) = load_during_failover(&cluster.url(), &ns, acks).await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let at = Instant::now();
     match fault {

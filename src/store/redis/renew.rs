@@ -148,16 +148,15 @@ impl RedisStore {
                     let slot = shards::slot(&self.key(batch[i].key, "h"));
                     by_slot.entry(slot).or_default().push(i);
                 }
-                let mut flags = vec![0; chunk.len()];
+                let mut renewed: BTreeMap<usize, i64> = BTreeMap::new();
                 for part in by_slot.values() {
-                    let renewed = self.renew_once(&mut conn, false, batch, part).await?;
-                    for (&i, flag) in part.iter().zip(renewed) {
-                        if let Some(at) = chunk.iter().position(|&c| c == i) {
-                            flags[at] = flag;
-                        }
-                    }
+                    let flags = self.renew_once(&mut conn, false, batch, part).await?;
+                    renewed.extend(part.iter().copied().zip(flags));
                 }
-                Ok(flags)
+                Ok(chunk
+                    .iter()
+                    .map(|i| renewed.get(i).copied().unwrap_or(0))
+                    .collect())
             }
         }
     }

@@ -16,6 +16,7 @@ use crate::engine::{
     self, AcquireRequest, Command, EndReason, Engine, EngineError, Event, Inbound, Mode,
     NotAcquiredReason, RejectCode, Rejection,
 };
+use crate::proto::limits::{CLIENT_NAME_HEADER, MAX_CLIENT_NAME_BYTES};
 use crate::proto::lock_service_server::LockService;
 use crate::proto::{self, lease_request, lease_response, not_acquired};
 use crate::store::Sharing;
@@ -34,9 +35,6 @@ pub const MAX_DECODED_BYTES: usize = 4 * 1024 * 1024;
 /// Events buffered per session for a client that reads slowly. A client that lets
 /// this many answers pile up is not reading at all; its session is ended.
 const OUTBOUND_BUFFER: usize = 4096;
-
-/// The metadata header a client names itself with.
-pub const CLIENT_NAME_HEADER: &str = "lockside-client-name";
 
 /// The `LockService` implementation.
 #[derive(Clone, Debug)]
@@ -67,7 +65,7 @@ impl LockService for LockApi {
             .and_then(|v| v.to_str().ok())
             .map(|name| {
                 let clean: String = name.chars().filter(|c| !c.is_control()).collect();
-                engine::prefix(&clean, engine::MAX_CLIENT_NAME_BYTES).to_owned()
+                engine::prefix(&clean, MAX_CLIENT_NAME_BYTES).to_owned()
             })
             .unwrap_or_default();
         let trace = trace_context(request.metadata());

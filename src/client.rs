@@ -35,8 +35,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use crate::proto::lock_service_client::LockServiceClient;
 use crate::proto::{self, lease_request, lease_response};
 
-/// Where clients find the sidecar unless told otherwise (DESIGN.md).
-pub const DEFAULT_ADDR: &str = "127.0.0.1:7420";
+pub use crate::proto::limits::DEFAULT_ADDR;
 
 /// Keepalive of the client's channel: DESIGN.md's advice, below the 1 s minimum TTL.
 const KEEPALIVE: Duration = Duration::from_secs(1);
@@ -189,7 +188,7 @@ impl Client {
     /// Takes `key` exclusively, waiting for it as long as needed (24 h at most).
     pub async fn lock(&self, key: &str) -> Result<LockGuard, ClientError> {
         let options = LockOptions {
-            wait: Some(crate::engine::MAX_WAIT),
+            wait: Some(crate::proto::limits::MAX_WAIT),
             ..LockOptions::default()
         };
         self.lock_with(key, options).await

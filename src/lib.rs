@@ -44,22 +44,13 @@
 
 pub mod admin;
 pub mod api;
-pub mod bench;
+pub mod cli;
 pub mod client;
-pub mod config;
 pub mod engine;
-pub mod hold;
 pub mod metrics;
+pub mod parse;
+pub mod proto;
 pub mod server;
 pub mod store;
 pub mod telemetry;
 pub mod webhook;
-
-/// Generated gRPC types and stubs (package `lockside.v1`).
-#[allow(missing_docs, clippy::all)]
-pub mod proto {
-    tonic::include_proto!("lockside.v1");
-
-    /// The encoded descriptors of `lockside.v1`, for server reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("lockside");
-}

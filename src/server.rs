@@ -329,3 +329,19 @@ fn remove_socket(path: Option<PathBuf>) {
         let _ = std::fs::remove_file(path);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addresses_parse() {
+        assert_eq!("unix:/tmp/s".parse(), Ok(ListenAddr::Unix("/tmp/s".into())));
+        assert_eq!(
+            "127.0.0.1:0".parse(),
+            Ok(ListenAddr::Tcp("127.0.0.1:0".into()))
+        );
+        assert!("unix:".parse::<ListenAddr>().is_err());
+        assert!("nowhere".parse::<ListenAddr>().is_err());
+    }
+}

@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use clap::Parser;
-use lockside::config::{Cli, CliCommand};
+use lockside::cli::{Cli, CliCommand};
 use lockside::server::ListenAddr;
 
 fn read(name: &str) -> String {

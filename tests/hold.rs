@@ -8,8 +8,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::{PATIENCE, Redis, Sidecar, StoreKind, TempDir, make_store, namespace};
+use lockside::cli::{EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_UNAVAILABLE};
 use lockside::client::{Client, ClientError, LockOptions};
-use lockside::hold::{EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_UNAVAILABLE};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 

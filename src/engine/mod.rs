@@ -16,19 +16,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::metrics::Metrics;
+use crate::proto::limits::MAX_KEY_BYTES;
 use crate::store::{KeyState, Notice, Store, StoreError};
 use renewer::Renewer;
 use wakers::Wakers;
 
-/// Shortest TTL a client may ask for: renewals every 333 ms are the most a sidecar
-/// should do per lock, and shorter leases leave no room for a store round trip.
-pub const MIN_TTL: Duration = Duration::from_secs(1);
-/// Longest wait a client may ask for; longer values are almost certainly unit mistakes.
-pub const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
-/// Longest key in bytes (DESIGN.md).
-pub const MAX_KEY_BYTES: usize = 512;
-/// Longest client name kept from the `lockside-client-name` header.
-pub const MAX_CLIENT_NAME_BYTES: usize = 128;
 /// Store calls that sessions may have in flight at once; more wait their turn. A burst
 /// of 10,000 acquires then costs Redis and the sidecar's memory what 256 cost, while
 /// 256 concurrent round trips keep the store busy.

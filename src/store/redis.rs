@@ -119,7 +119,7 @@ impl RedisStore {
         let topology = Topology::parse(url, options)?;
         if options.min_replica_acks > 0 && options.replica_ack_timeout >= options.timeout {
             return Err(StoreError::Config(
-                "--replica-ack-timeout must be shorter than --store-timeout".into(),
+                "the replica acknowledgement timeout must be shorter than the store timeout".into(),
             ));
         }
         let sentinel = matches!(topology, Topology::Sentinel { .. });

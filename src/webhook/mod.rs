@@ -5,8 +5,8 @@
 //! - [`sidecar`]: the injected container and its defaults.
 //! - [`review`]: the `AdmissionReview` v1 envelope around it.
 //! - [`tls`]: the certificate, reloaded when cert-manager renews it.
-//! - this file: the flags and the HTTPS server (`POST /mutate`, `GET /healthz`);
-//!   [`run`] is what tests call on port 0.
+//! - this file: the HTTPS server (`POST /mutate`, `GET /healthz`); [`run`] is what
+//!   tests call on port 0. Its flags are in `cli/webhook.rs`.
 
 pub mod patch;
 pub mod review;
@@ -14,7 +14,6 @@ pub mod sidecar;
 pub mod tls;
 
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +23,6 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use clap::Args;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
@@ -33,7 +31,6 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{LogFormat, StoreSpec, parse_duration};
 use review::Outcome;
 pub use sidecar::SidecarDefaults;
 
@@ -47,80 +44,6 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long shutdown waits for requests in flight (an admission review takes
 /// milliseconds; the API server retries nothing, so finishing them matters).
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Flags of `lockside webhook`.
-#[derive(Debug, Args)]
-pub struct WebhookArgs {
-    /// HTTPS listener. All interfaces: the API server dials the pod IP. 8443 and not
-    /// 443: the injector runs as non-root without NET_BIND_SERVICE; the Service maps 443.
-    #[arg(long, env = "LOCKSIDE_LISTEN", default_value = "0.0.0.0:8443")]
-    pub listen: String,
-
-    /// The serving certificate (PEM, leaf first), e.g. cert-manager's `tls.crt`.
-    #[arg(long, env = "LOCKSIDE_TLS_CERT")]
-    pub tls_cert: PathBuf,
-
-    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1), e.g. `tls.key`.
-    #[arg(long, env = "LOCKSIDE_TLS_KEY")]
-    pub tls_key: PathBuf,
-
-    /// How often the certificate files are read again to pick up a renewal. A minute
-    /// is far inside cert-manager's renewal margin (a third of the lifetime) and costs
-    /// two small reads.
-    #[arg(long, env = "LOCKSIDE_TLS_RELOAD_INTERVAL", default_value = "60s", value_parser = parse_duration)]
-    pub tls_reload_interval: Duration,
-
-    /// Image of the injected sidecar (`lockside.io/image` overrides it). The injector's
-    /// own version by default: one image is both.
-    #[arg(long, env = "LOCKSIDE_SIDECAR_IMAGE", default_value = concat!("lockside:", env!("CARGO_PKG_VERSION")))]
-    pub sidecar_image: String,
-
-    /// The injected sidecar's `--store` (`lockside.io/store` overrides it). No default:
-    /// locks are shared only by sidecars on one store, and an embedded memory store in
-    /// every pod would hand out locks that exclude nobody.
-    #[arg(long, env = "LOCKSIDE_SIDECAR_STORE")]
-    pub sidecar_store: String,
-
-    /// The injected sidecar's `--default-ttl` (`lockside.io/default-ttl` overrides it);
-    /// the same default as `lockside serve`.
-    #[arg(long, env = "LOCKSIDE_SIDECAR_DEFAULT_TTL", default_value = "10s", value_parser = parse_duration)]
-    pub sidecar_default_ttl: Duration,
-
-    /// Give pods the Unix socket unless they say `lockside.io/socket: "false"`. Off by
-    /// default: loopback TCP works with every client, the socket needs a client that
-    /// takes `unix:` addresses.
-    #[arg(long, env = "LOCKSIDE_SIDECAR_SOCKET")]
-    pub sidecar_socket: bool,
-
-    /// Log format on stderr: `text` for people, `json` for log pipelines.
-    #[arg(long, env = "LOCKSIDE_LOG_FORMAT", value_enum, default_value = "text")]
-    pub log_format: LogFormat,
-}
-
-impl WebhookArgs {
-    /// Checks the sidecar defaults as the annotations are checked, so that the
-    /// injector never injects a sidecar that would exit 64.
-    pub fn sidecar_defaults(&self) -> Result<SidecarDefaults, String> {
-        self.sidecar_store
-            .parse::<StoreSpec>()
-            .map_err(|e| format!("--sidecar-store: {e}"))?;
-        if self.sidecar_default_ttl < crate::engine::MIN_TTL
-            || self.sidecar_default_ttl > sidecar::MAX_DEFAULT_TTL
-        {
-            return Err("--sidecar-default-ttl must lie between 1s and 1h".into());
-        }
-        sidecar::check_image(&self.sidecar_image).map_err(|e| format!("--sidecar-image {e}"))?;
-        if self.tls_reload_interval < Duration::from_secs(1) {
-            return Err("--tls-reload-interval must be at least 1s".into());
-        }
-        Ok(SidecarDefaults {
-            image: self.sidecar_image.clone(),
-            store: self.sidecar_store.clone(),
-            default_ttl: self.sidecar_default_ttl,
-            socket: self.sidecar_socket,
-        })
-    }
-}
 
 /// The HTTP routes: `POST /mutate` and `GET /healthz`, bodies capped at [`MAX_BODY`].
 pub fn router(defaults: SidecarDefaults) -> Router {

@@ -12,7 +12,8 @@ use super::sidecar::{
     MAX_DEFAULT_TTL, SIDECAR_NAME, SOCKET_DIR, SOCKET_VOLUME, Sidecar, SidecarDefaults, TCP_ADDR,
     check_image, env_var,
 };
-use crate::config::{StoreSpec, parse_duration};
+use crate::parse::{StoreSpec, parse_duration};
+use crate::proto::limits::MIN_TTL;
 
 /// Opts a pod in (`"true"`/`"false"`); also the label the webhook's `objectSelector`
 /// matches, since a selector cannot see annotations.
@@ -223,7 +224,7 @@ fn settings(
         None => defaults.default_ttl,
         Some(ttl) => {
             let ttl = parse_duration(ttl).map_err(|e| annotation_error(DEFAULT_TTL, e))?;
-            if ttl < crate::engine::MIN_TTL || ttl > MAX_DEFAULT_TTL {
+            if ttl < MIN_TTL || ttl > MAX_DEFAULT_TTL {
                 return Err(annotation_error(
                     DEFAULT_TTL,
                     "must lie between 1s and 1h".into(),

@@ -141,7 +141,7 @@ fn container(sidecar: &Sidecar) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::parse_duration;
+    use crate::parse::parse_duration;
 
     #[test]
     fn durations_render_as_the_flag_parser_reads_them() {

@@ -10,7 +10,8 @@ use tracing::Instrument;
 
 use super::attempt::{AcquireOp, acquire};
 use super::{Acquiring, Done, Session, Slot};
-use crate::engine::{AcquireRequest, Command, MAX_WAIT, MIN_TTL, Mode, RejectCode, validate_key};
+use crate::engine::{AcquireRequest, Command, Mode, RejectCode, validate_key};
+use crate::proto::limits::{MAX_WAIT, MIN_TTL};
 use crate::store::{Claim, Sharing};
 
 /// The span of a first acquire of a key; its outcome, wait and token are recorded

@@ -49,7 +49,7 @@ impl Sidecar {
     ) -> Result<(Self, Channel), String> {
         let addr = format!("127.0.0.1:{}", free_port()?);
         let namespace = namespace(tag);
-        let mut command = Command::new(std::env::current_exe().map_err(err("own path"))?);
+        let mut command = Command::new(env!("CARGO_BIN_EXE_lockside"));
         command
             .args(["serve", "--listen", &addr, "--namespace", &namespace])
             .args(["--admin-listen", admin])

@@ -94,6 +94,9 @@ impl Servers {
 
 #[cfg(test)]
 mod tests {
+    // Run by tests/bench_units.rs; the bench target itself has no harness, so there
+    // the tests below are compiled out and this import goes unused.
+    #[allow(unused_imports)]
     use super::*;
 
     #[test]

@@ -1,4 +1,5 @@
-//! `lockside bench`: measures a live sidecar and, in the same run and from the same
+//! The benchmark (`cargo bench --bench lockside -- --redis redis://HOST:PORT`): measures a
+//! live sidecar and, in the same run and from the same
 //! process, the same Redis called directly with the same Lua scripts (through
 //! [`RedisStore`]), so the table shows what the sidecar adds on top of Redis.
 //!
@@ -14,7 +15,8 @@
 //! 7. the cost of traces and metrics: uncontended cycles on a sidecar exporting spans
 //!    and scraped, against one with neither (`observe.rs`).
 //!
-//! Without `--sidecar` the bench spawns `lockside serve` on a free loopback port and
+//! It is a bench target, not part of the product: the image neither builds nor ships it.
+//! Without `--sidecar` the bench spawns `lockside serve` (the binary cargo built beside it) on a free loopback port and
 //! stops it with SIGTERM at the end, also after an error.
 //!
 //! Files: this one has the flags, the run and phases 1, 2 and 5; `contend.rs` is
@@ -24,7 +26,7 @@
 //! `report.rs` turns samples into the table and the JSON.
 
 mod contend;
-mod hold;
+mod many_locks;
 mod observe;
 mod process;
 mod report;
@@ -36,15 +38,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Args;
+use clap::Parser;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 
-use crate::store::redis::RedisStore;
-use crate::store::{Acquired, Claim, Sharing, Store};
 use contend::{HANDOFFS, PERMITS, SEM_SESSIONS, handoff_phase, semaphore_phase};
-use hold::hold_phase;
+use lockside::store::redis::RedisStore;
+use lockside::store::{Acquired, Claim, Sharing, Store};
+use many_locks::hold_phase;
 use process::{Sidecar, connect};
 use report::{Report, Stats, ms, us};
 use servers::Servers;
@@ -61,8 +63,12 @@ const MAX_SAMPLES: usize = 1_000_000;
 /// Rounds of phase 5.
 const DEATH_ROUNDS: usize = 20;
 
-/// Flags of `lockside bench`.
-#[derive(Debug, Args)]
+/// Flags of the benchmark.
+#[derive(Debug, Parser)]
+#[command(
+    name = "lockside-bench",
+    about = "Measures a Lockside sidecar against direct Redis calls"
+)]
 pub struct BenchArgs {
     /// Redis to measure against, directly and through the sidecar.
     #[arg(long, env = "LOCKSIDE_BENCH_REDIS")]
@@ -90,16 +96,38 @@ pub struct BenchArgs {
     /// TTL of the locks held in the renewal phase (renewed every TTL/3); the sidecar's
     /// default TTL by default.
     #[arg(long, env = "LOCKSIDE_BENCH_HOLD_TTL", default_value = "10s",
-          value_parser = crate::config::parse_duration)]
+          value_parser = lockside::parse::parse_duration)]
     pub hold_ttl: Duration,
 
     /// Also write the JSON result to this file.
     #[arg(long, env = "LOCKSIDE_BENCH_JSON")]
     pub json: Option<PathBuf>,
+
+    /// Passed by `cargo bench` to every bench target; ignored.
+    #[arg(long, hide = true)]
+    pub bench: bool,
+}
+
+fn main() -> std::process::ExitCode {
+    let args = BenchArgs::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("bench: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
 
 /// Runs the benchmark; prints the table, then the JSON object on one line.
-pub async fn run(args: BenchArgs) -> Result<(), String> {
+async fn run(args: BenchArgs) -> Result<(), String> {
     let tag = random_hex(6)?;
     let (sidecar, channel) = Sidecar::start(&args, &tag).await?;
     let measured = measure(&args, &sidecar, channel, &tag).await;
@@ -110,13 +138,13 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         .as_deref()
         .filter(|s| s.starts_with("redlock://"))
     {
-        let masters = crate::store::redlock::master_urls(store).map_err(err("--store"))?;
+        let masters = lockside::store::redlock::master_urls(store).map_err(err("--store"))?;
         for master in masters.iter().filter(|m| **m != args.redis) {
             notes.extend(cleanup(master, &tag).await.err());
         }
         notes.push(format!(
             "the sidecar used {} (Redis commands per grant count --redis only)",
-            crate::config::redact(store)
+            lockside::parse::redact(store)
         ));
     }
     let mut report = measured?;
@@ -142,7 +170,9 @@ fn namespace(tag: &str) -> String {
 }
 
 fn random_hex(bytes: usize) -> Result<String, String> {
-    crate::engine::random_hex(bytes).map_err(err("no randomness"))
+    let mut buf = vec![0u8; bytes];
+    getrandom::fill(&mut buf).map_err(err("no randomness"))?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Deletes every key of this run: fence counters never expire on their own.

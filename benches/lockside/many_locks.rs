@@ -15,8 +15,8 @@ use super::process::{clock_ticks, cpu_ticks, rss_kb};
 use super::report::{Report, mb};
 use super::session::Session;
 use super::{Ctx, err, join_all, plain_redis};
-use crate::proto::LeaseResponse;
-use crate::proto::lease_response::Event as E;
+use lockside::proto::LeaseResponse;
+use lockside::proto::lease_response::Event as E;
 
 /// Locks per session (a sidecar allows 1024 by default).
 const LOCKS_PER_SESSION: u64 = 1000;
@@ -210,6 +210,9 @@ fn cmdstat_field(info: &str, line: &str, field: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    // Run by tests/bench_units.rs; the bench target itself has no harness, so there
+    // the tests below are compiled out and this import goes unused.
+    #[allow(unused_imports)]
     use super::*;
 
     #[test]

@@ -1,5 +1,5 @@
-//! `lockside hold` and `lockside describe`: the sidecar from a shell, like
-//! `etcdctl lock NAME -- CMD`.
+//! `lockside hold KEY -- CMD`: the sidecar from a shell, like `etcdctl lock NAME --
+//! CMD`.
 //!
 //! `hold` takes a lock through the sidecar at `LOCKSIDE_ADDR`, runs CMD with
 //! `LOCKSIDE_FENCING_TOKEN` and `LOCKSIDE_KEY` in its environment, forwards SIGINT and
@@ -16,8 +16,10 @@ use rustix::process::{Pid, Signal, kill_process};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::client::{Client, ClientError, LockOptions};
-use crate::config::{ConnectArgs, parse_duration};
+use super::connect::ConnectArgs;
+use crate::client::{ClientError, LockOptions};
+use crate::parse::parse_duration;
+use crate::proto::limits::MAX_WAIT;
 
 /// The sidecar could not be reached or refused the request (sysexits EX_UNAVAILABLE).
 pub const EXIT_UNAVAILABLE: u8 = 69;
@@ -77,58 +79,6 @@ pub struct HoldArgs {
     pub command: Vec<String>,
 }
 
-/// Flags of `lockside describe`.
-#[derive(Debug, Args)]
-pub struct DescribeArgs {
-    /// The lock's name.
-    pub key: String,
-
-    /// The sidecar, its token and TLS.
-    #[command(flatten)]
-    pub connect: ConnectArgs,
-}
-
-/// Flags of `lockside healthcheck`.
-#[derive(Debug, Args)]
-pub struct HealthcheckArgs {
-    /// The sidecar, its token and TLS.
-    #[command(flatten)]
-    pub connect: ConnectArgs,
-
-    /// Liveness only: exit 0 when the sidecar answers at all, even while its store is
-    /// down (restarting the sidecar would not bring Redis back).
-    #[arg(long)]
-    pub live: bool,
-}
-
-/// Connects as the flags say (a bad token or certificate file is reported like an
-/// unreachable sidecar: the command cannot do its work either way).
-async fn connect(args: &ConnectArgs) -> Result<Client, ClientError> {
-    let options = args.options().map_err(ClientError::Unavailable)?;
-    Client::connect_with(&args.addr, &options).await
-}
-
-/// Runs `lockside healthcheck`: 0 when the sidecar reports SERVING (with `--live`:
-/// when it answers at all), 1 otherwise.
-pub async fn healthcheck(args: HealthcheckArgs) -> u8 {
-    let serving = match connect(&args.connect).await {
-        Ok(client) => client.serving().await,
-        Err(e) => Err(e),
-    };
-    match serving {
-        Ok(_) if args.live => 0,
-        Ok(true) => 0,
-        Ok(false) => {
-            eprintln!("lockside healthcheck: not serving (the lock store does not answer)");
-            1
-        }
-        Err(e) => {
-            eprintln!("lockside healthcheck: {e}");
-            1
-        }
-    }
-}
-
 /// Runs `lockside hold`; returns the exit status.
 pub async fn hold(args: HoldArgs) -> u8 {
     let fail = |status: u8, e: &dyn std::fmt::Display| {
@@ -144,12 +94,12 @@ pub async fn hold(args: HoldArgs) -> u8 {
     ) else {
         return fail(EXIT_UNAVAILABLE, &"cannot install signal handlers");
     };
-    let client = match connect(&args.connect).await {
+    let client = match args.connect.client().await {
         Ok(client) => client,
         Err(e) => return fail(EXIT_UNAVAILABLE, &e),
     };
     let options = LockOptions {
-        wait: Some(args.wait.unwrap_or(crate::engine::MAX_WAIT)),
+        wait: Some(args.wait.unwrap_or(MAX_WAIT)),
         ttl: args.ttl,
         shared: matches!(args.mode, ModeArg::Shared),
         limit: args.limit,
@@ -225,58 +175,5 @@ fn exit_code(status: ExitStatus) -> u8 {
         (Some(code), _) => code as u8,
         (None, Some(signal)) => 128u8.saturating_add(signal as u8),
         (None, None) => 1,
-    }
-}
-
-/// Runs `lockside describe`: prints the key's holders and queue; returns the exit
-/// status.
-pub async fn describe(args: DescribeArgs) -> u8 {
-    let state = match connect(&args.connect).await {
-        Ok(client) => client.describe(&args.key).await,
-        Err(e) => Err(e),
-    };
-    let state = match state {
-        Ok(state) => state,
-        Err(e) => {
-            eprintln!("lockside describe: {e}");
-            return EXIT_UNAVAILABLE;
-        }
-    };
-    let mode = crate::proto::LockMode::try_from(state.mode)
-        .map(|m| m.as_str_name().trim_start_matches("LOCK_MODE_").to_owned())
-        .unwrap_or_default();
-    println!("key: {}", state.key);
-    println!(
-        "mode: {mode}  limit: {}  waiters: {}  last fencing token: {}",
-        state.limit, state.waiters, state.fencing_token
-    );
-    for h in &state.holders {
-        let ttl = h
-            .ttl_remaining
-            .map(|d| d.seconds as f64 + d.nanos as f64 / 1e9);
-        println!(
-            "holder {} ({}): holds {}, ttl {:.1}s",
-            h.session_id,
-            name(&h.client_name),
-            h.hold_count,
-            ttl.unwrap_or(0.0)
-        );
-    }
-    for q in &state.queue {
-        println!(
-            "queue {}: {} ({})",
-            q.position,
-            q.session_id,
-            name(&q.client_name)
-        );
-    }
-    0
-}
-
-fn name(client_name: &str) -> &str {
-    if client_name.is_empty() {
-        "unnamed"
-    } else {
-        client_name
     }
 }

@@ -8,10 +8,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
 use super::err;
-use crate::proto::lease_request::Command as Cmd;
-use crate::proto::lease_response::Event as E;
-use crate::proto::lock_service_client::LockServiceClient;
-use crate::proto::{Acquire, LeaseRequest, LeaseResponse, Release};
+use lockside::proto::lease_request::Command as Cmd;
+use lockside::proto::lease_response::Event as E;
+use lockside::proto::lock_service_client::LockServiceClient;
+use lockside::proto::{Acquire, LeaseRequest, LeaseResponse, Release};
 
 /// Longest wait for one answer: above the 30 s `wait_timeout` of contended acquires, so
 /// a sidecar that never answers fails the bench instead of hanging it.

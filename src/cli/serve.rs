@@ -1,136 +1,23 @@
-//! The command line. Every flag also reads `LOCKSIDE_<FLAG>` from the environment
-//! (`webhook`'s flags are in [`crate::webhook`]).
-//! Tests build [`EngineConfig`] and [`ServerConfig`] directly instead.
+//! `lockside serve`: its flags, the typed configurations they become (the library
+//! layers never see the flags), and the sidecar's start: store, listeners, engine.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::Args;
 
-use crate::engine::EngineConfig;
-use crate::server::{ListenAddr, ServerConfig};
-
-/// Lockside: distributed locks held by a live gRPC stream.
-#[derive(Debug, Parser)]
-#[command(name = "lockside", version, about)]
-pub struct Cli {
-    /// What to do.
-    #[command(subcommand)]
-    pub command: CliCommand,
-}
-
-/// Subcommands.
-#[derive(Debug, Subcommand)]
-pub enum CliCommand {
-    /// Run the sidecar.
-    Serve(Box<ServeArgs>),
-    /// Run a command while holding a lock, like `etcdctl lock` (exit statuses: README).
-    Hold(crate::hold::HoldArgs),
-    /// Print a lock's holders and queue.
-    Describe(crate::hold::DescribeArgs),
-    /// Exit 0 when the sidecar serves (its store answers), 1 otherwise: for exec probes.
-    Healthcheck(crate::hold::HealthcheckArgs),
-    /// Measure a sidecar against direct Redis calls (see README "Benchmark").
-    Bench(crate::bench::BenchArgs),
-    /// Run the Kubernetes admission webhook that injects the sidecar into pods.
-    Webhook(crate::webhook::WebhookArgs),
-}
-
-/// Where locks are kept.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum StoreSpec {
-    /// The embedded memory store.
-    Memory,
-    /// Redis: standalone (`redis://`, `rediss://`), through Sentinel
-    /// (`redis+sentinel://`, `rediss+sentinel://`) or a Cluster (`redis+cluster://`,
-    /// `rediss+cluster://`).
-    Redis(String),
-    /// Redlock over independent masters, `redlock://h1:p1,h2:p2,h3:p3`.
-    Redlock(String),
-}
-
-impl std::str::FromStr for StoreSpec {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        if s == "memory" {
-            return Ok(Self::Memory);
-        }
-        let redis = [
-            "redis://",
-            "rediss://",
-            "redis+sentinel://",
-            "rediss+sentinel://",
-            "redis+cluster://",
-            "rediss+cluster://",
-        ];
-        if redis.iter().any(|scheme| s.starts_with(scheme)) {
-            return Ok(Self::Redis(s.to_owned()));
-        }
-        if s.starts_with("redlock://") {
-            return Ok(Self::Redlock(s.to_owned()));
-        }
-        Err(format!(
-            "{:?} is not a store: use memory, redis://HOST:PORT or rediss://HOST:PORT",
-            redact(s)
-        ))
-    }
-}
-
-impl std::fmt::Display for StoreSpec {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Memory => f.write_str("memory"),
-            Self::Redis(url) | Self::Redlock(url) => f.write_str(&redact(url)),
-        }
-    }
-}
-
-/// A URL with any `user:password@` part replaced, fit for logs.
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
-        }
-        _ => url.to_owned(),
-    }
-}
-
-/// Parses `250ms`, `10s`, `5m`, `1h` (a bare number is seconds).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 250ms, 10s, 5m or 1h"))?;
-    let seconds = match unit {
-        "ms" => value / 1000.0,
-        "" | "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{s:?}: {e}"))
-}
-
-/// Log formats.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
-
-fn parse_mode(s: &str) -> Result<u32, String> {
-    u32::from_str_radix(s.trim_start_matches("0o"), 8)
-        .ok()
-        .filter(|m| *m <= 0o777)
-        .ok_or_else(|| format!("{s:?} is not an octal file mode like 600 or 660"))
-}
+use super::files::{read_pem, read_token};
+use super::shutdown_signal;
+use crate::engine::{Engine, EngineConfig};
+use crate::parse::{StoreSpec, parse_duration, parse_mode};
+use crate::proto::limits::MIN_TTL;
+use crate::server::{self, ListenAddr, Listener, ServerConfig, tls_config};
+use crate::store::redis::{RedisOptions, RedisStore};
+use crate::store::redlock::RedlockStore;
+use crate::store::{DEFAULT_CLOCK_DRIFT, Store, memory::MemoryStore};
+use crate::telemetry::{LogFormat, TraceConfig};
 
 /// Flags of `lockside serve`.
 #[derive(Debug, Args)]
@@ -228,7 +115,7 @@ pub struct ServeArgs {
     /// every validity is cut by this share of the TTL so that `Lost` still comes before
     /// the store lets go. 0.01 (1%) as in the Redlock description; raise it on hosts
     /// whose clocks are less steady.
-    #[arg(long, env = "LOCKSIDE_CLOCK_DRIFT", default_value_t = crate::store::DEFAULT_CLOCK_DRIFT)]
+    #[arg(long, env = "LOCKSIDE_CLOCK_DRIFT", default_value_t = DEFAULT_CLOCK_DRIFT)]
     pub clock_drift: f64,
 
     /// A file holding a bearer token: every LockService call must then carry
@@ -297,8 +184,8 @@ pub struct ServeArgs {
 
 impl ServeArgs {
     /// The Redis store's options beyond its URL.
-    pub fn redis_options(&self) -> crate::store::redis::RedisOptions {
-        crate::store::redis::RedisOptions {
+    pub fn redis_options(&self) -> RedisOptions {
+        RedisOptions {
             timeout: self.store_timeout,
             ca_file: self.store_ca_file.clone(),
             client_cert: self.store_client_cert.clone(),
@@ -310,10 +197,10 @@ impl ServeArgs {
 
     /// Checks values that clap cannot and builds the engine's configuration.
     pub fn engine_config(&self) -> Result<EngineConfig, String> {
-        if self.max_ttl < crate::engine::MIN_TTL {
+        if self.max_ttl < MIN_TTL {
             return Err("--max-ttl must be at least 1s".into());
         }
-        if self.default_ttl < crate::engine::MIN_TTL || self.default_ttl > self.max_ttl {
+        if self.default_ttl < MIN_TTL || self.default_ttl > self.max_ttl {
             return Err("--default-ttl must lie between 1s and --max-ttl".into());
         }
         if self.namespace.is_empty() || self.namespace.contains(['{', '}']) {
@@ -347,9 +234,9 @@ impl ServeArgs {
     }
 
     /// Where to send traces, if anywhere.
-    pub fn trace_config(&self) -> Option<crate::telemetry::TraceConfig> {
+    pub fn trace_config(&self) -> Option<TraceConfig> {
         let endpoint = self.otlp_endpoint.as_deref().filter(|e| !e.is_empty())?;
-        Some(crate::telemetry::TraceConfig {
+        Some(TraceConfig {
             endpoint: endpoint.to_owned(),
             service_name: self.service_name.clone(),
         })
@@ -365,7 +252,7 @@ impl ServeArgs {
         let tls = match (&self.tls_cert, &self.tls_key) {
             (Some(cert), Some(key)) => {
                 let client_ca = self.tls_client_ca.as_deref().map(read_pem).transpose()?;
-                Some(crate::server::tls_config(
+                Some(tls_config(
                     &read_pem(cert)?,
                     &read_pem(key)?,
                     client_ca.as_deref(),
@@ -381,166 +268,93 @@ impl ServeArgs {
             tls,
         })
     }
-}
-
-/// Reads a bearer token from a file: one word, surrounding whitespace ignored. The
-/// error names the file, never its content.
-pub fn read_token(path: &Path) -> Result<String, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let token = text.trim();
-    if token.is_empty() || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(format!(
-            "{}: the token must be one non-empty word",
-            path.display()
-        ));
-    }
-    Ok(token.to_owned())
-}
-
-/// Reads a PEM file (certificate, key or CA); checks only that it looks like PEM, so
-/// a wrong path fails at start rather than at the first handshake.
-pub fn read_pem(path: &Path) -> Result<Vec<u8>, String> {
-    let pem = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if !pem.windows(11).any(|w| w == b"-----BEGIN ") {
-        return Err(format!("{}: not a PEM file", path.display()));
-    }
-    Ok(pem)
-}
-
-/// How a client reaches the sidecar: `lockside hold`, `describe` and `healthcheck`.
-#[derive(Clone, Debug, Args)]
-pub struct ConnectArgs {
-    /// The sidecar: HOST:PORT, http(s)://HOST:PORT or unix:PATH.
-    #[arg(long, env = "LOCKSIDE_ADDR", default_value = crate::client::DEFAULT_ADDR)]
-    pub addr: String,
-
-    /// A file holding the sidecar's bearer token (its --auth-token-file).
-    #[arg(long, env = "LOCKSIDE_AUTH_TOKEN_FILE")]
-    pub auth_token_file: Option<PathBuf>,
-
-    /// TLS: the CA that signed the sidecar's certificate (PEM). Implies TLS.
-    #[arg(long, env = "LOCKSIDE_TLS_CA")]
-    pub tls_ca: Option<PathBuf>,
-
-    /// Mutual TLS: this client's certificate chain (PEM). Needs --tls-key.
-    #[arg(long, env = "LOCKSIDE_TLS_CERT", requires = "tls_key")]
-    pub tls_cert: Option<PathBuf>,
-
-    /// Mutual TLS: the private key of --tls-cert (PEM).
-    #[arg(long, env = "LOCKSIDE_TLS_KEY", requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
-
-    /// TLS: the name the sidecar's certificate must carry, if not the address's host.
-    #[arg(long, env = "LOCKSIDE_TLS_SERVER_NAME")]
-    pub tls_server_name: Option<String>,
-}
-
-impl ConnectArgs {
-    /// Reads the files and builds the client's options.
-    pub fn options(&self) -> Result<crate::client::ConnectOptions, String> {
-        let flag = |name: &'static str| move |e: String| format!("--{name}: {e}");
-        let auth_token = self
-            .auth_token_file
-            .as_deref()
-            .map(read_token)
-            .transpose()
-            .map_err(flag("auth-token-file"))?;
-        let tls_wanted = self.tls_ca.is_some() || self.tls_cert.is_some();
-        let tls = if tls_wanted || self.addr.starts_with("https://") {
-            let identity = match (&self.tls_cert, &self.tls_key) {
-                (Some(cert), Some(key)) => Some((
-                    read_pem(cert).map_err(flag("tls-cert"))?,
-                    read_pem(key).map_err(flag("tls-key"))?,
-                )),
-                _ => None,
-            };
-            Some(crate::client::ClientTls {
-                ca_pem: self
-                    .tls_ca
-                    .as_deref()
-                    .map(read_pem)
-                    .transpose()
-                    .map_err(flag("tls-ca"))?,
-                identity,
-                server_name: self.tls_server_name.clone(),
-            })
-        } else {
-            None
+    /// The store `--store` names, with its options. Settings that cannot work together
+    /// are refused here, in terms of the flags.
+    pub fn store(&self) -> Result<Arc<dyn Store>, String> {
+        let acks = self.min_replica_acks > 0;
+        let store: Arc<dyn Store> = match &self.store {
+            StoreSpec::Memory if acks => {
+                return Err("--min-replica-acks needs a Redis store with replicas".into());
+            }
+            StoreSpec::Redlock(_) if acks => {
+                return Err(
+                    "--min-replica-acks does not apply to Redlock's independent masters".into(),
+                );
+            }
+            StoreSpec::Redis(_) if acks && self.replica_ack_timeout >= self.store_timeout => {
+                return Err("--replica-ack-timeout must be shorter than --store-timeout".into());
+            }
+            StoreSpec::Memory => Arc::new(MemoryStore::new()),
+            StoreSpec::Redis(url) => Arc::new(
+                RedisStore::with_options(url, &self.namespace, &self.redis_options())
+                    .map_err(|e| format!("--store: {e}"))?,
+            ),
+            StoreSpec::Redlock(url) => Arc::new(
+                RedlockStore::new(url, &self.namespace, self.store_timeout)
+                    .map_err(|e| format!("--store: {e}"))?,
+            ),
         };
-        Ok(crate::client::ConnectOptions { auth_token, tls })
+        Ok(store)
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_parse() {
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
-        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
-        assert!(parse_duration("ten").is_err());
-        assert!(parse_duration("10d").is_err());
-        assert!(parse_duration("-1s").is_err());
+/// Runs the sidecar until SIGTERM or SIGINT; bad flags exit 64.
+pub async fn serve(args: ServeArgs) -> ExitCode {
+    let built = args.engine_config().and_then(|engine| {
+        let server = args.server_config()?;
+        Ok((engine, server, args.store()?))
+    });
+    let (config, server_config, store) = match built {
+        Ok(built) => built,
+        Err(e) => {
+            eprintln!("lockside serve: {e}");
+            return ExitCode::from(super::EX_USAGE);
+        }
+    };
+    let listener = match Listener::bind(&args.listen).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            tracing::error!(listen = ?args.listen, error = %e, "cannot listen");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = listener.set_socket_mode(args.socket_mode) {
+        tracing::error!(error = %e, "cannot set the socket's mode");
+        return ExitCode::FAILURE;
     }
-
-    #[test]
-    fn stores_parse_and_redact() {
-        assert_eq!("memory".parse(), Ok(StoreSpec::Memory));
-        assert!(matches!("redis://h:1".parse(), Ok(StoreSpec::Redis(_))));
-        assert!(matches!(
-            "redis+sentinel://a:1,b:2/m".parse(),
-            Ok(StoreSpec::Redis(_))
-        ));
-        assert!(matches!(
-            "redlock://a,b,c".parse(),
-            Ok(StoreSpec::Redlock(_))
-        ));
-        let shown = StoreSpec::Redlock("redlock://u:pw@a,b,c".into()).to_string();
-        assert!(!shown.contains("pw"));
-        assert!("mysql://x".parse::<StoreSpec>().is_err());
-        assert_eq!(redact("redis://u:secret@h:1/0"), "redis://***@h:1/0");
-        let shown = StoreSpec::Redis("rediss://:pw@h:1".into()).to_string();
-        assert!(!shown.contains("pw"));
+    let admin = match args.admin_listen.as_str() {
+        "none" | "" => None,
+        addr => match tokio::net::TcpListener::bind(addr).await {
+            Ok(admin) => {
+                let bound = admin
+                    .local_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_default();
+                tracing::info!(address = %bound, "admin listening (/livez /readyz /metrics)");
+                Some(admin)
+            }
+            Err(e) => {
+                tracing::error!(admin_listen = %addr, error = %e, "cannot listen");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let engine = Engine::new(store, config);
+    if let Err(e) = engine.ping().await {
+        // Not fatal: the sidecar serves and answers UNAVAILABLE until the store is back.
+        tracing::warn!(store = %args.store, error = %e, "the store does not answer yet");
     }
-
-    #[test]
-    fn store_certificates_reach_the_redis_options() {
-        let cli = Cli::try_parse_from([
-            "lockside",
-            "serve",
-            "--store",
-            "rediss://h:1",
-            "--store-ca-file",
-            "/etc/ca.pem",
-            "--store-client-cert",
-            "/c.pem",
-            "--store-client-key",
-            "/c.key",
-        ])
-        .expect("flags parse");
-        let CliCommand::Serve(args) = cli.command else {
-            panic!("serve");
-        };
-        let options = args.redis_options();
-        assert_eq!(options.ca_file, Some("/etc/ca.pem".into()));
-        assert_eq!(options.client_key, Some("/c.key".into()));
-        let half = ["lockside", "serve", "--store-client-cert", "/c.pem"];
-        assert!(Cli::try_parse_from(half).is_err(), "a cert needs its key");
-    }
-
-    #[test]
-    fn listen_addresses_parse() {
-        assert_eq!("unix:/tmp/s".parse(), Ok(ListenAddr::Unix("/tmp/s".into())));
-        assert_eq!(
-            "127.0.0.1:0".parse(),
-            Ok(ListenAddr::Tcp("127.0.0.1:0".into()))
-        );
-        assert!("unix:".parse::<ListenAddr>().is_err());
-        assert!("nowhere".parse::<ListenAddr>().is_err());
+    tracing::info!(
+        address = %listener.local_addr(),
+        store = %args.store,
+        namespace = %args.namespace,
+        "listening"
+    );
+    match server::run(listener, admin, engine, server_config, shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "server failed");
+            ExitCode::FAILURE
+        }
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::hold::{Sample, sample};
+use super::many_locks::{Sample, sample};
 use super::report::{Report, Stats, us};
 use super::session::{Ask, Session, Want};
 use super::{Ctx, WAIT, join_all, plain_redis, sampling};

@@ -1,0 +1,25 @@
+//! Limits and defaults that are part of the protocol: each is stated in the `.proto`'s
+//! comments or in DESIGN's contract, and clients in every language rely on it. Limits a
+//! sidecar operator may tune (sessions, locks per session, ...) are not here: they are
+//! the engine's configuration.
+
+use std::time::Duration;
+
+/// Shortest TTL a client may ask for: renewals every 333 ms are the most a sidecar
+/// should do per lock, and shorter leases leave no room for a store round trip.
+pub const MIN_TTL: Duration = Duration::from_secs(1);
+
+/// Longest wait a client may ask for; longer values are almost certainly unit mistakes.
+pub const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
+
+/// Longest key, in bytes of UTF-8.
+pub const MAX_KEY_BYTES: usize = 512;
+
+/// Longest client name kept from the [`CLIENT_NAME_HEADER`]; longer names are cut.
+pub const MAX_CLIENT_NAME_BYTES: usize = 128;
+
+/// Where clients find the sidecar unless `LOCKSIDE_ADDR` says otherwise.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:7420";
+
+/// The request metadata header a client names itself with on `Lease`.
+pub const CLIENT_NAME_HEADER: &str = "lockside-client-name";

@@ -129,7 +129,7 @@ fn baseline(id: &str) -> Option<&'static str> {
     }
 }
 
-/// The target of figure `id` (DESIGN.md and the benchmark issue) and whether `f` meets
+/// The target of figure `id` (the README's Benchmark section) and whether `f` meets
 /// it (`None`: nothing measured to compare); `base` is the sidecar figure of the
 /// [`baseline`] line.
 fn target(id: &str, f: Figures, base: Option<f64>) -> Option<(&'static str, Option<bool>)> {

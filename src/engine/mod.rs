@@ -2,8 +2,10 @@
 //! Redis and no protobuf: the API hands it [`Command`]s and turns its [`Event`]s into
 //! messages; a [`Store`] keeps the locks.
 
+mod protocol;
 mod renewer;
 mod session;
+mod view;
 mod wakers;
 
 use std::sync::Arc;
@@ -17,8 +19,13 @@ use tracing::Instrument;
 
 use crate::metrics::Metrics;
 use crate::proto::limits::MAX_KEY_BYTES;
-use crate::store::{KeyState, Notice, Store, StoreError};
+use crate::store::{Notice, Store};
+pub use protocol::{
+    AcquireRequest, Command, EndReason, EngineError, Event, Inbound, Mode, NotAcquiredReason,
+    RejectCode, Rejection,
+};
 use renewer::Renewer;
+pub use view::{HolderView, KeyView, QueuedView};
 use wakers::Wakers;
 
 /// Store calls that sessions may have in flight at once; more wait their turn. A burst
@@ -26,7 +33,7 @@ use wakers::Wakers;
 /// 256 concurrent round trips keep the store busy.
 pub const MAX_STORE_CALLS: usize = 256;
 /// How much of bad client input an answer may echo.
-const ECHO_BYTES: usize = 64;
+pub(crate) const ECHO_BYTES: usize = 64;
 
 /// Limits and defaults of the engine. Every value is documented in the README.
 #[derive(Clone, Debug)]
@@ -70,220 +77,6 @@ impl Default for EngineConfig {
             clock_drift: crate::store::DEFAULT_CLOCK_DRIFT,
         }
     }
-}
-
-/// Lock mode of a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// Excludes everyone else.
-    Exclusive,
-    /// Coexists with other shared holders.
-    Shared,
-}
-
-/// An `Acquire`, decoded but not yet validated.
-#[derive(Clone, Debug)]
-pub struct AcquireRequest {
-    /// Client's id for the answer.
-    pub request_id: u64,
-    /// The lock's name.
-    pub key: String,
-    /// How long to wait when busy; `None` or zero: do not wait.
-    pub wait: Option<Duration>,
-    /// Lock mode.
-    pub mode: Mode,
-    /// Semaphore limit (0 or 1: a plain lock).
-    pub limit: u32,
-    /// FIFO among waiters.
-    pub fair: bool,
-    /// Requested TTL; `None`: the default.
-    pub ttl: Option<Duration>,
-    /// The caller's trace context for this acquire (empty: the session's).
-    pub trace: crate::telemetry::TraceContext,
-}
-
-/// A client command on a session.
-#[derive(Clone, Debug)]
-pub enum Command {
-    /// Take or wait for a lock.
-    Acquire(AcquireRequest),
-    /// Give back one hold, or cancel a wait.
-    Release {
-        /// Client's id for the answer.
-        request_id: u64,
-        /// The lock's name.
-        key: String,
-    },
-}
-
-/// What arrives on a session's inbound side.
-#[derive(Debug)]
-pub enum Inbound {
-    /// A well-formed command.
-    Command(Command),
-    /// A message the API could not decode into a command; answered `Rejected`.
-    Invalid(Rejection),
-    /// The transport broke; the session ends.
-    Broken(String),
-}
-
-/// Why a request was refused. Mapped to a google.rpc code in the API, nowhere else.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RejectCode {
-    /// A bad value.
-    InvalidArgument,
-    /// A limit was reached.
-    ResourceExhausted,
-    /// The request does not fit the session's state.
-    FailedPrecondition,
-    /// Not built yet.
-    Unimplemented,
-    /// The store cannot be reached.
-    Unavailable,
-}
-
-/// A refused request.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Rejection {
-    /// The request's id.
-    pub request_id: u64,
-    /// A short prefix of the request's key.
-    pub key: String,
-    /// Why.
-    pub code: RejectCode,
-    /// For humans.
-    pub message: String,
-}
-
-impl Rejection {
-    /// A rejection that echoes at most a short prefix of `key`.
-    pub fn new(request_id: u64, key: &str, code: RejectCode, message: impl Into<String>) -> Self {
-        Self {
-            request_id,
-            key: prefix(key, ECHO_BYTES).to_owned(),
-            code,
-            message: message.into(),
-        }
-    }
-}
-
-/// Why a `NotAcquired`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NotAcquiredReason {
-    /// Held by someone else and the request did not wait.
-    Busy,
-    /// Still held when the wait ran out.
-    Timeout,
-    /// The wait was cancelled.
-    Cancelled,
-}
-
-/// Why a session's stream is ended by the sidecar.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EndReason {
-    /// The sidecar is shutting down; every lock was released.
-    Shutdown,
-    /// The client did not read its answers.
-    Overflow,
-}
-
-/// An event for the client of a session, in the order it must be sent.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Event {
-    /// First event of every session.
-    Started {
-        /// Public id.
-        session_id: String,
-        /// TTL of an `Acquire` without one.
-        default_ttl: Duration,
-    },
-    /// A grant.
-    Granted {
-        /// The `Acquire`'s id.
-        request_id: u64,
-        /// The key.
-        key: String,
-        /// Fencing token.
-        fence: u64,
-        /// Validity left, reduced by the drift margin.
-        ttl: Duration,
-        /// Holds now.
-        hold_count: u32,
-    },
-    /// A wait began.
-    Waiting {
-        /// The `Acquire`'s id.
-        request_id: u64,
-        /// The key.
-        key: String,
-        /// Queue position (0 when unfair).
-        position: u32,
-    },
-    /// Not acquired.
-    NotAcquired {
-        /// The `Acquire`'s id.
-        request_id: u64,
-        /// The key.
-        key: String,
-        /// Why.
-        reason: NotAcquiredReason,
-    },
-    /// A hold was given back.
-    Released {
-        /// The `Release`'s id.
-        request_id: u64,
-        /// The key.
-        key: String,
-        /// Holds left.
-        hold_count: u32,
-    },
-    /// A lock is no longer held.
-    Lost {
-        /// The key.
-        key: String,
-        /// Why.
-        reason: String,
-        /// The token the session held.
-        fence: u64,
-    },
-    /// A request was refused.
-    Rejected(Rejection),
-    /// Renewals are failing.
-    Jeopardy {
-        /// The key.
-        key: String,
-        /// Validity left.
-        ttl_remaining: Duration,
-    },
-    /// Renewals succeed again.
-    Restored {
-        /// The key.
-        key: String,
-        /// Validity left.
-        ttl: Duration,
-    },
-    /// The sidecar ends the stream.
-    Ended(EndReason),
-}
-
-/// Errors of calls outside a session.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    /// A bad value from the client.
-    #[error("{0}")]
-    InvalidArgument(String),
-    /// A limit was reached.
-    #[error("{0}")]
-    ResourceExhausted(String),
-    /// The store cannot be reached.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// The sidecar is shutting down.
-    #[error("the sidecar is shutting down")]
-    ShuttingDown,
-    /// The operating system's random source failed.
-    #[error("no randomness for session tokens: {0}")]
-    Random(String),
 }
 
 /// `bytes` random bytes from the OS, as lowercase hex: session ids, owner secrets.
@@ -452,9 +245,9 @@ impl Engine {
     }
 
     /// The state of `key` in the store.
-    pub async fn describe(&self, key: &str) -> Result<KeyState, EngineError> {
+    pub async fn describe(&self, key: &str) -> Result<KeyView, EngineError> {
         validate_key(key).map_err(EngineError::InvalidArgument)?;
-        Ok(self.shared.store.describe(key).await?)
+        Ok(self.shared.store.describe(key).await?.into())
     }
 
     /// Checks that the store answers.

@@ -1,5 +1,5 @@
 //! Limits and defaults that are part of the protocol: each is stated in the `.proto`'s
-//! comments or in DESIGN's contract, and clients in every language rely on it. Limits a
+//! comments or in the README's contract sections, and clients in every language rely on it. Limits a
 //! sidecar operator may tune (sessions, locks per session, ...) are not here: they are
 //! the engine's configuration.
 

@@ -1,13 +1,15 @@
 //! `lockside webhook`: a mutating admission webhook that injects Lockside as a native
 //! sidecar into pods that opt in (`lockside.io/inject: "true"`).
 //!
-//! - [`patch`]: the pure part, Pod JSON → JSONPatch (unit-tested beside the code).
+//! - [`patch`]: the pure part, Pod JSON → JSONPatch (unit-tested beside the code);
+//!   [`annotations`]: the pod's `lockside.io/*` settings, checked.
 //! - [`sidecar`]: the injected container and its defaults.
 //! - [`review`]: the `AdmissionReview` v1 envelope around it.
 //! - [`tls`]: the certificate, reloaded when cert-manager renews it.
 //! - this file: the HTTPS server (`POST /mutate`, `GET /healthz`); [`run`] is what
 //!   tests call on port 0. Its flags are in `cli/webhook.rs`.
 
+pub mod annotations;
 pub mod patch;
 pub mod review;
 pub mod sidecar;

@@ -18,8 +18,11 @@
 //!
 //! Each guard has its own `Lease` stream, so dropping a guard releases its lock (the
 //! sidecar releases on stream end) and the lock is lost with the stream: any stream
-//! error counts as `Lost`, as DESIGN.md advises. The channel uses HTTP/2 keepalive of
+//! error counts as `Lost`, as the contract advises. The channel uses HTTP/2 keepalive of
 //! 1 s / 1 s, well below any TTL, so a frozen sidecar is noticed in time.
+
+mod connect;
+mod guard;
 
 use std::time::Duration;
 
@@ -27,18 +30,16 @@ use hyper_util::rt::TokioIo;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::metadata::{Ascii, MetadataValue};
-use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::Channel;
 
 use crate::proto::lock_service_client::LockServiceClient;
 use crate::proto::{self, lease_request, lease_response};
+use connect::endpoint;
+pub use connect::{Bearer, ClientTls, ConnectOptions};
+pub use guard::LockGuard;
 
 pub use crate::proto::limits::DEFAULT_ADDR;
-
-/// Keepalive of the client's channel: DESIGN.md's advice, below the 1 s minimum TTL.
-const KEEPALIVE: Duration = Duration::from_secs(1);
 
 /// What can go wrong for a client.
 #[derive(Debug, thiserror::Error)]
@@ -75,55 +76,6 @@ pub struct LockOptions {
     pub limit: u32,
     /// Wait in arrival order.
     pub fair: bool,
-}
-
-/// How to reach a sidecar beyond its address: its bearer token and TLS.
-#[derive(Clone, Default)]
-pub struct ConnectOptions {
-    /// Sent as `authorization: Bearer <token>` on every call (the sidecar's
-    /// `--auth-token-file`).
-    pub auth_token: Option<String>,
-    /// TLS to the sidecar; `None`: plaintext (loopback, Unix socket).
-    pub tls: Option<ClientTls>,
-}
-
-impl std::fmt::Debug for ConnectOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never print the token or the key.
-        f.debug_struct("ConnectOptions")
-            .field("auth_token", &self.auth_token.as_ref().map(|_| "<set>"))
-            .field("tls", &self.tls.is_some())
-            .finish()
-    }
-}
-
-/// TLS settings of a client.
-#[derive(Clone, Default)]
-pub struct ClientTls {
-    /// The CA that signed the sidecar's certificate (PEM); `None`: the webpki roots.
-    pub ca_pem: Option<Vec<u8>>,
-    /// Mutual TLS: this client's certificate chain and key (PEM).
-    pub identity: Option<(Vec<u8>, Vec<u8>)>,
-    /// The name the sidecar's certificate must carry; `None`: the address's host.
-    pub server_name: Option<String>,
-}
-
-/// Adds the bearer token, if any, to every call.
-#[derive(Clone, Debug)]
-pub struct Bearer(Option<MetadataValue<Ascii>>);
-
-impl Interceptor for Bearer {
-    fn call(
-        &mut self,
-        mut request: tonic::Request<()>,
-    ) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(token) = &self.0 {
-            request
-                .metadata_mut()
-                .insert("authorization", token.clone());
-        }
-        Ok(request)
-    }
 }
 
 /// A connection to a sidecar. Cheap to clone.
@@ -307,32 +259,7 @@ impl Client {
     }
 }
 
-fn endpoint(uri: &str, options: &ConnectOptions) -> Result<Endpoint, ClientError> {
-    let bad = |e: tonic::transport::Error| ClientError::Unavailable(format!("{uri}: {e}"));
-    let mut endpoint = Endpoint::from_shared(uri.to_owned())
-        .map_err(bad)?
-        .http2_keep_alive_interval(KEEPALIVE)
-        .keep_alive_timeout(KEEPALIVE)
-        .keep_alive_while_idle(true)
-        .tcp_nodelay(true);
-    if let Some(tls) = &options.tls {
-        let mut config = ClientTlsConfig::new();
-        config = match &tls.ca_pem {
-            Some(ca) => config.ca_certificate(Certificate::from_pem(ca)),
-            None => config.with_webpki_roots(),
-        };
-        if let Some((cert, key)) = &tls.identity {
-            config = config.identity(Identity::from_pem(cert, key));
-        }
-        if let Some(name) = &tls.server_name {
-            config = config.domain_name(name.clone());
-        }
-        endpoint = endpoint.tls_config(config).map_err(bad)?;
-    }
-    Ok(endpoint)
-}
-
-async fn send(
+pub(super) async fn send(
     tx: &mpsc::Sender<proto::LeaseRequest>,
     command: lease_request::Command,
 ) -> Result<(), ClientError> {
@@ -341,70 +268,4 @@ async fn send(
     })
     .await
     .map_err(|_| ClientError::Unavailable("the stream ended".into()))
-}
-
-/// A held lock. Dropping it releases the lock (its stream ends).
-#[derive(Debug)]
-pub struct LockGuard {
-    key: String,
-    token: u64,
-    tx: mpsc::Sender<proto::LeaseRequest>,
-    lost: watch::Receiver<bool>,
-    released: watch::Receiver<Option<u32>>,
-    reader: tokio::task::JoinHandle<()>,
-}
-
-impl LockGuard {
-    /// The lock's key.
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
-    /// The fencing token: pass it to the resource you protect.
-    pub fn fencing_token(&self) -> u64 {
-        self.token
-    }
-
-    /// Whether the lock is already lost.
-    pub fn is_lost(&self) -> bool {
-        *self.lost.borrow()
-    }
-
-    /// Completes when the lock is lost (a `Lost` event, or the stream broke or ended).
-    /// Stop using the resource then.
-    pub async fn lost(&self) {
-        let mut lost = self.lost.clone();
-        // An error means the reader is gone without a verdict: treat it as lost.
-        let _ = lost.wait_for(|lost| *lost).await;
-    }
-
-    /// Releases the lock and waits for the sidecar to confirm.
-    pub async fn release(mut self) -> Result<(), ClientError> {
-        if self.is_lost() {
-            return Err(ClientError::Lost);
-        }
-        let release = proto::Release {
-            request_id: 2,
-            key: self.key.clone(),
-        };
-        send(&self.tx, lease_request::Command::Release(release)).await?;
-        let mut lost = self.lost.clone();
-        tokio::select! {
-            // The reader ends (closing both channels) right after a Released: look at
-            // the answer first, and count only a real Lost, not a closed channel.
-            biased;
-            answer = self.released.wait_for(Option::is_some) => {
-                answer.map_err(|_| ClientError::Lost)?;
-                Ok(())
-            }
-            Ok(_) = lost.wait_for(|lost| *lost) => Err(ClientError::Lost),
-        }
-    }
-}
-
-impl Drop for LockGuard {
-    fn drop(&mut self) {
-        // Ending the stream is the release; the reader has nothing left to report.
-        self.reader.abort();
-    }
 }

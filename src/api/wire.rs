@@ -1,132 +1,19 @@
-//! The gRPC face: translates protobuf to engine calls and engine events back to
-//! protobuf. It holds no lock logic. Engine outcomes become gRPC codes here and only
-//! here ([`reject_code`], [`status`]).
+//! The wire: protobuf messages to engine commands and engine events to protobuf, and
+//! the one place where engine outcomes become gRPC codes ([`reject_code`], [`status`]).
 
-use std::pin::Pin;
 use std::time::Duration;
 
 use prost::Message;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-use tokio_stream::{Stream, StreamExt};
-use tonic::{Code, Request, Response, Status, Streaming};
-use tracing::Instrument;
+use tonic::{Code, Status};
 
 use crate::engine::{
-    self, AcquireRequest, Command, EndReason, Engine, EngineError, Event, Inbound, Mode,
+    AcquireRequest, Command, EndReason, EngineError, Event, Inbound, KeyView, Mode,
     NotAcquiredReason, RejectCode, Rejection,
 };
-use crate::proto::limits::{CLIENT_NAME_HEADER, MAX_CLIENT_NAME_BYTES};
-use crate::proto::lock_service_server::LockService;
 use crate::proto::{self, lease_request, lease_response, not_acquired};
-use crate::store::Sharing;
 use crate::telemetry::{TRACEPARENT, TRACESTATE, TraceContext};
 
-/// Largest `LeaseRequest` the sidecar answers; larger ones are `Rejected`
-/// RESOURCE_EXHAUSTED and the session goes on. No valid request comes near it (a key
-/// is at most 512 bytes).
-pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
-
-/// Largest message the transport decodes at all. Between [`MAX_REQUEST_BYTES`] and this,
-/// a message is rejected but the stream lives; above it, gRPC itself ends the stream
-/// with RESOURCE_EXHAUSTED, as it cannot skip a message it refused to read.
-pub const MAX_DECODED_BYTES: usize = 4 * 1024 * 1024;
-
-/// Events buffered per session for a client that reads slowly. A client that lets
-/// this many answers pile up is not reading at all; its session is ended.
-const OUTBOUND_BUFFER: usize = 4096;
-
-/// The `LockService` implementation.
-#[derive(Clone, Debug)]
-pub struct LockApi {
-    engine: Engine,
-}
-
-impl LockApi {
-    /// Serves `engine`.
-    pub fn new(engine: Engine) -> Self {
-        Self { engine }
-    }
-}
-
-type LeaseStream = Pin<Box<dyn Stream<Item = Result<proto::LeaseResponse, Status>> + Send>>;
-
-#[tonic::async_trait]
-impl LockService for LockApi {
-    type LeaseStream = LeaseStream;
-
-    async fn lease(
-        &self,
-        request: Request<Streaming<proto::LeaseRequest>>,
-    ) -> Result<Response<LeaseStream>, Status> {
-        let client_name = request
-            .metadata()
-            .get(CLIENT_NAME_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .map(|name| {
-                let clean: String = name.chars().filter(|c| !c.is_control()).collect();
-                engine::prefix(&clean, MAX_CLIENT_NAME_BYTES).to_owned()
-            })
-            .unwrap_or_default();
-        let trace = trace_context(request.metadata());
-        let inbound = request.into_inner().map(|message| match message {
-            Ok(message) => decode(message),
-            Err(status) => Inbound::Broken(status.message().to_owned()),
-        });
-        let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
-        self.engine
-            .start_session(client_name, trace, inbound, tx)
-            .map_err(status)?;
-        let outbound = ReceiverStream::new(rx).map(encode);
-        Ok(Response::new(Box::pin(outbound)))
-    }
-
-    async fn describe(
-        &self,
-        request: Request<proto::DescribeRequest>,
-    ) -> Result<Response<proto::DescribeResponse>, Status> {
-        let trace = trace_context(request.metadata());
-        let key = request.into_inner().key;
-        let span = tracing::info_span!("describe", key = %engine::prefix(&key, 128));
-        crate::telemetry::set_remote_parent(&span, &trace);
-        let state = self
-            .engine
-            .describe(&key)
-            .instrument(span)
-            .await
-            .map_err(status)?;
-        Ok(Response::new(proto::DescribeResponse {
-            mode: state
-                .sharing
-                .map_or(proto::LockMode::Unspecified, lock_mode) as i32,
-            limit: state.limit,
-            holders: state
-                .holders
-                .into_iter()
-                .map(|h| proto::Holder {
-                    session_id: h.session_id,
-                    hold_count: h.hold_count,
-                    ttl_remaining: Some(duration(h.ttl_remaining)),
-                    client_name: h.client_name,
-                })
-                .collect(),
-            waiters: state.waiters,
-            fencing_token: state.fence,
-            queue: state
-                .queue
-                .into_iter()
-                .zip(1..)
-                .map(|(w, position)| proto::QueueEntry {
-                    session_id: w.session_id,
-                    client_name: w.client_name,
-                    mode: lock_mode(w.sharing) as i32,
-                    position,
-                })
-                .collect(),
-            key,
-        }))
-    }
-}
+use super::MAX_REQUEST_BYTES;
 
 /// The one conversion of engine errors into gRPC statuses. Store details are logged,
 /// not sent: the client learns that the store is unavailable, not how.
@@ -146,10 +33,10 @@ pub fn status(error: EngineError) -> Status {
     }
 }
 
-fn lock_mode(sharing: Sharing) -> proto::LockMode {
-    match sharing {
-        Sharing::Exclusive => proto::LockMode::Exclusive,
-        Sharing::Shared => proto::LockMode::Shared,
+fn lock_mode(mode: Mode) -> proto::LockMode {
+    match mode {
+        Mode::Exclusive => proto::LockMode::Exclusive,
+        Mode::Shared => proto::LockMode::Shared,
     }
 }
 
@@ -190,7 +77,7 @@ fn field_duration(
 }
 
 /// The caller's W3C trace context from the request's metadata.
-fn trace_context(metadata: &tonic::metadata::MetadataMap) -> TraceContext {
+pub(super) fn trace_context(metadata: &tonic::metadata::MetadataMap) -> TraceContext {
     let text = |name| metadata.get(name).and_then(|v| v.to_str().ok());
     TraceContext {
         traceparent: text(TRACEPARENT).unwrap_or_default().to_owned(),
@@ -198,7 +85,7 @@ fn trace_context(metadata: &tonic::metadata::MetadataMap) -> TraceContext {
     }
 }
 
-fn decode(message: proto::LeaseRequest) -> Inbound {
+pub(super) fn decode(message: proto::LeaseRequest) -> Inbound {
     let size = message.encoded_len();
     let (request_id, key) = match &message.command {
         Some(lease_request::Command::Acquire(a)) => (a.request_id, a.key.as_str()),
@@ -266,7 +153,7 @@ fn decode(message: proto::LeaseRequest) -> Inbound {
     Inbound::Command(command)
 }
 
-fn encode(event: Event) -> Result<proto::LeaseResponse, Status> {
+pub(super) fn encode(event: Event) -> Result<proto::LeaseResponse, Status> {
     use lease_response::Event as E;
     let event = match event {
         Event::Started {
@@ -351,6 +238,38 @@ fn encode(event: Event) -> Result<proto::LeaseResponse, Status> {
         }
     };
     Ok(proto::LeaseResponse { event: Some(event) })
+}
+
+/// A `Describe` answer from the engine's view of a key.
+pub(crate) fn describe_response(key: String, state: KeyView) -> proto::DescribeResponse {
+    proto::DescribeResponse {
+        mode: state.mode.map_or(proto::LockMode::Unspecified, lock_mode) as i32,
+        limit: state.limit,
+        holders: state
+            .holders
+            .into_iter()
+            .map(|h| proto::Holder {
+                session_id: h.session_id,
+                hold_count: h.hold_count,
+                ttl_remaining: Some(duration(h.ttl_remaining)),
+                client_name: h.client_name,
+            })
+            .collect(),
+        waiters: state.waiters,
+        fencing_token: state.fence,
+        queue: state
+            .queue
+            .into_iter()
+            .zip(1..)
+            .map(|(w, position)| proto::QueueEntry {
+                session_id: w.session_id,
+                client_name: w.client_name,
+                mode: lock_mode(w.mode) as i32,
+                position,
+            })
+            .collect(),
+        key,
+    }
 }
 
 #[cfg(test)]

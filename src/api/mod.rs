@@ -1,0 +1,96 @@
+//! The gRPC face: the `LockService` implementation. It translates protobuf to engine
+//! calls and engine events back to protobuf (`wire.rs`, the only place where engine
+//! outcomes become gRPC codes) and holds no lock logic.
+
+use std::pin::Pin;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+
+mod wire;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
+use wire::{decode, encode, trace_context};
+pub use wire::{reject_code, status};
+
+use crate::engine::{self, Engine, Inbound};
+use crate::proto;
+use crate::proto::limits::{CLIENT_NAME_HEADER, MAX_CLIENT_NAME_BYTES};
+use crate::proto::lock_service_server::LockService;
+
+/// Largest `LeaseRequest` the sidecar answers; larger ones are `Rejected`
+/// RESOURCE_EXHAUSTED and the session goes on. No valid request comes near it (a key
+/// is at most 512 bytes).
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+/// Largest message the transport decodes at all. Between [`MAX_REQUEST_BYTES`] and this,
+/// a message is rejected but the stream lives; above it, gRPC itself ends the stream
+/// with RESOURCE_EXHAUSTED, as it cannot skip a message it refused to read.
+pub const MAX_DECODED_BYTES: usize = 4 * 1024 * 1024;
+
+/// Events buffered per session for a client that reads slowly. A client that lets
+/// this many answers pile up is not reading at all; its session is ended.
+const OUTBOUND_BUFFER: usize = 4096;
+
+/// The `LockService` implementation.
+#[derive(Clone, Debug)]
+pub struct LockApi {
+    engine: Engine,
+}
+
+impl LockApi {
+    /// Serves `engine`.
+    pub fn new(engine: Engine) -> Self {
+        Self { engine }
+    }
+}
+
+type LeaseStream = Pin<Box<dyn Stream<Item = Result<proto::LeaseResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl LockService for LockApi {
+    type LeaseStream = LeaseStream;
+
+    async fn lease(
+        &self,
+        request: Request<Streaming<proto::LeaseRequest>>,
+    ) -> Result<Response<LeaseStream>, Status> {
+        let client_name = request
+            .metadata()
+            .get(CLIENT_NAME_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(|name| {
+                let clean: String = name.chars().filter(|c| !c.is_control()).collect();
+                engine::prefix(&clean, MAX_CLIENT_NAME_BYTES).to_owned()
+            })
+            .unwrap_or_default();
+        let trace = trace_context(request.metadata());
+        let inbound = request.into_inner().map(|message| match message {
+            Ok(message) => decode(message),
+            Err(status) => Inbound::Broken(status.message().to_owned()),
+        });
+        let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
+        self.engine
+            .start_session(client_name, trace, inbound, tx)
+            .map_err(status)?;
+        let outbound = ReceiverStream::new(rx).map(encode);
+        Ok(Response::new(Box::pin(outbound)))
+    }
+
+    async fn describe(
+        &self,
+        request: Request<proto::DescribeRequest>,
+    ) -> Result<Response<proto::DescribeResponse>, Status> {
+        let trace = trace_context(request.metadata());
+        let key = request.into_inner().key;
+        let span = tracing::info_span!("describe", key = %engine::prefix(&key, 128));
+        crate::telemetry::set_remote_parent(&span, &trace);
+        let state = self
+            .engine
+            .describe(&key)
+            .instrument(span)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(wire::describe_response(key, state)))
+    }
+}

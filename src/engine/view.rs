@@ -1,0 +1,88 @@
+//! What the engine shows of one lock (`Describe`, and later `Watch`): the store's
+//! state in the engine's own terms, so the API never sees a store type.
+
+use std::time::Duration;
+
+use super::Mode;
+use crate::store::{KeyState, Sharing};
+
+/// One lock as a client may see it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeyView {
+    /// The holders' mode; `None` when nobody holds the key.
+    pub mode: Option<Mode>,
+    /// The holders' limit: 1 for a lock, N for a semaphore, 0 when nobody holds it.
+    pub limit: u32,
+    /// The current holders.
+    pub holders: Vec<HolderView>,
+    /// Live waiter registrations, fair or not, across sidecars.
+    pub waiters: u32,
+    /// Fair waiters, next in line first.
+    pub queue: Vec<QueuedView>,
+    /// The last fencing token issued for the key (0 if none).
+    pub fence: u64,
+}
+
+/// One holder of a lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HolderView {
+    /// The holder's public session id.
+    pub session_id: String,
+    /// The name the holder's client gave.
+    pub client_name: String,
+    /// How many times the holder holds the key.
+    pub hold_count: u32,
+    /// Time left before the store lets the grant go unless it is renewed.
+    pub ttl_remaining: Duration,
+    /// The grant's fencing token.
+    pub fence: u64,
+}
+
+/// One fair waiter of a lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueuedView {
+    /// The waiter's public session id.
+    pub session_id: String,
+    /// The name the waiter's client gave.
+    pub client_name: String,
+    /// The mode it waits for.
+    pub mode: Mode,
+}
+
+fn mode(sharing: Sharing) -> Mode {
+    match sharing {
+        Sharing::Exclusive => Mode::Exclusive,
+        Sharing::Shared => Mode::Shared,
+    }
+}
+
+impl From<KeyState> for KeyView {
+    fn from(state: KeyState) -> Self {
+        Self {
+            mode: state.sharing.map(mode),
+            limit: state.limit,
+            holders: state
+                .holders
+                .into_iter()
+                .map(|h| HolderView {
+                    session_id: h.session_id,
+                    client_name: h.client_name,
+                    hold_count: h.hold_count,
+                    ttl_remaining: h.ttl_remaining,
+                    fence: h.fence,
+                })
+                .collect(),
+            waiters: state.waiters,
+            queue: state
+                .queue
+                .into_iter()
+                .map(|q| QueuedView {
+                    session_id: q.session_id,
+                    client_name: q.client_name,
+                    mode: mode(q.sharing),
+                })
+                .collect(),
+            fence: state.fence,
+        }
+    }
+}

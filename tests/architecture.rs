@@ -1,0 +1,330 @@
+//! The layout keeps itself: reads the `crate::` (and crate-escaping `super::`) paths of
+//! every file under `src/`, builds the graph of top-level modules, and fails on a cycle
+//! or on an edge ARCHITECTURE.md forbids. A new import that breaks the direction of
+//! flow fails here, naming the file.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Edges that must not exist: (from, to). `proto` means the generated protobuf types;
+/// `proto::limits` (the contract's values) is its own node, `limits`, and may be used
+/// by anyone.
+const FORBIDDEN: &[(&str, &str)] = &[
+    // The lower layers never reach up.
+    ("engine", "api"),
+    ("engine", "server"),
+    ("engine", "cli"),
+    ("engine", "webhook"),
+    ("engine", "admin"),
+    ("engine", "client"),
+    ("store", "api"),
+    ("store", "server"),
+    ("store", "cli"),
+    ("store", "webhook"),
+    ("store", "admin"),
+    ("store", "client"),
+    ("store", "engine"),
+    ("telemetry", "api"),
+    ("telemetry", "server"),
+    ("telemetry", "cli"),
+    ("telemetry", "webhook"),
+    ("telemetry", "engine"),
+    ("telemetry", "store"),
+    ("metrics", "api"),
+    ("metrics", "server"),
+    ("metrics", "cli"),
+    ("metrics", "webhook"),
+    ("metrics", "engine"),
+    // The engine knows no protobuf, the store neither.
+    ("engine", "proto"),
+    ("store", "proto"),
+    // The API translates; it sees the store only through the engine.
+    ("api", "store"),
+    // The Rust client depends on the contract only.
+    ("client", "engine"),
+    ("client", "store"),
+    ("client", "api"),
+    ("client", "server"),
+    ("client", "cli"),
+    // Library layers never import the command line.
+    ("admin", "cli"),
+    ("api", "cli"),
+    ("server", "cli"),
+    ("webhook", "cli"),
+    ("client", "cli"),
+    // The injector is a separate program that shares the binary.
+    ("webhook", "engine"),
+    ("webhook", "store"),
+    ("webhook", "server"),
+    ("webhook", "api"),
+];
+
+/// Leaves: modules that import nothing from the crate.
+const LEAVES: &[&str] = &["parse", "limits", "proto"];
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("read src") {
+        let path = entry.expect("dir entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The top-level module a file under `src/` belongs to (`None` for lib.rs and main.rs),
+/// and how many `super::` it takes to reach the crate root from it.
+fn module_of(relative: &Path) -> Option<(String, usize)> {
+    let parts: Vec<String> = relative
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    let first = parts.first()?;
+    if parts.len() == 1 {
+        let name = first.strip_suffix(".rs")?;
+        return match name {
+            "lib" | "main" => None,
+            name => Some((name.to_owned(), 1)),
+        };
+    }
+    // src/a/b/c.rs is module a::b::c (depth 3); a mod.rs file is its directory.
+    let mut depth = parts.len();
+    if parts.last().is_some_and(|l| l == "mod.rs") {
+        depth -= 1;
+    }
+    let name = if first == "proto" && parts.get(1).is_some_and(|p| p == "limits.rs") {
+        "limits".to_owned()
+    } else {
+        first.clone()
+    };
+    Some((name, depth))
+}
+
+/// The top-level module a path names, as a node: `proto::limits` is `limits`.
+fn node(path: &str) -> Option<String> {
+    let mut segments = path.split("::");
+    let first = segments.next()?;
+    if first.is_empty() || !first.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+        return None;
+    }
+    if first == "proto" && segments.next() == Some("limits") {
+        return Some("limits".into());
+    }
+    Some(first.to_owned())
+}
+
+/// Code without comments (line comments and doc comments; good enough for `use`s).
+fn code(text: &str) -> String {
+    text.lines()
+        .map(|line| {
+            let trimmed = line.trim_start();
+            if trimmed.starts_with("//") {
+                ""
+            } else if let Some(at) = line.find(" // ") {
+                &line[..at]
+            } else {
+                line
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The modules `text` refers to through `crate::X` or enough `super::` to leave its
+/// own top-level module.
+fn references(text: &str, depth: usize) -> BTreeSet<String> {
+    let text = code(text);
+    let mut found = BTreeSet::new();
+    let mut rest = text.as_str();
+    while let Some(at) = rest.find("crate::") {
+        let before = rest[..at].chars().last();
+        let after = &rest[at + "crate::".len()..];
+        // `lockside::crate::` never occurs; `$crate::` in macros is not ours either.
+        if !matches!(before, Some(c) if c.is_alphanumeric() || c == '_' || c == '$') {
+            let path: String = after
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+                .collect();
+            if let Some(n) = node(&path) {
+                found.insert(n);
+            }
+            // `use crate::{a, b::c}`: every name in the braces.
+            if let Some(group) = after.strip_prefix('{') {
+                let end = group.find('}').unwrap_or(group.len());
+                for item in group[..end].split(',') {
+                    if let Some(n) = node(item.trim()) {
+                        found.insert(n);
+                    }
+                }
+            }
+        }
+        rest = after;
+    }
+    let escape = "super::".repeat(depth);
+    let mut rest = text.as_str();
+    while let Some(at) = rest.find(&escape) {
+        let after = &rest[at + escape.len()..];
+        let path: String = after
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+            .collect();
+        if let Some(n) = node(&path) {
+            found.insert(n);
+        }
+        rest = after;
+    }
+    found
+}
+
+/// Edges between top-level modules, each with a file that makes it.
+fn graph() -> BTreeMap<(String, String), String> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut edges = BTreeMap::new();
+    for file in files {
+        let relative = file.strip_prefix(&src).expect("under src");
+        let Some((from, depth)) = module_of(relative) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(&file).expect("read a source file");
+        for to in references(&text, depth) {
+            if to != from {
+                edges
+                    .entry((from.clone(), to))
+                    .or_insert_with(|| relative.display().to_string());
+            }
+        }
+    }
+    edges
+}
+
+/// A cycle through the graph, if there is one.
+fn cycle(edges: &BTreeMap<(String, String), String>) -> Option<Vec<String>> {
+    let mut next: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (from, to) in edges.keys() {
+        next.entry(from).or_default().push(to);
+    }
+    fn visit<'a>(
+        at: &'a str,
+        next: &BTreeMap<&'a str, Vec<&'a str>>,
+        path: &mut Vec<&'a str>,
+        done: &mut BTreeSet<&'a str>,
+    ) -> Option<Vec<String>> {
+        if let Some(start) = path.iter().position(|p| *p == at) {
+            let mut cycle: Vec<String> = path[start..].iter().map(|s| s.to_string()).collect();
+            cycle.push(at.to_owned());
+            return Some(cycle);
+        }
+        if !done.insert(at) {
+            return None;
+        }
+        path.push(at);
+        for to in next.get(at).into_iter().flatten() {
+            if let Some(found) = visit(to, next, path, done) {
+                return Some(found);
+            }
+        }
+        path.pop();
+        None
+    }
+    let mut done = BTreeSet::new();
+    for start in next.keys() {
+        if let Some(found) = visit(start, &next, &mut Vec::new(), &mut done) {
+            return Some(found);
+        }
+    }
+    None
+}
+
+#[test]
+fn no_import_cycle_between_top_level_modules() {
+    let edges = graph();
+    assert!(edges.len() > 10, "the scan found too few edges: {edges:?}");
+    if let Some(cycle) = cycle(&edges) {
+        let files: Vec<String> = cycle
+            .windows(2)
+            .map(|w| {
+                format!(
+                    "{} → {} ({})",
+                    w[0],
+                    w[1],
+                    edges[&(w[0].clone(), w[1].clone())]
+                )
+            })
+            .collect();
+        panic!("import cycle: {}", files.join(", "));
+    }
+}
+
+#[test]
+fn no_forbidden_edge() {
+    let edges = graph();
+    let broken: Vec<String> = edges
+        .iter()
+        .filter(|((from, to), _)| {
+            FORBIDDEN.contains(&(from.as_str(), to.as_str())) || LEAVES.contains(&from.as_str())
+        })
+        .map(|((from, to), file)| format!("{from} → {to} in src/{file}"))
+        .collect();
+    assert!(
+        broken.is_empty(),
+        "forbidden imports:\n{}",
+        broken.join("\n")
+    );
+}
+
+#[test]
+fn the_checker_sees_what_it_must() {
+    let text = "use crate::engine::{Engine, Mode};\nuse crate::{store::Store, proto::limits::MAX_WAIT};\n// use crate::cli;\nlet x = super::super::api::status;";
+    let found = references(text, 2);
+    let expected: BTreeSet<String> = ["engine", "store", "limits", "api"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(found, expected);
+    assert_eq!(
+        module_of(Path::new("engine/session/mod.rs")),
+        Some(("engine".into(), 2))
+    );
+    assert_eq!(
+        module_of(Path::new("proto/limits.rs")),
+        Some(("limits".into(), 2))
+    );
+    assert_eq!(module_of(Path::new("lib.rs")), None);
+    let mut edges = BTreeMap::new();
+    edges.insert(("a".into(), "b".into()), "a.rs".into());
+    edges.insert(("b".into(), "a".into()), "b.rs".into());
+    assert!(cycle(&edges).is_some(), "a two-module loop is a cycle");
+}
+
+#[test]
+fn grpc_statuses_are_made_in_the_api_only() {
+    // Engine outcomes become gRPC codes in src/api/wire.rs; the server's bearer-token
+    // check (a transport concern, before any engine call) is the one other place.
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut makers = Vec::new();
+    for file in files {
+        let relative = file.strip_prefix(&src).expect("under src").to_path_buf();
+        if relative.starts_with("api") || relative == Path::new("server.rs") {
+            continue;
+        }
+        let text = code(&std::fs::read_to_string(&file).expect("read"));
+        let made = text.match_indices("Status::").any(|(at, _)| {
+            let before = text[..at].chars().last();
+            let after = text[at + "Status::".len()..].chars().next();
+            !matches!(before, Some(c) if c.is_alphanumeric() || c == '_')
+                && after.is_some_and(|c| c.is_ascii_lowercase())
+        });
+        if made {
+            makers.push(relative.display().to_string());
+        }
+    }
+    assert!(
+        makers.is_empty(),
+        "tonic::Status made outside src/api/: {makers:?}"
+    );
+}

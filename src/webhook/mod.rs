@@ -33,7 +33,7 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use review::Outcome;
+use review::Verdict;
 pub use sidecar::SidecarDefaults;
 
 /// Largest request body read. The API server sends at most 3 MiB (its own request
@@ -65,10 +65,10 @@ async fn mutate(State(defaults): State<Arc<SidecarDefaults>>, body: Bytes) -> Re
         }
     };
     let (uid, namespace) = (&answer.uid, &answer.namespace);
-    match &answer.outcome {
-        Outcome::Patched(ops) => tracing::info!(%uid, %namespace, ops, "sidecar injected"),
-        Outcome::Skipped(reason) => tracing::debug!(%uid, %namespace, reason, "nothing to inject"),
-        Outcome::Refused(reason) => tracing::info!(%uid, %namespace, %reason, "pod refused"),
+    match &answer.verdict {
+        Verdict::Patched(ops) => tracing::info!(%uid, %namespace, ops, "sidecar injected"),
+        Verdict::Skipped(reason) => tracing::debug!(%uid, %namespace, reason, "nothing to inject"),
+        Verdict::Refused(reason) => tracing::info!(%uid, %namespace, %reason, "pod refused"),
     }
     (
         StatusCode::OK,

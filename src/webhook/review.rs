@@ -60,7 +60,7 @@ struct GroupVersionKind {
 
 /// What the injector answered, for its logs.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Verdict {
     /// Allowed without a patch; the reason.
     Skipped(&'static str),
     /// Allowed with a patch of this many operations.
@@ -79,7 +79,7 @@ pub struct Answer {
     /// The pod's namespace, for the logs.
     pub namespace: String,
     /// The decision.
-    pub outcome: Outcome,
+    pub verdict: Verdict,
 }
 
 /// Reads an `AdmissionReview` and answers it.
@@ -98,33 +98,33 @@ pub fn answer(body: &[u8], defaults: &SidecarDefaults) -> Result<Answer, ReviewE
     }
     let is_pod =
         request.kind.group.is_empty() && request.kind.version == "v1" && request.kind.kind == "Pod";
-    let outcome = if !is_pod || request.operation != "CREATE" {
+    let verdict = if !is_pod || request.operation != "CREATE" {
         // The webhook configuration sends only pod CREATEs; anything else passes.
-        Outcome::Skipped("not a pod creation")
+        Verdict::Skipped("not a pod creation")
     } else {
         let pod = match &request.object {
             Some(pod @ Value::Object(_)) => pod,
             _ => return Err(ReviewError::Object("request.object must be a Pod".into())),
         };
         match patch::mutate(pod, defaults) {
-            Ok(Decision::Skip(reason)) => Outcome::Skipped(reason),
+            Ok(Decision::Skip(reason)) => Verdict::Skipped(reason),
             Ok(Decision::Patch { ops, warnings }) => {
                 let response = allowed_with_patch(&request.uid, &ops, warnings);
                 return Ok(Answer {
                     body: response,
                     uid: request.uid,
                     namespace: request.namespace.unwrap_or_default(),
-                    outcome: Outcome::Patched(ops.len()),
+                    verdict: Verdict::Patched(ops.len()),
                 });
             }
-            Err(e @ PatchError::Setting { .. }) => Outcome::Refused(e.to_string()),
+            Err(e @ PatchError::Setting { .. }) => Verdict::Refused(e.to_string()),
             Err(e @ PatchError::Malformed { .. }) => {
                 return Err(ReviewError::Object(e.to_string()));
             }
         }
     };
-    let response = match &outcome {
-        Outcome::Refused(message) => json!({
+    let response = match &verdict {
+        Verdict::Refused(message) => json!({
             "uid": request.uid,
             "allowed": false,
             // 422 Invalid: the pod's own settings are wrong, as the API server says of
@@ -137,7 +137,7 @@ pub fn answer(body: &[u8], defaults: &SidecarDefaults) -> Result<Answer, ReviewE
         body: envelope(response),
         uid: request.uid,
         namespace: request.namespace.unwrap_or_default(),
-        outcome,
+        verdict,
     })
 }
 
@@ -214,7 +214,7 @@ mod tests {
             review("CREATE", "Secret", pod),
         ] {
             let answer = answer(&body, &defaults()).expect("answered");
-            assert_eq!(answer.outcome, Outcome::Skipped("not a pod creation"));
+            assert_eq!(answer.verdict, Verdict::Skipped("not a pod creation"));
             assert_eq!(answer.body["response"]["allowed"], true);
             assert_eq!(answer.body["response"]["uid"], "u-1");
             assert!(answer.body["response"].get("patch").is_none());

@@ -174,7 +174,7 @@ impl RedlockStore {
     /// overtake a retry of the same claim (same owner) and undo its grant; a late grant
     /// there simply expires at its TTL.
     async fn roll_back(&self, key: &str, owner: &str, granted: &[usize]) {
-        let release = |i: &usize| self.masters[*i].release(key, owner, true, Duration::ZERO);
+        let release = |i: &usize| self.masters[*i].release(key, owner, 0, Duration::ZERO);
         join_all(granted.iter().map(release)).await;
     }
 
@@ -334,13 +334,14 @@ impl Store for RedlockStore {
         &'a self,
         key: &'a str,
         owner: &'a str,
+        count: u32,
         ttl: Duration,
     ) -> StoreFuture<'a, Option<u32>> {
         Box::pin(async move {
             let (k, o) = (key.to_owned(), owner.to_owned());
             let hold = move |m: Arc<RedisStore>| -> StoreFuture<'static, Option<u32>> {
                 let (k, o) = (k.clone(), o.clone());
-                Box::pin(async move { m.hold(&k, &o, ttl).await })
+                Box::pin(async move { m.hold(&k, &o, count, ttl).await })
             };
             let answers = self.gather_all(hold, |a| self.count_decided(a)).await;
             majority_count(&answers, self.quorum).map_err(|n| self.no_quorum(n))
@@ -351,14 +352,14 @@ impl Store for RedlockStore {
         &'a self,
         key: &'a str,
         owner: &'a str,
-        all: bool,
+        count: u32,
         delay: Duration,
     ) -> StoreFuture<'a, Option<u32>> {
         Box::pin(async move {
             let (k, o) = (key.to_owned(), owner.to_owned());
             let release = move |m: Arc<RedisStore>| -> StoreFuture<'static, Option<u32>> {
                 let (k, o) = (k.clone(), o.clone());
-                Box::pin(async move { m.release(&k, &o, all, delay).await })
+                Box::pin(async move { m.release(&k, &o, count, delay).await })
             };
             let answers = self.gather_all(release, |a| self.count_decided(a)).await;
             majority_count(&answers, self.quorum).map_err(|n| self.no_quorum(n))

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::topology::ClusterSetup;
 use common::{Redis, StoreKind, make_store, namespace};
+use lockside::store::redlock::RedlockStore;
 use lockside::store::{Acquired, Claim, Notice, Renewal, Sharing, Store};
 
 const NO_DELAY: Duration = Duration::ZERO;
@@ -31,11 +32,35 @@ struct Subject {
     notices: broadcast::Receiver<Notice>,
     _redis: Option<Redis>,
     _cluster: Option<Arc<ClusterSetup>>,
+    /// Redlock: its three masters.
+    _masters: Vec<Redis>,
+}
+
+/// A Redlock store over three fresh masters.
+async fn redlock_subject() -> Subject {
+    let masters: Vec<Redis> = (0..3).map(|_| Redis::start()).collect();
+    let hosts: Vec<String> = masters
+        .iter()
+        .map(|r| format!("127.0.0.1:{}", r.port))
+        .collect();
+    let url = format!("redlock://{}", hosts.join(","));
+    let store = RedlockStore::new(&url, &namespace(), Duration::from_millis(500));
+    let store: Arc<dyn Store> = Arc::new(store.expect("redlock store"));
+    // The checks Redlock runs use no notices: no subscription to wait for.
+    let notices = store.notices();
+    Subject {
+        store,
+        notices,
+        _redis: None,
+        _cluster: None,
+        _masters: masters,
+    }
 }
 
 async fn subject(kind: &str) -> Subject {
     let (kind, redis, cluster) = match kind {
         "memory" => (StoreKind::Memory, None, None),
+        "redlock" => return redlock_subject().await,
         // One cluster for the tests that run at the same time; namespaces part them.
         "cluster" => {
             let cluster = tokio::task::block_in_place(ClusterSetup::shared);
@@ -63,6 +88,7 @@ async fn subject(kind: &str) -> Subject {
         notices,
         _redis: redis,
         _cluster: cluster,
+        _masters: Vec::new(),
     }
 }
 
@@ -132,7 +158,7 @@ async fn release_frees_and_fences_increase(s: Subject) {
     let first = fence(&s, &claim("k", "a", 10_000)).await;
     assert_eq!(
         s.store
-            .release("k", "a", false, NO_DELAY)
+            .release("k", "a", 0, NO_DELAY)
             .await
             .expect("answer"),
         Some(0)
@@ -141,7 +167,7 @@ async fn release_frees_and_fences_increase(s: Subject) {
     assert!(second > first, "{second} > {first}");
     assert_eq!(
         s.store
-            .release("k", "b", false, NO_DELAY)
+            .release("k", "b", 0, NO_DELAY)
             .await
             .expect("answer"),
         Some(0)
@@ -154,14 +180,14 @@ async fn only_the_owner_releases(s: Subject) {
     fence(&s, &claim("k", "a", 10_000)).await;
     assert_eq!(
         s.store
-            .release("k", "b", false, NO_DELAY)
+            .release("k", "b", 1, NO_DELAY)
             .await
             .expect("answer"),
         None
     );
     assert_eq!(
         s.store
-            .release("k", "b", true, NO_DELAY)
+            .release("k", "b", 0, NO_DELAY)
             .await
             .expect("answer"),
         None
@@ -169,7 +195,7 @@ async fn only_the_owner_releases(s: Subject) {
     assert!(is_busy(&s, &claim("k", "b", 10_000)).await);
     assert_eq!(
         s.store
-            .release("nothing", "a", true, NO_DELAY)
+            .release("nothing", "a", 0, NO_DELAY)
             .await
             .expect("answer"),
         None
@@ -179,16 +205,22 @@ async fn only_the_owner_releases(s: Subject) {
 async fn holds_are_counted(s: Subject) {
     let ttl = Duration::from_secs(10);
     fence(&s, &claim("k", "a", 10_000)).await;
-    assert_eq!(s.store.hold("k", "a", ttl).await.expect("answer"), Some(2));
-    assert_eq!(s.store.hold("k", "a", ttl).await.expect("answer"), Some(3));
-    assert_eq!(s.store.hold("k", "b", ttl).await.expect("answer"), None);
+    assert_eq!(
+        s.store.hold("k", "a", 2, ttl).await.expect("answer"),
+        Some(2)
+    );
+    assert_eq!(
+        s.store.hold("k", "a", 3, ttl).await.expect("answer"),
+        Some(3)
+    );
+    assert_eq!(s.store.hold("k", "b", 2, ttl).await.expect("answer"), None);
     assert_eq!(
         s.store.describe("k").await.expect("answer").holders[0].hold_count,
         3
     );
     assert_eq!(
         s.store
-            .release("k", "a", false, NO_DELAY)
+            .release("k", "a", 2, NO_DELAY)
             .await
             .expect("answer"),
         Some(2)
@@ -196,12 +228,69 @@ async fn holds_are_counted(s: Subject) {
     assert!(is_busy(&s, &claim("k", "b", 10_000)).await);
     assert_eq!(
         s.store
-            .release("k", "a", true, NO_DELAY)
+            .release("k", "a", 0, NO_DELAY)
             .await
             .expect("answer"),
         Some(0)
     );
-    assert_eq!(s.store.hold("k", "a", ttl).await.expect("answer"), None);
+    assert_eq!(s.store.hold("k", "a", 2, ttl).await.expect("answer"), None);
+    fence(&s, &claim("k", "b", 10_000)).await;
+}
+
+/// Holds and releases carry the count the session wants, so a call repeated (a retry,
+/// or one that timed out but ran) leaves the store as one call would: the session, not
+/// the store, counts holds.
+async fn holds_and_releases_are_idempotent(s: Subject) {
+    let ttl = Duration::from_secs(10);
+    let count = |s: &Subject| {
+        let store = s.store.clone();
+        async move {
+            let state = store.describe("k").await.expect("answer");
+            state
+                .holders
+                .iter()
+                .map(|h| h.hold_count)
+                .collect::<Vec<_>>()
+        }
+    };
+    fence(&s, &claim("k", "a", 10_000)).await;
+    for _ in 0..2 {
+        assert_eq!(
+            s.store.hold("k", "a", 2, ttl).await.expect("answer"),
+            Some(2)
+        );
+    }
+    assert_eq!(count(&s).await, [2], "two holds asked twice are two");
+    for _ in 0..2 {
+        assert_eq!(
+            s.store
+                .release("k", "a", 1, NO_DELAY)
+                .await
+                .expect("answer"),
+            Some(1)
+        );
+    }
+    assert_eq!(count(&s).await, [1], "a release repeated takes one hold");
+    assert!(is_busy(&s, &claim("k", "b", 10_000)).await, "still held");
+    // A hold that ran but whose answer was lost, then the release of the one hold the
+    // session knows of: the store follows the session.
+    s.store.hold("k", "a", 2, ttl).await.expect("answer");
+    assert_eq!(
+        s.store
+            .release("k", "a", 0, NO_DELAY)
+            .await
+            .expect("answer"),
+        Some(0)
+    );
+    assert_eq!(
+        s.store
+            .release("k", "a", 0, NO_DELAY)
+            .await
+            .expect("answer"),
+        None,
+        "released once; the repeat finds nothing"
+    );
+    assert!(count(&s).await.is_empty());
     fence(&s, &claim("k", "b", 10_000)).await;
 }
 
@@ -219,7 +308,7 @@ async fn grants_expire_and_fences_survive(s: Subject) {
     );
     assert_eq!(
         s.store
-            .release("k", "a", false, NO_DELAY)
+            .release("k", "a", 0, NO_DELAY)
             .await
             .expect("answer"),
         None
@@ -287,11 +376,11 @@ async fn releases_notify_only_when_someone_waits(mut s: Subject) {
     assert_eq!(s.store.describe("busy").await.expect("answer").waiters, 1);
     assert_eq!(s.store.describe("quiet").await.expect("answer").waiters, 0);
     s.store
-        .release("quiet", "a", false, NO_DELAY)
+        .release("quiet", "a", 0, NO_DELAY)
         .await
         .expect("answer");
     s.store
-        .release("busy", "a", false, NO_DELAY)
+        .release("busy", "a", 0, NO_DELAY)
         .await
         .expect("answer");
     // Notices arrive in order: the first one proves "quiet" published nothing.
@@ -315,11 +404,11 @@ async fn unwait_and_expiry_remove_waiters(mut s: Subject) {
     fence(&s, &claim("other", "a", 10_000)).await;
     assert!(is_busy(&s, &waiting("other", "b", 10_000)).await);
     s.store
-        .release("k", "a", false, NO_DELAY)
+        .release("k", "a", 0, NO_DELAY)
         .await
         .expect("answer");
     s.store
-        .release("other", "a", false, NO_DELAY)
+        .release("other", "a", 0, NO_DELAY)
         .await
         .expect("answer");
     assert_eq!(next_notice(&mut s).await, released("other"));
@@ -348,7 +437,7 @@ async fn describe_shows_holders_but_no_secrets(s: Subject) {
         "owner tokens stay secret"
     );
     s.store
-        .release("k", "0wner-secret", true, NO_DELAY)
+        .release("k", "0wner-secret", 0, NO_DELAY)
         .await
         .expect("answer");
     let after = s.store.describe("k").await.expect("answer");
@@ -362,7 +451,7 @@ async fn keys_are_opaque(s: Subject) {
         assert!(is_busy(&s, &claim(key, "b", 10_000)).await, "{key}");
         assert_eq!(
             s.store
-                .release(key, "a", false, NO_DELAY)
+                .release(key, "a", 0, NO_DELAY)
                 .await
                 .expect("answer"),
             Some(0)
@@ -418,7 +507,7 @@ async fn readers_share_and_exclude_writers(s: Subject) {
         (Some(Sharing::Shared), 1, 2)
     );
     s.store
-        .release("k", "r1", false, NO_DELAY)
+        .release("k", "r1", 0, NO_DELAY)
         .await
         .expect("answer");
     assert!(
@@ -426,7 +515,7 @@ async fn readers_share_and_exclude_writers(s: Subject) {
         "one reader still holds it"
     );
     s.store
-        .release("k", "r2", false, NO_DELAY)
+        .release("k", "r2", 0, NO_DELAY)
         .await
         .expect("answer");
     fence(&s, &claim("k", "w", 10_000)).await;
@@ -461,13 +550,13 @@ async fn semaphores_admit_up_to_their_limit(s: Subject) {
     let state = s.store.describe("k").await.expect("answer");
     assert_eq!((state.limit, state.holders.len()), (3, 3));
     s.store
-        .release("k", "b", false, NO_DELAY)
+        .release("k", "b", 0, NO_DELAY)
         .await
         .expect("answer");
     fence(&s, &permit("k", "d", 3)).await;
     for owner in ["a", "c", "d"] {
         s.store
-            .release("k", owner, false, NO_DELAY)
+            .release("k", owner, 0, NO_DELAY)
             .await
             .expect("answer");
     }
@@ -497,7 +586,7 @@ async fn fair_waiters_go_in_arrival_order(mut s: Subject) {
     let queue: Vec<&str> = state.queue.iter().map(|q| q.session_id.as_str()).collect();
     assert_eq!(queue, ["sid-b", "sid-c", "sid-d"]);
     s.store
-        .release("k", "holder", false, NO_DELAY)
+        .release("k", "holder", 0, NO_DELAY)
         .await
         .expect("answer");
     assert_eq!(
@@ -509,7 +598,7 @@ async fn fair_waiters_go_in_arrival_order(mut s: Subject) {
     // Unfair requests do not queue: one can take the free lock ahead of b.
     fence(&s, &claim("k", "x", 10_000)).await;
     s.store
-        .release("k", "x", true, NO_DELAY)
+        .release("k", "x", 0, NO_DELAY)
         .await
         .expect("answer");
     assert_eq!(
@@ -520,7 +609,7 @@ async fn fair_waiters_go_in_arrival_order(mut s: Subject) {
     fence(&s, &waiters[0]).await;
     assert_eq!(position(&s, &waiters[1]).await, 1);
     s.store
-        .release("k", "b", false, NO_DELAY)
+        .release("k", "b", 0, NO_DELAY)
         .await
         .expect("answer");
     assert_eq!(names(next_notice(&mut s).await), ["c"]);
@@ -544,7 +633,7 @@ async fn fair_readers_go_together_until_a_writer(mut s: Subject) {
         assert_eq!(position(&s, c).await, i as u32 + 1);
     }
     s.store
-        .release("k", "w0", false, NO_DELAY)
+        .release("k", "w0", 0, NO_DELAY)
         .await
         .expect("answer");
     assert_eq!(
@@ -561,11 +650,11 @@ async fn fair_readers_go_together_until_a_writer(mut s: Subject) {
     fence(&s, &r1).await;
     assert_eq!(position(&s, &w1).await, 1);
     s.store
-        .release("k", "r1", false, NO_DELAY)
+        .release("k", "r1", 0, NO_DELAY)
         .await
         .expect("answer");
     s.store
-        .release("k", "r2", false, NO_DELAY)
+        .release("k", "r2", 0, NO_DELAY)
         .await
         .expect("answer");
     let mut woken = Vec::new();
@@ -585,7 +674,7 @@ async fn a_dead_fair_waiter_leaves_the_queue_at_its_expiry(s: Subject) {
     assert_eq!(position(&s, &dead).await, 1);
     assert_eq!(position(&s, &alive).await, 2);
     s.store
-        .release("k", "holder", false, NO_DELAY)
+        .release("k", "holder", 0, NO_DELAY)
         .await
         .expect("answer");
     match s.store.acquire(&alive).await.expect("answer") {
@@ -617,7 +706,7 @@ async fn a_dead_fair_waiter_leaves_the_queue_at_its_expiry(s: Subject) {
 async fn lock_delay_keeps_an_abandoned_lock_free_of_holders(s: Subject) {
     fence(&s, &claim("k", "a", 10_000)).await;
     s.store
-        .release("k", "a", true, Duration::from_millis(200))
+        .release("k", "a", 0, Duration::from_millis(200))
         .await
         .expect("answer");
     match s
@@ -634,7 +723,7 @@ async fn lock_delay_keeps_an_abandoned_lock_free_of_holders(s: Subject) {
     // Readers and semaphores are not delayed: only exclusive locks protect a writer.
     fence(&s, &shared("r", "a")).await;
     s.store
-        .release("r", "a", true, Duration::from_secs(10))
+        .release("r", "a", 0, Duration::from_secs(10))
         .await
         .expect("answer");
     fence(&s, &shared("r", "b")).await;
@@ -654,7 +743,7 @@ async fn only_grants_that_leave_room_pass_the_wake_on(mut s: Subject) {
     assert!(is_busy(&s, &waiter).await, "two permits taken");
     assert!(is_busy(&s, &other).await);
     s.store
-        .release("k", "a", false, NO_DELAY)
+        .release("k", "a", 0, NO_DELAY)
         .await
         .expect("answer");
     assert_eq!(
@@ -675,7 +764,7 @@ async fn unwait_leaves_the_fair_queue(mut s: Subject) {
     position(&s, &b).await;
     assert_eq!(position(&s, &c).await, 2);
     s.store
-        .release("k", "holder", false, NO_DELAY)
+        .release("k", "holder", 0, NO_DELAY)
         .await
         .expect("answer");
     assert_eq!(names(next_notice(&mut s).await), ["b"]);
@@ -710,6 +799,7 @@ conformance!(
     release_frees_and_fences_increase,
     only_the_owner_releases,
     holds_are_counted,
+    holds_and_releases_are_idempotent,
     grants_expire_and_fences_survive,
     renewals_extend_only_held_grants,
     large_batches_keep_their_order,
@@ -726,6 +816,32 @@ conformance!(
     lock_delay_keeps_an_abandoned_lock_free_of_holders,
     unwait_leaves_the_fair_queue,
     only_grants_that_leave_room_pass_the_wake_on,
+);
+
+/// Redlock runs the checks that fit it: it refuses semaphores and fair queues, and each
+/// master sends its own copy of a release notice.
+macro_rules! on_redlock {
+    ($($name:ident),* $(,)?) => {
+        mod redlock {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+              async fn $name() { super::$name(super::subject("redlock").await).await; })*
+        }
+    };
+}
+
+on_redlock!(
+    grants_then_busy,
+    release_frees_and_fences_increase,
+    only_the_owner_releases,
+    holds_are_counted,
+    holds_and_releases_are_idempotent,
+    grants_expire_and_fences_survive,
+    renewals_extend_only_held_grants,
+    describe_shows_holders_but_no_secrets,
+    keys_are_opaque,
+    pings,
+    readers_share_and_exclude_writers,
+    lock_delay_keeps_an_abandoned_lock_free_of_holders,
 );
 
 #[tokio::test]
@@ -766,10 +882,7 @@ async fn redis_scripts_are_loaded_again_after_a_flush() {
     // EVALSHA answers NOSCRIPT now; the store must load the script and go on.
     assert_eq!(redis.cli(&["script", "flush"]), "OK");
     assert_eq!(
-        store
-            .release("k", "a", false, NO_DELAY)
-            .await
-            .expect("answer"),
+        store.release("k", "a", 0, NO_DELAY).await.expect("answer"),
         Some(0)
     );
     let Acquired::Granted { fence: b } = store

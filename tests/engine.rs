@@ -27,6 +27,9 @@ struct Switchable {
     inner: MemoryStore,
     down: AtomicBool,
     forget: AtomicBool,
+    /// Holds and releases run, then answer as a call that timed out would: the store
+    /// changed, the caller cannot know it.
+    ran_but_timed_out: AtomicBool,
     renew_calls: AtomicUsize,
     renew_items: AtomicUsize,
 }
@@ -37,6 +40,14 @@ impl Switchable {
             return Err(StoreError::Unavailable("switched off".into()));
         }
         Ok(())
+    }
+
+    /// The answer of a hold or release that ran: itself, or a timeout.
+    fn answer(&self, ran: Result<Option<u32>, StoreError>) -> Result<Option<u32>, StoreError> {
+        if self.ran_but_timed_out.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("timed out (but ran)".into()));
+        }
+        ran
     }
 }
 
@@ -57,18 +68,25 @@ impl Store for Switchable {
         &'a self,
         key: &'a str,
         owner: &'a str,
+        count: u32,
         ttl: Duration,
     ) -> StoreFuture<'a, Option<u32>> {
-        guarded!(self, self.inner.hold(key, owner, ttl))
+        Box::pin(async move {
+            self.check()?;
+            self.answer(self.inner.hold(key, owner, count, ttl).await)
+        })
     }
     fn release<'a>(
         &'a self,
         key: &'a str,
         owner: &'a str,
-        all: bool,
+        count: u32,
         delay: Duration,
     ) -> StoreFuture<'a, Option<u32>> {
-        guarded!(self, self.inner.release(key, owner, all, delay))
+        Box::pin(async move {
+            self.check()?;
+            self.answer(self.inner.release(key, owner, count, delay).await)
+        })
     }
     fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<bool>> {
         self.renew_calls.fetch_add(1, Ordering::SeqCst);
@@ -141,6 +159,35 @@ impl Session {
             .await
             .expect("send");
         self.next_id
+    }
+
+    /// Sends a Release of `key` and returns the holds left it answers.
+    async fn release(&mut self, key: &str) -> u32 {
+        self.next_id += 1;
+        let request_id = self.next_id;
+        let command = Command::Release {
+            request_id,
+            key: key.into(),
+        };
+        self.tx.send(Inbound::Command(command)).await.expect("send");
+        match self.next().await {
+            Event::Released {
+                request_id: id,
+                hold_count,
+                ..
+            } if id == request_id => hold_count,
+            other => panic!("expected Released for {request_id}, got {other:?}"),
+        }
+    }
+
+    /// Expects the answer to `request_id` to be `Rejected` UNAVAILABLE.
+    async fn unavailable(&mut self, request_id: u64) {
+        match self.next().await {
+            Event::Rejected(r) if r.request_id == request_id => {
+                assert_eq!(r.code, lockside::engine::RejectCode::Unavailable, "{r:?}");
+            }
+            other => panic!("expected Rejected UNAVAILABLE for {request_id}, got {other:?}"),
+        }
     }
 
     async fn granted(&mut self, key: &str, ttl: u64) -> (u64, Duration) {
@@ -391,4 +438,52 @@ async fn shutdown_releases_and_says_so() {
             )
             .is_err()
     );
+}
+
+/// A reentrant Acquire whose store call ran but answered as a timeout: the client hears
+/// UNAVAILABLE, so it holds the key twice, not three times; its two Releases free the
+/// lock. (Before holds carried the session's count, the store kept a third hold: the
+/// second Release answered 1 and the lock stayed until the session ended.)
+#[tokio::test(start_paused = true)]
+async fn a_hold_that_ran_but_timed_out_leaves_no_hold_behind() {
+    let (store, engine) = setup();
+    let mut a = start(&engine);
+    a.granted("k", 10).await;
+    a.granted("k", 10).await;
+    store.ran_but_timed_out.store(true, Ordering::SeqCst);
+    let id = a.send(request("k", 10, None)).await;
+    a.unavailable(id).await;
+    store.ran_but_timed_out.store(false, Ordering::SeqCst);
+    assert_eq!(a.release("k").await, 1);
+    assert_eq!(a.release("k").await, 0, "the last hold the client knows of");
+    let state = store.inner.describe("k").await.expect("memory store");
+    assert!(state.holders.is_empty(), "the lock is free: {state:?}");
+}
+
+/// A Release whose store call ran but answered as a timeout took no hold as far as the
+/// client knows (UNAVAILABLE): retrying it answers the same count, and the holds the
+/// client knows of free the lock.
+#[tokio::test(start_paused = true)]
+async fn a_release_that_ran_but_timed_out_can_be_retried() {
+    let (store, engine) = setup();
+    let mut a = start(&engine);
+    a.granted("k", 10).await;
+    a.granted("k", 10).await;
+    store.ran_but_timed_out.store(true, Ordering::SeqCst);
+    a.next_id += 1;
+    let id = a.next_id;
+    let command = Command::Release {
+        request_id: id,
+        key: "k".into(),
+    };
+    a.tx.send(Inbound::Command(command)).await.expect("send");
+    a.unavailable(id).await;
+    store.ran_but_timed_out.store(false, Ordering::SeqCst);
+    assert_eq!(a.release("k").await, 1, "the retry takes the same hold");
+    let state = store.inner.describe("k").await.expect("memory store");
+    assert_eq!(state.holders.len(), 1, "still held once: {state:?}");
+    assert_eq!(state.holders[0].hold_count, 1);
+    assert_eq!(a.release("k").await, 0);
+    let state = store.inner.describe("k").await.expect("memory store");
+    assert!(state.holders.is_empty(), "the lock is free: {state:?}");
 }

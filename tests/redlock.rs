@@ -63,12 +63,110 @@ fn claim(key: &str, owner: &str) -> Claim {
         owner: owner.into(),
         ttl: Duration::from_secs(30),
         wait: false,
-        session_id: "other".into(),
+        session_id: format!("session-of-{owner}"),
         client_name: "other".into(),
         sharing: Sharing::Exclusive,
         limit: 1,
         fair: false,
     }
+}
+
+impl Masters {
+    /// A Redlock store on the masters, used through the `Store` trait.
+    fn redlock(&self) -> RedlockStore {
+        RedlockStore::new(&self.url(), &self.namespace, Duration::from_secs(1))
+            .expect("redlock store")
+    }
+
+    /// Whether master `i` still has a grant of `key` by `owner`'s session.
+    async fn holds(&self, i: usize, key: &str, owner: &str) -> bool {
+        let state = self.single(i).describe(key).await.expect("describe");
+        let session = claim(key, owner).session_id;
+        state.holders.iter().any(|h| h.session_id == session)
+    }
+
+    /// Waits (bounded) until master `i` no longer has `owner`'s grant of `key`.
+    async fn let_go(&self, i: usize, key: &str, owner: &str) {
+        let gone = tokio::time::timeout(common::PATIENCE, async {
+            while self.holds(i, key, owner).await {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert!(
+            gone.is_ok(),
+            "master {i} still has {owner}'s grant of {key}"
+        );
+    }
+}
+
+/// Issue 11, item 1. A reentrant hold reached one master only (its call timed out, the
+/// session kept count 1); while another master is frozen, the session's Release must
+/// answer what a majority has left (0), not the largest count of one master, and the
+/// key is then free for someone else on the two live masters. The frozen master lets
+/// go once it runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_answers_what_a_majority_of_masters_has_left() {
+    let masters = Masters::start(3);
+    let redlock = masters.redlock();
+    let got = redlock.acquire(&claim("k", "s1")).await;
+    assert!(matches!(got, Ok(Acquired::Granted { .. })), "{got:?}");
+    // The hold that reached master 0 only.
+    let held = masters
+        .single(0)
+        .hold("k", "s1", 2, Duration::from_secs(30))
+        .await;
+    assert_eq!(held.expect("master 0"), Some(2));
+    let frozen = masters.redis[2].pid();
+    signal(frozen, "STOP");
+    // The session holds the key once: it leaves 0 holds.
+    let released = redlock
+        .release("k", "s1", 0, Duration::ZERO)
+        .await
+        .expect("a majority answers");
+    assert_eq!(released, Some(0), "released on a majority");
+    let other = redlock.acquire(&claim("k", "s2")).await;
+    assert!(
+        matches!(other, Ok(Acquired::Granted { .. })),
+        "masters 0 and 1 are free: {other:?}"
+    );
+    signal(frozen, "CONT");
+    masters.let_go(2, "k", "s1").await;
+}
+
+/// Issue 11, item 1. Counts a majority no longer shares: master 1 lost the grant, master
+/// 2 is frozen. Releasing one of two holds must answer "not held" (only master 0 still
+/// has it), and master 0, left holding a grant the vote says is gone, lets it go, so
+/// the key can be granted on masters 0 and 1 while master 2 is still frozen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_the_majority_lost_is_cleaned_up_where_it_is_left() {
+    let masters = Masters::start(3);
+    let redlock = masters.redlock();
+    let got = redlock.acquire(&claim("k", "s1")).await;
+    assert!(matches!(got, Ok(Acquired::Granted { .. })), "{got:?}");
+    let held = redlock.hold("k", "s1", 2, Duration::from_secs(30)).await;
+    assert_eq!(held.expect("a majority answers"), Some(2));
+    // Master 1 loses the grant (as a master restarted empty would).
+    let lost = masters
+        .single(1)
+        .release("k", "s1", 0, Duration::ZERO)
+        .await;
+    assert_eq!(lost.expect("master 1"), Some(0));
+    let frozen = masters.redis[2].pid();
+    signal(frozen, "STOP");
+    // One of the two holds given back: 1 left, where the grant still is.
+    let released = redlock
+        .release("k", "s1", 1, Duration::ZERO)
+        .await
+        .expect("a majority answers");
+    assert_eq!(released, None, "only master 0 of 3 had the grant");
+    masters.let_go(0, "k", "s1").await;
+    let other = redlock.acquire(&claim("k", "s2")).await;
+    assert!(
+        matches!(other, Ok(Acquired::Granted { .. })),
+        "masters 0 and 1 are free: {other:?}"
+    );
+    signal(frozen, "CONT");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -381,10 +381,7 @@ async fn direct_cycles(
             Ok(Acquired::Granted { .. }) => {}
             other => return Err(format!("direct acquire of {key}: {other:?}")),
         }
-        match store
-            .release(&key, &claim.owner, false, Duration::ZERO)
-            .await
-        {
+        match store.release(&key, &claim.owner, 0, Duration::ZERO).await {
             Ok(Some(0)) => {}
             other => return Err(format!("direct release of {key}: {other:?}")),
         }

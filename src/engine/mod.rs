@@ -92,7 +92,7 @@ pub fn random_hex(bytes: usize) -> Result<String, getrandom::Error> {
 pub(crate) fn release_in_background(store: &Arc<dyn Store>, key: String, owner: String) {
     let store = store.clone();
     tokio::spawn(async move {
-        let _ = store.release(&key, &owner, true, Duration::ZERO).await;
+        let _ = store.release(&key, &owner, 0, Duration::ZERO).await;
     });
 }
 

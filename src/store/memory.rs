@@ -297,11 +297,12 @@ impl Store for MemoryStore {
         &'a self,
         key: &'a str,
         owner: &'a str,
+        count: u32,
         ttl: Duration,
     ) -> StoreFuture<'a, Option<u32>> {
         let answer = self.with_lock(key, |lock, now| {
             let holder = lock.holder(owner)?;
-            holder.count = holder.count.saturating_add(1);
+            holder.count = count.max(1);
             holder.expires = now + ttl;
             Some(holder.count)
         });
@@ -312,14 +313,14 @@ impl Store for MemoryStore {
         &'a self,
         key: &'a str,
         owner: &'a str,
-        all: bool,
+        count: u32,
         delay: Duration,
     ) -> StoreFuture<'a, Option<u32>> {
         let answer = self.with_lock(key, |lock, now| {
             let holder = lock.holder(owner)?;
-            if !all && holder.count > 1 {
-                holder.count -= 1;
-                return Some(holder.count);
+            if count > 0 {
+                holder.count = count;
+                return Some(count);
             }
             lock.holders.retain(|h| h.owner != owner);
             if lock.holders.is_empty() {

@@ -227,24 +227,30 @@ pub trait Store: Send + Sync + 'static {
     /// grant or a semaphore permit that leaves room for more wakes the next waiters.
     fn acquire<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, Acquired>;
 
-    /// Adds one hold to a grant and extends it by `ttl`. Returns the new hold count, or
-    /// `None` when `owner` no longer holds `key`.
+    /// Sets a grant's hold count to `count` (at least 1) and extends it by `ttl`. Returns
+    /// the count now stored, or `None` when `owner` no longer holds `key`.
+    ///
+    /// The session is the authority on hold counts and the store mirrors them: a hold
+    /// carries the count the session wants, not "one more", so it is idempotent. A call
+    /// that timed out but ran leaves the count the session would have had after it, and
+    /// the session's next hold or release sets the count it actually keeps.
     fn hold<'a>(
         &'a self,
         key: &'a str,
         owner: &'a str,
+        count: u32,
         ttl: Duration,
     ) -> StoreFuture<'a, Option<u32>>;
 
-    /// Takes one hold (or, with `all`, every hold) from a grant. Returns the holds left
-    /// (0: the grant is gone and waiters were notified), or `None` when `owner` did not
-    /// hold `key`. A non-zero `delay` on the last holder of an exclusive lock keeps the
-    /// lock from anyone for that long (lock-delay).
+    /// Leaves `count` holds on a grant: 0 releases it (waiters are notified), N > 0 sets
+    /// the hold count to N. Returns the holds left, or `None` when `owner` did not hold
+    /// `key`. Idempotent, as [`Store::hold`]. A non-zero `delay` on the last holder of an
+    /// exclusive lock keeps the lock from anyone for that long (lock-delay).
     fn release<'a>(
         &'a self,
         key: &'a str,
         owner: &'a str,
-        all: bool,
+        count: u32,
         delay: Duration,
     ) -> StoreFuture<'a, Option<u32>>;
 

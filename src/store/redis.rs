@@ -333,7 +333,7 @@ impl Store for RedisStore {
                     // Not on enough replicas: a failover could hand it out again. Undo
                     // it rather than hand out a grant that is not safe.
                     let _ = self
-                        .release(&claim.key, &claim.owner, true, Duration::ZERO)
+                        .release(&claim.key, &claim.owner, 0, Duration::ZERO)
                         .await;
                     return Err(StoreError::Unavailable(format!(
                         "the grant was not acknowledged by {} replicas within {:?}",
@@ -367,11 +367,13 @@ impl Store for RedisStore {
         &'a self,
         key: &'a str,
         owner: &'a str,
+        count: u32,
         ttl: Duration,
     ) -> StoreFuture<'a, Option<u32>> {
         Box::pin(async move {
+            let count = count.to_string();
             let n: i64 = self
-                .invoke(&self.scripts.hold, key, &[owner, &ms(ttl)])
+                .invoke(&self.scripts.hold, key, &[owner, &count, &ms(ttl)])
                 .await?;
             Ok(held_count(n))
         })
@@ -381,13 +383,13 @@ impl Store for RedisStore {
         &'a self,
         key: &'a str,
         owner: &'a str,
-        all: bool,
+        count: u32,
         delay: Duration,
     ) -> StoreFuture<'a, Option<u32>> {
         Box::pin(async move {
-            let all = if all { "1" } else { "0" };
+            let count = count.to_string();
             let (channel, sharded) = self.notice_channel(key);
-            let args = [owner, all, &channel, key, &ms(delay), sharded];
+            let args = [owner, &count, &channel, key, &ms(delay), sharded];
             let n: i64 = self.invoke(&self.scripts.release, key, &args).await?;
             Ok(held_count(n))
         })

@@ -17,7 +17,11 @@
 //!   (`unix_ms × 1024`), so it cannot go back either unless its clock does.
 //! - **Renewals** go to every master; a grant stays valid while a majority renews it,
 //!   known as soon as a majority has answered. **Releases** and holds answer once a
-//!   majority decides and reach the other masters in the background.
+//!   majority decides and reach the other masters in the background. Their answer is
+//!   the hold count a majority still has: the quorum-th largest of the masters' counts,
+//!   a master without the grant counting 0 (never the largest: one master's count is
+//!   not a majority's). A grant the vote says is gone is released on the masters that
+//!   still answered a count for it, before or after the vote.
 //! - **Notices** from every master are merged: a release wakes a waiter once per master
 //!   (a woken waiter only tries again; spurious wakes cost an attempt, never safety).
 //! - **Not supported**: semaphores (N masters each counting permits would let more than
@@ -152,14 +156,6 @@ impl RedlockStore {
         answers
     }
 
-    /// Whether hold or release answers decide: a majority still has the grant, or
-    /// too many lack it for a majority to be possible.
-    fn count_decided(&self, answers: &[Result<Option<u32>, StoreError>]) -> bool {
-        let held = answers.iter().filter(|a| matches!(a, Ok(Some(_)))).count();
-        let lacking = answers.iter().filter(|a| matches!(a, Ok(None))).count();
-        held >= self.quorum || lacking > self.masters.len() - self.quorum
-    }
-
     /// Too few masters answered to decide anything.
     fn no_quorum(&self, answered: usize) -> StoreError {
         StoreError::Unavailable(format!(
@@ -174,32 +170,67 @@ impl RedlockStore {
     /// overtake a retry of the same claim (same owner) and undo its grant; a late grant
     /// there simply expires at its TTL.
     async fn roll_back(&self, key: &str, owner: &str, granted: &[usize]) {
-        let release = |i: &usize| self.masters[*i].release(key, owner, true, Duration::ZERO);
+        let release = |i: &usize| self.masters[*i].release(key, owner, 0, Duration::ZERO);
         join_all(granted.iter().map(release)).await;
     }
 
-    /// Like [`Self::gather`] for calls that must reach every master even after the
-    /// answer is known (releases, holds): the rest finish in the background. Safe
-    /// because the owner token of a finished release or hold is never reused for a
-    /// new acquire.
-    async fn gather_all<T, F, E>(&self, call: F, enough: E) -> Vec<Result<T, StoreError>>
+    /// Runs a hold or release of one grant (`call`) on every master and answers once
+    /// the [`vote`] is decided; the calls still out finish in the background (safe: the
+    /// owner token of a grant is never reused for a new acquire). When the vote says
+    /// the grant is gone, every master that answered a count for it, before the vote or
+    /// after, gets a release to 0 in the background: left there, it would keep the key
+    /// from a new majority until its TTL. A master that did not answer is left alone
+    /// (nothing says it has the grant); its copy expires at its TTL.
+    async fn settle<F>(&self, key: &str, owner: &str, call: F) -> Result<Option<u32>, StoreError>
     where
-        T: Send + 'static,
-        F: Fn(Arc<RedisStore>) -> StoreFuture<'static, T>,
-        E: Fn(&[Result<T, StoreError>]) -> bool,
+        F: Fn(Arc<RedisStore>) -> StoreFuture<'static, Option<u32>>,
     {
-        let mut calls: FuturesUnordered<_> = self.masters.iter().map(|m| call(m.clone())).collect();
-        let mut answers = Vec::with_capacity(self.masters.len());
-        while let Some(answer) = calls.next().await {
-            answers.push(answer);
-            if enough(&answers) {
-                break;
+        let mut calls: FuturesUnordered<_> = (self.masters.iter().enumerate())
+            .map(|(i, m)| {
+                let call = call(m.clone());
+                async move { (i, call.await) }
+            })
+            .collect();
+        let (n, quorum) = (self.masters.len(), self.quorum);
+        let mut answers = Vec::with_capacity(n);
+        let mut holding = Vec::new();
+        let decided = loop {
+            let Some((i, answer)) = calls.next().await else {
+                break vote(&answers, n, quorum);
+            };
+            if matches!(answer, Ok(Some(c)) if c > 0) {
+                holding.push(i);
             }
+            answers.push(answer);
+            match vote(&answers, n, quorum) {
+                Vote::Open => continue,
+                decided => break decided,
+            }
+        };
+        let gone = matches!(decided, Vote::Decided(None | Some(0)));
+        let left = Leftovers {
+            masters: self.masters.clone(),
+            key: key.to_owned(),
+            owner: owner.to_owned(),
+        };
+        if gone {
+            holding.iter().for_each(|&i| left.release(i));
         }
         if !calls.is_empty() {
-            tokio::spawn(async move { while calls.next().await.is_some() {} });
+            tokio::spawn(async move {
+                while let Some((i, answer)) = calls.next().await {
+                    if gone && matches!(answer, Ok(Some(c)) if c > 0) {
+                        left.release(i);
+                    }
+                }
+            });
         }
-        answers
+        match decided {
+            Vote::Decided(count) => Ok(count),
+            Vote::NoQuorum(answered) => Err(self.no_quorum(answered)),
+            // Cannot happen: every master has answered.
+            Vote::Open => Err(self.no_quorum(answers.iter().flatten().count())),
+        }
     }
 
     async fn acquire_once(&self, claim: &Claim) -> Result<Acquired, StoreError> {
@@ -306,22 +337,78 @@ async fn forward(mut from: broadcast::Receiver<Notice>, to: broadcast::Sender<No
     }
 }
 
-/// What the masters' answers to a hold or release of one grant mean together: the hold
-/// count when a majority still has the grant (the largest, should they differ), `None`
-/// when a majority answered and too few of them have it (the grant is lost), and `Err`
-/// with the number of answers when too few masters answered to tell.
-fn majority_count(
-    answers: &[Result<Option<u32>, StoreError>],
-    quorum: usize,
-) -> Result<Option<u32>, usize> {
-    let held: Vec<u32> = answers.iter().flatten().flatten().copied().collect();
-    let answered = answers.iter().filter(|a| a.is_ok()).count();
-    if held.len() >= quorum {
-        Ok(held.into_iter().max())
-    } else if answered >= quorum {
-        Ok(None)
+/// A grant the vote says is gone, on masters that may still have it.
+struct Leftovers {
+    masters: Vec<Arc<RedisStore>>,
+    key: String,
+    owner: String,
+}
+
+impl Leftovers {
+    /// Releases the grant on master `i` in the background, ignoring the answer.
+    fn release(&self, i: usize) {
+        let Some(master) = self.masters.get(i).cloned() else {
+            return;
+        };
+        let (key, owner) = (self.key.clone(), self.owner.clone());
+        tokio::spawn(async move {
+            if let Err(e) = master.release(&key, &owner, 0, Duration::ZERO).await {
+                tracing::debug!(%key, error = %e, "leftover grant on a Redlock master not released; it expires at its TTL");
+            }
+        });
+    }
+}
+
+/// What the masters' answers to a hold or release of one grant decide so far.
+#[derive(Debug, PartialEq, Eq)]
+enum Vote {
+    /// Masters still to answer could change the outcome.
+    Open,
+    /// The answer: `Some(n > 0)`, the hold count a majority has; `Some(0)`, a majority
+    /// had the grant and released it; `None`, fewer than a majority have it.
+    Decided(Option<u32>),
+    /// Too few masters answered, or can still answer, to tell (the number that did).
+    NoQuorum(usize),
+}
+
+/// Counts the masters' answers to a hold or release of one grant (`answers` so far, of
+/// `masters`). The count is the quorum-th largest of the per-master counts, a master
+/// without the grant (`None`) or that failed counting 0: the largest count a majority
+/// has. Never the maximum: one master's count (say 1, when the other masters answered
+/// 0) is not a majority's, and answering it would let the session keep a grant the
+/// majority no longer has while someone else is granted the key. Decided when the
+/// masters still out cannot change the answer whatever they say.
+fn vote(answers: &[Result<Option<u32>, StoreError>], masters: usize, quorum: usize) -> Vote {
+    let pending = masters.saturating_sub(answers.len());
+    let ok = answers.iter().filter(|a| a.is_ok()).count();
+    if ok + pending < quorum {
+        return Vote::NoQuorum(ok);
+    }
+    let counts = || {
+        answers.iter().map(|a| match a {
+            Ok(Some(c)) => *c,
+            Ok(None) | Err(_) => 0,
+        })
+    };
+    let quorum_th = |rest: u32| {
+        let mut all: Vec<u32> = counts().chain(std::iter::repeat_n(rest, pending)).collect();
+        all.sort_unstable_by(|a, b| b.cmp(a));
+        all.get(quorum.saturating_sub(1)).copied().unwrap_or(0)
+    };
+    let count = quorum_th(0);
+    if count != quorum_th(u32::MAX) || ok < quorum {
+        return Vote::Open;
+    }
+    if count > 0 {
+        return Vote::Decided(Some(count));
+    }
+    let had = answers.iter().filter(|a| matches!(a, Ok(Some(_)))).count();
+    if had >= quorum {
+        Vote::Decided(Some(0))
+    } else if had + pending < quorum {
+        Vote::Decided(None)
     } else {
-        Err(answered)
+        Vote::Open
     }
 }
 
@@ -334,16 +421,16 @@ impl Store for RedlockStore {
         &'a self,
         key: &'a str,
         owner: &'a str,
+        count: u32,
         ttl: Duration,
     ) -> StoreFuture<'a, Option<u32>> {
         Box::pin(async move {
             let (k, o) = (key.to_owned(), owner.to_owned());
             let hold = move |m: Arc<RedisStore>| -> StoreFuture<'static, Option<u32>> {
                 let (k, o) = (k.clone(), o.clone());
-                Box::pin(async move { m.hold(&k, &o, ttl).await })
+                Box::pin(async move { m.hold(&k, &o, count, ttl).await })
             };
-            let answers = self.gather_all(hold, |a| self.count_decided(a)).await;
-            majority_count(&answers, self.quorum).map_err(|n| self.no_quorum(n))
+            self.settle(key, owner, hold).await
         })
     }
 
@@ -351,17 +438,16 @@ impl Store for RedlockStore {
         &'a self,
         key: &'a str,
         owner: &'a str,
-        all: bool,
+        count: u32,
         delay: Duration,
     ) -> StoreFuture<'a, Option<u32>> {
         Box::pin(async move {
             let (k, o) = (key.to_owned(), owner.to_owned());
             let release = move |m: Arc<RedisStore>| -> StoreFuture<'static, Option<u32>> {
                 let (k, o) = (k.clone(), o.clone());
-                Box::pin(async move { m.release(&k, &o, all, delay).await })
+                Box::pin(async move { m.release(&k, &o, count, delay).await })
             };
-            let answers = self.gather_all(release, |a| self.count_decided(a)).await;
-            majority_count(&answers, self.quorum).map_err(|n| self.no_quorum(n))
+            self.settle(key, owner, release).await
         })
     }
 
@@ -513,15 +599,95 @@ mod tests {
         assert!(master_urls("redis://a:1").is_err());
     }
 
+    fn ok(count: Option<u32>) -> Result<Option<u32>, StoreError> {
+        Ok(count)
+    }
+
+    fn down() -> Result<Option<u32>, StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+
+    /// The vote on 3 masters (quorum 2) after `answers`.
+    fn vote3(answers: Vec<Result<Option<u32>, StoreError>>) -> Vote {
+        vote(&answers, 3, 2)
+    }
+
+    /// Issue 11: a reentrant hold reached master 0 only (count 2 there, 1 elsewhere) and
+    /// the session releases its one hold with the old "one less" call: master 0 answers
+    /// 1, master 1 answers 0. One master's 1 is not a majority's: the vote waits for
+    /// master 2, and answers 0 unless master 2 also still has a hold.
     #[test]
-    fn counts_follow_the_majority() {
-        let ok = |c: Option<u32>| Ok::<_, StoreError>(c);
-        let down = || Err(StoreError::Unavailable("down".into()));
-        let count = |answers: Vec<_>| majority_count(&answers, 2);
-        assert_eq!(count(vec![ok(Some(2)), ok(Some(2)), down()]), Ok(Some(2)));
-        assert_eq!(count(vec![ok(Some(0)), ok(Some(0)), ok(None)]), Ok(Some(0)));
-        assert_eq!(count(vec![ok(None), ok(None), ok(Some(1))]), Ok(None));
-        assert_eq!(count(vec![ok(None), ok(Some(1)), down()]), Ok(None));
-        assert_eq!(count(vec![ok(Some(1)), down(), down()]), Err(1));
+    fn one_masters_count_is_not_a_majoritys() {
+        assert_eq!(vote3(vec![ok(Some(1)), ok(Some(0))]), Vote::Open);
+        assert_eq!(
+            vote3(vec![ok(Some(1)), ok(Some(0)), ok(Some(0))]),
+            Vote::Decided(Some(0))
+        );
+        assert_eq!(
+            vote3(vec![ok(Some(1)), ok(Some(0)), down()]),
+            Vote::Decided(Some(0)),
+            "a failed master does not count as holding"
+        );
+        assert_eq!(
+            vote3(vec![ok(Some(1)), ok(Some(0)), ok(Some(1))]),
+            Vote::Decided(Some(1))
+        );
+        assert_eq!(
+            vote3(vec![ok(Some(1)), ok(None), down()]),
+            Vote::Decided(None),
+            "a majority answered and only one has the grant"
+        );
+    }
+
+    /// Issue 11: holds that answer counts 3, 2, 2 leave 2 on a majority, not 3.
+    #[test]
+    fn the_count_is_the_quorum_th_largest() {
+        assert_eq!(
+            vote3(vec![ok(Some(3)), ok(Some(2)), ok(Some(2))]),
+            Vote::Decided(Some(2))
+        );
+        assert_eq!(
+            vote3(vec![ok(Some(3)), ok(Some(2))]),
+            Vote::Open,
+            "master 2 decides between 2 and 3"
+        );
+        assert_eq!(
+            vote3(vec![ok(Some(2)), ok(Some(2))]),
+            Vote::Decided(Some(2)),
+            "nothing master 2 says changes the second largest"
+        );
+        assert_eq!(
+            vote(
+                &[ok(Some(3)), ok(Some(2)), ok(Some(2)), ok(Some(1)), ok(None)],
+                5,
+                3
+            ),
+            Vote::Decided(Some(2))
+        );
+    }
+
+    /// Issue 11: with a master down, the two others decide; with two down, nothing is
+    /// decided, and Some(0) is "released" only when a majority says so.
+    #[test]
+    fn a_master_down() {
+        assert_eq!(
+            vote3(vec![ok(Some(2)), down(), ok(Some(2))]),
+            Vote::Decided(Some(2))
+        );
+        assert_eq!(vote3(vec![down(), ok(Some(2))]), Vote::Open);
+        assert_eq!(vote3(vec![ok(Some(2)), down(), down()]), Vote::NoQuorum(1));
+        assert_eq!(vote3(vec![down(), down()]), Vote::NoQuorum(0));
+        assert_eq!(
+            vote3(vec![ok(Some(0)), ok(Some(0))]),
+            Vote::Decided(Some(0)),
+            "released on a majority: no need to wait for the third"
+        );
+        assert_eq!(vote3(vec![ok(Some(0)), ok(None)]), Vote::Open);
+        assert_eq!(vote3(vec![ok(None), ok(None)]), Vote::Decided(None));
+        assert_eq!(
+            vote3(vec![ok(Some(0)), ok(None), down()]),
+            Vote::Decided(None)
+        );
+        assert_eq!(vote3(vec![ok(None), down()]), Vote::Open);
     }
 }

@@ -363,7 +363,7 @@ fn forget(metrics: &crate::metrics::Metrics, held: &Held) {
 }
 
 async fn release_quietly(store: &Arc<dyn Store>, key: &str, owner: &str, delay: Duration) {
-    if let Err(e) = store.release(key, owner, true, delay).await {
+    if let Err(e) = store.release(key, owner, 0, delay).await {
         tracing::warn!(%key, error = %e, "release at session end failed; the lock expires at its TTL");
     }
 }

@@ -155,17 +155,21 @@ impl Session {
                         message,
                     );
                 }
-                // Reentrant: the store counts holds so Describe shows them. A reentrant
-                // acquire keeps the grant's TTL and mode (SHARED asked while holding
-                // EXCLUSIVE is a hold of the exclusive grant).
+                // Reentrant: the store mirrors the session's hold count so Describe shows
+                // it. The call carries the count wanted, not "one more": if it fails
+                // (the session keeps its count) but ran, the next hold or release sets
+                // the store's count right. A reentrant acquire keeps the grant's TTL and
+                // mode (SHARED asked while holding EXCLUSIVE is a hold of the exclusive
+                // grant).
                 h.busy = true;
                 self.pending.insert(request.request_id);
                 let (store, turns) = (self.shared.store.clone(), self.shared.store_calls.clone());
                 let (key, owner, ttl, lease_id) =
                     (request.key.clone(), h.owner.clone(), h.ttl, h.lease_id);
+                let count = h.count + 1;
                 self.ops.push(Box::pin(async move {
                     let _turn = turns.acquire().await;
-                    let result = store.hold(&key, &owner, ttl).await;
+                    let result = store.hold(&key, &owner, count, ttl).await;
                     Done::Hold {
                         key,
                         lease_id,
@@ -278,9 +282,11 @@ impl Session {
                 self.pending.insert(request_id);
                 let (store, turns) = (self.shared.store.clone(), self.shared.store_calls.clone());
                 let (owner, lease_id) = (h.owner.clone(), h.lease_id);
+                // The holds left, as the session counts them (see the reentrant hold).
+                let left = h.count.saturating_sub(1);
                 self.ops.push(Box::pin(async move {
                     let _turn = turns.acquire().await;
-                    let result = store.release(&key, &owner, false, Duration::ZERO).await;
+                    let result = store.release(&key, &owner, left, Duration::ZERO).await;
                     Done::Release {
                         key,
                         lease_id,

@@ -92,6 +92,9 @@ impl Session {
                         self.redispatch(queue);
                     }
                     Err(e) => {
+                        // The client hears UNAVAILABLE and the session keeps its count.
+                        // Had the call run, the store holds one more: the session's next
+                        // hold or release carries the count it keeps and sets it right.
                         self.store_failed(request.request_id, &key, &e);
                         self.drain(&key);
                     }
@@ -144,6 +147,8 @@ impl Session {
                         self.released(key, request_id);
                     }
                     Err(e) => {
+                        // As for a hold: the session keeps its count, and a retried
+                        // Release asks the store for the same count again.
                         self.store_failed(request_id, &key, &e);
                         self.drain(&key);
                     }

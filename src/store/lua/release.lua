@@ -1,7 +1,9 @@
--- Takes one hold (ARGV[2] = '1': every hold) from ARGV[1]'s grant. When the grant goes,
--- wakes the waiters that can now have the lock (see wake in common.lua); with ARGV[5]
--- > 0 ms and an exclusive lock now free, starts a lock-delay first.
--- ARGV: owner all channel key delay_ms sharded
+-- Leaves ARGV[2] holds on ARGV[1]'s grant: N > 0 sets the hold count to N (the count the
+-- session keeps, so a retried release that ran leaves the same count); 0 releases the
+-- grant. When the grant goes, wakes the waiters that can now have the lock (see wake in
+-- common.lua); with ARGV[5] > 0 ms and an exclusive lock now free, starts a lock-delay
+-- first.
+-- ARGV: owner count channel key delay_ms sharded
 -- Returns the holds left (0: released), or -1 when ARGV[1] does not hold the lock.
 local h, d, w, q, x = KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6]
 local owner = ARGV[1]
@@ -12,10 +14,11 @@ local v = redis.call('HGET', d, owner)
 if not v then
   return -1
 end
-local count, fence, sid, name = parse(v)
-if ARGV[2] ~= '1' and count > 1 then
-  redis.call('HSET', d, owner, holder_value(count - 1, fence, sid, name))
-  return count - 1
+local left = tonumber(ARGV[2])
+if left > 0 then
+  local _, fence, sid, name = parse(v)
+  redis.call('HSET', d, owner, holder_value(left, fence, sid, name))
+  return left
 end
 redis.call('HDEL', d, owner)
 redis.call('ZREM', h, owner)

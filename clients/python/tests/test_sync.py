@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from conftest import wait_until
+from servers import free_port, wait_until
 from lockside import Client, LockLost, NotAcquired, Rejected, Unavailable
 
 
@@ -209,8 +209,6 @@ def test_close_ends_the_session_and_releases(stack, key):
 
 
 def test_no_sidecar_is_unavailable():
-    from conftest import _free_port
-
-    with Client(f"127.0.0.1:{_free_port()}", connect_timeout=0.5) as c:
+    with Client(f"127.0.0.1:{free_port()}", connect_timeout=0.5) as c:
         with pytest.raises(Unavailable):
             c.lock("nobody-listens", wait=0)

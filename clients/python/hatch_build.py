@@ -72,6 +72,7 @@ class CustomBuildHook(BuildHookInterface):
             raise RuntimeError(f"lockside build: protoc failed on {PROTO} ({status})")
         generated = os.path.join(self._out, "lockside", "v1")
         self._check_runtime_pin(os.path.join(generated, "lockside_pb2.py"))
+        self._private_pool(os.path.join(generated, "lockside_pb2.py"))
         for name in ("lockside_pb2.py", "lockside_pb2.pyi"):
             build_data["force_include"][os.path.join(generated, name)] = (
                 f"lockside/_pb/{name}"
@@ -99,6 +100,25 @@ class CustomBuildHook(BuildHookInterface):
                     "lockside build: the stubs need protobuf>=%d.%d.%d but pyproject.toml "
                     "asks for protobuf>=%d.%d.%d; raise the bound" % (made + asked)
                 )
+
+    def _private_pool(self, pb2: str) -> None:
+        """Registers the messages in a descriptor pool of their own, not protobuf's
+        default one: an application that generated its own stubs of lockside.proto
+        (say, from the old example, under another file name) would otherwise fail to
+        import this package with "duplicate symbol 'lockside.v1.LockMode'"."""
+        with open(pb2, encoding="utf-8") as f:
+            code = f.read()
+        default = "DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile("
+        if code.count(default) != 1 or "google_dot_protobuf_dot_duration__pb2" not in code:
+            raise RuntimeError("lockside build: protoc's output changed; adapt _private_pool")
+        code = code.replace(
+            default,
+            "_pool = _descriptor_pool.DescriptorPool()\n"
+            "_pool.AddSerializedFile(google_dot_protobuf_dot_duration__pb2.DESCRIPTOR.serialized_pb)\n"
+            "DESCRIPTOR = _pool.AddSerializedFile(",
+        )
+        with open(pb2, "w", encoding="utf-8") as f:
+            f.write(code)
 
     def finalize(self, version: str, build_data: dict, artifact_path: str) -> None:
         out = getattr(self, "_out", None)

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import grpc
-from google.protobuf.duration_pb2 import Duration
 
 try:
     from lockside._pb import lockside_pb2 as pb
@@ -161,13 +160,17 @@ def call_error(key: str, e: grpc.RpcError) -> LocksideError:
 # -- options ------------------------------------------------------------------
 
 
-def _seconds(name: str, value: Any) -> Duration:
+def _set_seconds(target: Any, name: str, value: Any) -> None:
+    """Writes `value` seconds into the Duration field `target`. (The field's own class
+    is filled in place: the stubs live in a private descriptor pool, so protobuf's
+    global `Duration` class is not theirs.)"""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
     whole = int(value)
-    return Duration(seconds=whole, nanos=int(round((value - whole) * 1e9)))
+    target.seconds = whole
+    target.nanos = int(round((value - whole) * 1e9))
 
 
 def acquire_request(
@@ -199,12 +202,12 @@ def acquire_request(
         fair=bool(fair),
     )
     wait_s = MAX_WAIT if wait is None else wait
-    if wait_s:
-        acquire.wait_timeout.CopyFrom(_seconds("wait", wait_s))
-    elif wait_s != 0:
-        _seconds("wait", wait_s)  # raises for bad types
+    if isinstance(wait_s, (int, float)) and not isinstance(wait_s, bool) and wait_s == 0:
+        pass  # unset: do not wait
+    else:
+        _set_seconds(acquire.wait_timeout, "wait", wait_s)
     if ttl is not None:
-        acquire.ttl.CopyFrom(_seconds("ttl", ttl))
+        _set_seconds(acquire.ttl, "ttl", ttl)
     return pb.LeaseRequest(acquire=acquire), float(wait_s) + ANSWER_SLACK
 
 

@@ -344,6 +344,10 @@ interface Pending {
   kind: 'acquire' | 'release';
   key: string;
   abandoned: boolean;
+  /** The held lock of a Granted answer, made and put in `held` by the stream's data
+   * handler, so a `Lost` in the same chunk of data finds it. */
+  lock?: Lock;
+  response?: LeaseResponse;
   settle: (response: LeaseResponse | null, error: Error | null) => void;
 }
 
@@ -453,9 +457,16 @@ class Session {
     const pending = this.pending.get(answer.requestId);
     if (!pending) return; // the answer to an abandoned cancel-Release
     this.pending.delete(answer.requestId);
-    if (resp.event === 'granted' && pending.abandoned) {
-      this.sendRelease(pending.key); // nobody waits for this grant any more
-      return;
+    if (resp.event === 'granted') {
+      if (pending.abandoned) {
+        this.sendRelease(pending.key); // nobody waits for this grant any more
+        return;
+      }
+      const lock = new Lock(this, pending.key, resp.granted!);
+      const locks = this.held.get(pending.key);
+      if (locks) locks.push(lock);
+      else this.held.set(pending.key, [lock]);
+      pending.lock = lock;
     }
     pending.settle(resp, null);
   }
@@ -496,7 +507,7 @@ class Session {
     rid: string,
     timeoutS: number,
     signal?: AbortSignal,
-  ): Promise<LeaseResponse> {
+  ): Promise<Pending> {
     return new Promise((resolve, reject) => {
       let onAbort: (() => void) | undefined;
       const timer = setTimeout(() => {
@@ -507,7 +518,10 @@ class Session {
         clearTimeout(timer);
         if (onAbort) signal!.removeEventListener('abort', onAbort);
         if (error) reject(error);
-        else resolve(response!);
+        else {
+          pending.response = response!;
+          resolve(pending);
+        }
       };
       const pending: Pending = { kind, key, abandoned: false, settle };
       if (signal) {
@@ -542,14 +556,9 @@ class Session {
     if (this.ended !== undefined) throw new Unavailable(`lease stream ended: ${this.ended}`);
     const rid = String(this.nextId++);
     acquire.requestId = rid;
-    const resp = await this.request('acquire', key, { acquire }, rid, wait + ANSWER_SLACK_SECONDS, opts.signal);
-    if (resp.event === 'granted') {
-      const lock = new Lock(this, key, resp.granted!);
-      const locks = this.held.get(key);
-      if (locks) locks.push(lock);
-      else this.held.set(key, [lock]);
-      return lock;
-    }
+    const pending = await this.request('acquire', key, { acquire }, rid, wait + ANSWER_SLACK_SECONDS, opts.signal);
+    const resp = pending.response!;
+    if (pending.lock) return pending.lock;
     if (resp.event === 'notAcquired') {
       const reason = String(resp.notAcquired!.reason).replace(/^REASON_/, '') as NotAcquiredReason;
       throw new NotAcquired(key, reason);
@@ -568,7 +577,8 @@ class Session {
     let resp: LeaseResponse | null = null;
     let error: Error | null = null;
     try {
-      resp = await this.request('release', lock.key, { release: { requestId: rid, key: lock.key } }, rid, ANSWER_SLACK_SECONDS);
+      resp = (await this.request('release', lock.key, { release: { requestId: rid, key: lock.key } }, rid, ANSWER_SLACK_SECONDS))
+        .response!;
     } catch (e) {
       error = e as Error;
     }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds and installs the client packages the way users get them, for their own tests
 # and for tests/languages.rs (the cross-language exclusion test):
-#   target/clients/venv                     a venv with `pip install ./clients/python`
-#                                           (and pytest, for clients/python/tests)
+#   target/clients/venv                     a venv with the wheel `pip wheel` built from
+#                                           clients/python (and pytest, for its tests)
 #   target/clients/node/node_modules        `npm install` of the tarball `npm pack` made
 #                                           from clients/node (tsc --noEmit checked first)
 # Needs python3 (with venv), node and npm; reaches PyPI and the npm registry only for
@@ -18,8 +18,11 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check --quiet)
-"${pip[@]}" install "$repo/clients/python" pytest==9.2.0
-"${pip[@]}" install --force-reinstall --no-deps "$repo/clients/python"
+rm -rf "$out/wheel"
+"${pip[@]}" wheel --no-deps --wheel-dir "$out/wheel" "$repo/clients/python"
+wheel=("$out"/wheel/lockside-*.whl)
+"${pip[@]}" install "${wheel[0]}" pytest==9.2.0
+"${pip[@]}" install --force-reinstall --no-deps "${wheel[0]}"
 
 # Node: dependencies from the committed lock, a type check, then the tarball users get
 # (its prepack script builds dist/), installed into a prefix of its own.

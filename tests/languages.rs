@@ -1,9 +1,13 @@
-//! Every language at once: a Rust client, the Python, Node and Go examples, and two
-//! `lockside hold` loops compete for one key through one sidecar on Redis. Each records
-//! its holding intervals (CLOCK_MONOTONIC ns, one clock for all processes here)
-//! and fencing tokens; the checker finds 0 overlaps and strictly increasing tokens.
+//! Every language at once: a Rust client, the Python and Node packages (as installed
+//! from `clients/`), the Go example, and two `lockside hold` loops compete for one key
+//! through one sidecar on Redis. Each records its holding intervals (CLOCK_MONOTONIC
+//! ns, one clock for all processes here) and fencing tokens; the checker finds 0
+//! overlaps and strictly increasing tokens.
 //!
-//! The examples must be built first; `.ci/run` does it (see each example's README).
+//! The packages and the Go example must be built and installed first: `bash
+//! clients/prepare.sh` and `bash examples/go/build.sh` (`.ci/run` does both). The
+//! Python and Node contenders are `tests/fixtures/clients/contend.{py,cjs}`, run with
+//! the venv's Python and with NODE_PATH on the installed tarball.
 
 mod common;
 
@@ -52,7 +56,7 @@ fn contender(program: &str, args: &[&str], out: &Path, addr: &str) -> Command {
 fn require(path: &Path, how: &str) {
     assert!(
         path.exists(),
-        "{} is missing: build the examples first ({how}; `bash .ci/run` does it)",
+        "{} is missing: build the clients first ({how}; `bash .ci/run` does it)",
         path.display()
     );
 }
@@ -85,17 +89,13 @@ fn read(file: &Path, base: Instant, base_ns: u128) -> Vec<Interval> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_language_takes_turns_with_increasing_tokens() {
     let root = repo();
-    let python = root.join("examples/python/lockside_example.py");
-    let node = root.join("examples/node/example.js");
+    let fixtures = root.join("tests/fixtures/clients");
+    let installed = root.join("target/clients");
+    let venv_python = installed.join("venv/bin/python");
+    let node_modules = installed.join("node/node_modules");
     let go = root.join("examples/go/bin/lockside-example");
-    require(
-        &root.join("examples/python/lockside_pb2.py"),
-        "python3 examples/python/build.py",
-    );
-    require(
-        &root.join("examples/node/node_modules"),
-        "npm --prefix examples/node ci",
-    );
+    require(&venv_python, "bash clients/prepare.sh");
+    require(&node_modules.join("lockside"), "bash clients/prepare.sh");
     require(&go, "bash examples/go/build.sh");
 
     let redis = Redis::start();
@@ -110,19 +110,21 @@ async fn every_language_takes_turns_with_increasing_tokens() {
     let base_ns = mono_ns();
     let out = |name: &str| dir.0.join(format!("{name}.txt"));
 
+    let mut node = contender(
+        "node",
+        &[&fixtures.join("contend.cjs").to_string_lossy()],
+        &out("node"),
+        &sidecar.addr,
+    );
+    node.env("NODE_PATH", &node_modules);
     let mut children = vec![
         contender(
-            "python3",
-            &[&python.to_string_lossy()],
+            &venv_python.to_string_lossy(),
+            &[&fixtures.join("contend.py").to_string_lossy()],
             &out("python"),
             &sidecar.addr,
         ),
-        contender(
-            "node",
-            &[&node.to_string_lossy()],
-            &out("node"),
-            &sidecar.addr,
-        ),
+        node,
         contender(&go.to_string_lossy(), &[], &out("go"), &sidecar.addr),
     ];
     for name in ["hold-1", "hold-2"] {

@@ -1,9 +1,10 @@
 // Package lockside is a small client for the Lockside sidecar.
 //
-// Each Lock opens its own Lease stream, so each lock is its own session: the
-// sidecar keeps the lock alive for as long as the stream lives and releases it
-// the moment the stream ends (the process exits, crashes, or stops answering
-// HTTP/2 keepalives).
+// A Client is one session: all its locks share one Lease stream, opened by the
+// first Lock call. The sidecar keeps every lock of the session alive for as long
+// as the stream lives and releases them all the moment it ends (the process
+// exits, crashes, or stops answering HTTP/2 keepalives). Answers are matched to
+// requests by request_id; Lost is routed by key.
 //
 //	c, err := lockside.Dial("127.0.0.1:7420")
 //	...
@@ -17,8 +18,11 @@
 //	err = lock.Release()
 //
 // Client guidance from the Lockside design applies: treat any stream error as a
-// lost lock (Lost does this for you), and have the protected resource reject
-// writes that carry a fencing token lower than the highest it has seen.
+// lost lock (Lost does this for you: a broken stream loses every lock of the
+// session, and the next Lock opens a new session), and have the protected
+// resource reject writes that carry a fencing token lower than the highest it
+// has seen. Locks belong to the session, not to a goroutine: two goroutines
+// sharing a Client that lock the same key both hold it (reentrancy).
 package lockside
 
 import (
@@ -41,24 +45,23 @@ import (
 )
 
 // ClientNameHeader is the request metadata key that names a client in
-// Describe answers. Put it on the context passed to Lock with
-// metadata.AppendToOutgoingContext.
+// Describe answers. Put it on the context of the first Lock (which opens the
+// session) with metadata.AppendToOutgoingContext.
 const ClientNameHeader = "lockside-client-name"
 
-// releaseTimeout bounds how long Release waits for the sidecar's answer.
-const releaseTimeout = 10 * time.Second
+// answerTimeout bounds how long Release waits for the sidecar's answer, and
+// how long past its own wait an Acquire may go unanswered.
+const answerTimeout = 10 * time.Second
 
-// Request ids on a Lease stream. Each Lock uses its own stream and sends
-// exactly one Acquire and at most one Release, so fixed ids are unique.
-const (
-	acquireID uint64 = 1
-	releaseID uint64 = 2
-)
-
-// Client is a connection to a Lockside sidecar. It is safe for concurrent use.
+// Client is a connection to a Lockside sidecar and one session on it. It is
+// safe for concurrent use.
 type Client struct {
 	conn *grpc.ClientConn
 	rpc  pb.LockServiceClient
+
+	mu     sync.Mutex
+	sess   *session
+	closed bool
 }
 
 // Dial connects to the sidecar at addr ("host:port" or "unix:/path/to.sock").
@@ -93,8 +96,49 @@ func Dial(addr string, opts ...grpc.DialOption) (*Client, error) {
 	return &Client{conn: conn, rpc: pb.NewLockServiceClient(conn)}, nil
 }
 
-// Close closes the connection. Every lock still held through it is lost.
-func (c *Client) Close() error { return c.conn.Close() }
+// Close ends the session (the sidecar releases every lock it holds, and their
+// Lost channels close) and closes the connection.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	s := c.sess
+	c.sess = nil
+	c.mu.Unlock()
+	if s != nil {
+		s.close()
+	}
+	return c.conn.Close()
+}
+
+// SessionID is the current session's id as Describe shows it ("" before the
+// first Lock or after the stream ended).
+func (c *Client) SessionID() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sess == nil || c.sess.isEnded() {
+		return ""
+	}
+	return c.sess.id
+}
+
+// session returns the live session, opening one if there is none (the first
+// Lock, or the previous stream ended).
+func (c *Client) session(ctx context.Context) (*session, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, errors.New("lockside: the client is closed")
+	}
+	if c.sess != nil && !c.sess.isEnded() {
+		return c.sess, nil
+	}
+	s, err := openSession(ctx, c.rpc)
+	if err != nil {
+		return nil, err
+	}
+	c.sess = s
+	return s, nil
+}
 
 // LockOptions tune one Lock call. The zero value asks for an exclusive lock
 // with the server's default TTL and does not wait if the key is busy.
@@ -156,175 +200,22 @@ type Lock struct {
 	// protect and have it reject lower tokens.
 	Token uint64
 	// TTL is the validity the sidecar reported at grant time. The sidecar
-	// renews the lock for as long as the stream lives.
+	// renews the lock for as long as the session lives.
 	TTL time.Duration
+	// HoldCount is how many times the session held the key after this grant.
+	HoldCount uint32
 	// SessionID identifies this lock's session in Describe answers.
 	SessionID string
 
-	stream pb.LockService_LeaseClient
-	cancel context.CancelFunc // ends the stream
-	// answers receives every message that answers a request (SessionStarted,
-	// Granted, NotAcquired, Released, Rejected); it is closed when the stream ends.
-	answers chan *pb.LeaseResponse
+	sess *session
 
 	mu       sync.Mutex
-	released bool  // the sidecar sent Released: the end of the stream is not a loss
+	released bool
 	lostErr  error // set once, before lost is closed
 	lost     chan struct{}
-	// streamErr is why the stream ended; valid once answers is closed.
-	streamErr error
 
 	releaseOnce sync.Once
 	releaseErr  error
-}
-
-// Lock opens a Lease stream, asks for key and returns once it is granted.
-// ctx bounds only the acquisition (including any wait): the returned lock is
-// held until Release, until it is lost, or until the Client is closed.
-// Outgoing metadata on ctx (for example ClientNameHeader) is sent with the
-// stream.
-//
-// It returns a *NotAcquiredError or *RejectedError when the sidecar says no,
-// ctx.Err() when ctx ends first, and another error when the stream fails.
-func (c *Client) Lock(ctx context.Context, key string, opts LockOptions) (*Lock, error) {
-	sctx, cancel := context.WithCancel(context.Background())
-	if md, ok := metadata.FromOutgoingContext(ctx); ok {
-		sctx = metadata.NewOutgoingContext(sctx, md)
-	}
-	stream, err := c.rpc.Lease(sctx)
-	if err != nil {
-		cancel()
-		return nil, fmt.Errorf("lockside: open lease stream: %w", err)
-	}
-	l := &Lock{
-		Key:     key,
-		stream:  stream,
-		cancel:  cancel,
-		answers: make(chan *pb.LeaseResponse, 4),
-		lost:    make(chan struct{}),
-	}
-	go l.recvLoop(sctx)
-
-	lock, err := l.acquire(ctx, opts)
-	if err != nil {
-		cancel() // ends the session: a grant racing with ctx is given back
-		if err == ctx.Err() {
-			err = fmt.Errorf("lockside: lock %q: %w", key, err)
-		}
-		return nil, err
-	}
-	return lock, nil
-}
-
-func (l *Lock) acquire(ctx context.Context, opts LockOptions) (*Lock, error) {
-	first, err := l.next(ctx)
-	if err != nil {
-		return nil, err
-	}
-	started := first.GetStarted()
-	if started == nil {
-		return nil, fmt.Errorf("lockside: protocol error: first message is %T, want SessionStarted", first.GetEvent())
-	}
-	l.SessionID = started.GetSessionId()
-
-	acq := &pb.Acquire{RequestId: acquireID, Key: l.Key, Limit: opts.Limit, Fair: opts.Fair}
-	if opts.Wait > 0 {
-		acq.WaitTimeout = durationpb.New(opts.Wait)
-	}
-	if opts.TTL > 0 {
-		acq.Ttl = durationpb.New(opts.TTL)
-	}
-	if opts.Shared {
-		acq.Mode = pb.LockMode_LOCK_MODE_SHARED
-	}
-	if err := l.stream.Send(&pb.LeaseRequest{Command: &pb.LeaseRequest_Acquire{Acquire: acq}}); err != nil {
-		return nil, l.sendError("acquire", err)
-	}
-
-	for {
-		msg, err := l.next(ctx)
-		if err != nil {
-			return nil, err
-		}
-		switch ev := msg.GetEvent().(type) {
-		case *pb.LeaseResponse_Granted:
-			l.Token = ev.Granted.GetFencingToken()
-			l.TTL = ev.Granted.GetTtl().AsDuration()
-			return l, nil
-		case *pb.LeaseResponse_NotAcquired:
-			return nil, &NotAcquiredError{Key: l.Key, Reason: ev.NotAcquired.GetReason()}
-		case *pb.LeaseResponse_Rejected:
-			return nil, rejected(ev.Rejected)
-		default:
-			return nil, fmt.Errorf("lockside: protocol error: unexpected %T while acquiring", ev)
-		}
-	}
-}
-
-// next returns the next answer, or an error when ctx ends or the stream ends.
-func (l *Lock) next(ctx context.Context) (*pb.LeaseResponse, error) {
-	select {
-	case msg, ok := <-l.answers:
-		if !ok {
-			return nil, fmt.Errorf("lockside: lease stream ended: %w", l.streamErr)
-		}
-		return msg, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-// recvLoop reads the stream until it ends. Lost closes Lost(); Waiting,
-// Jeopardy and Restored are informational; everything else is an answer.
-func (l *Lock) recvLoop(ctx context.Context) {
-	defer close(l.answers)
-	for {
-		msg, err := l.stream.Recv()
-		if err != nil {
-			if err == io.EOF {
-				err = errors.New("closed by the sidecar")
-			}
-			l.streamErr = err // published to readers by close(l.answers)
-			l.mu.Lock()
-			released := l.released
-			l.mu.Unlock()
-			if !released {
-				l.markLost(err.Error())
-			}
-			return
-		}
-		switch ev := msg.GetEvent().(type) {
-		case *pb.LeaseResponse_Lost:
-			if ev.Lost.GetKey() == l.Key {
-				l.markLost(ev.Lost.GetReason())
-			}
-		case *pb.LeaseResponse_Waiting, *pb.LeaseResponse_Jeopardy, *pb.LeaseResponse_Restored:
-			// Jeopardy: still held for a while; the sidecar follows with
-			// Restored or Lost, and only Lost means stop.
-		default:
-			if r := msg.GetReleased(); r != nil && r.GetRequestId() == releaseID {
-				// From here on the end of the stream is expected, not a loss.
-				l.mu.Lock()
-				l.released = true
-				l.mu.Unlock()
-			}
-			select {
-			case l.answers <- msg:
-			case <-ctx.Done(): // the Lock was released or abandoned
-				l.streamErr = ctx.Err()
-				return
-			}
-		}
-	}
-}
-
-func (l *Lock) markLost(reason string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.lostErr == nil {
-		l.lostErr = &LostError{Key: l.Key, Reason: reason}
-		close(l.lost)
-	}
 }
 
 // Lost returns a channel that is closed when the lock is lost: the sidecar
@@ -340,71 +231,400 @@ func (l *Lock) Err() error {
 	return l.lostErr
 }
 
-// Release gives the lock back, waits for the sidecar to confirm, and ends the
-// stream. It returns the *LostError if the lock was lost before, and an error
-// if the sidecar did not confirm (the stream is ended either way, which also
-// releases the lock). Calling it again returns the first result.
+func (l *Lock) markLost(reason string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lostErr == nil && !l.released {
+		l.lostErr = &LostError{Key: l.Key, Reason: reason}
+		close(l.lost)
+	}
+}
+
+// Release gives the lock back and waits for the sidecar to confirm. It returns
+// the *LostError if the lock was lost before, and an error if the sidecar did
+// not confirm. Calling it again returns the first result.
 func (l *Lock) Release() error {
-	l.releaseOnce.Do(func() {
-		defer l.cancel()
-		l.releaseErr = l.release()
-	})
+	l.releaseOnce.Do(func() { l.releaseErr = l.sess.release(l) })
 	return l.releaseErr
 }
 
-func (l *Lock) release() error {
-	if err := l.Err(); err != nil {
-		return err
+// pending is a request waiting for its answer.
+type pending struct {
+	key       string
+	acquire   bool
+	abandoned bool                   // the caller gave up (ctx done)
+	answer    chan *pb.LeaseResponse // buffered: the reader never blocks
+	// lock is the held lock of a Granted answer, made and put in held by the
+	// reader before it reads the next message, so a Lost right after the grant
+	// finds it.
+	lock *Lock
+}
+
+// session is one Lease stream. recvLoop routes answers by request_id and Lost
+// by key; when the stream ends every pending request fails and every held lock
+// is lost.
+type session struct {
+	stream pb.LockService_LeaseClient
+	cancel context.CancelFunc
+	id     string
+
+	sendMu sync.Mutex // grpc-go streams allow one SendMsg at a time
+
+	mu      sync.Mutex
+	nextID  uint64
+	pending map[uint64]*pending
+	held    map[string][]*Lock
+	err     error         // why the stream ended; set before done closes
+	done    chan struct{} // closed when the stream ended
+	closing bool
+}
+
+func openSession(ctx context.Context, rpc pb.LockServiceClient) (*session, error) {
+	// The stream outlives ctx (it is the session); only ctx's metadata is kept.
+	sctx, cancel := context.WithCancel(context.Background())
+	if md, ok := metadata.FromOutgoingContext(ctx); ok {
+		sctx = metadata.NewOutgoingContext(sctx, md)
 	}
-	req := &pb.LeaseRequest{Command: &pb.LeaseRequest_Release{
-		Release: &pb.Release{RequestId: releaseID, Key: l.Key},
-	}}
-	if err := l.stream.Send(req); err != nil {
-		return l.sendError("release", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-	defer cancel()
-	msg, err := l.next(ctx)
+	stream, err := rpc.Lease(sctx, grpc.WaitForReady(true))
 	if err != nil {
-		l.markLost("release not confirmed: " + err.Error())
-		return fmt.Errorf("lockside: release %q: %w", l.Key, err)
+		cancel()
+		return nil, fmt.Errorf("lockside: open lease stream: %w", err)
 	}
-	switch ev := msg.GetEvent().(type) {
-	case *pb.LeaseResponse_Released:
-		// Released (recvLoop has noted it).
-	case *pb.LeaseResponse_Rejected:
-		err := rejected(ev.Rejected)
-		l.markLost(err.Error())
-		return err
+	first := make(chan error, 1)
+	s := &session{
+		stream:  stream,
+		cancel:  cancel,
+		pending: make(map[uint64]*pending),
+		held:    make(map[string][]*Lock),
+		done:    make(chan struct{}),
+	}
+	go func() {
+		msg, err := stream.Recv()
+		if err == nil && msg.GetStarted() == nil {
+			err = fmt.Errorf("protocol error: first message is %T, want SessionStarted", msg.GetEvent())
+		}
+		if err == nil {
+			s.id = msg.GetStarted().GetSessionId()
+		}
+		first <- err
+		if err != nil {
+			s.end(err)
+			return
+		}
+		s.recvLoop()
+	}()
+	select {
+	case err := <-first:
+		if err != nil {
+			cancel()
+			return nil, fmt.Errorf("lockside: open session: %w", err)
+		}
+		return s, nil
+	case <-ctx.Done():
+		cancel()
+		return nil, fmt.Errorf("lockside: open session: %w", ctx.Err())
+	}
+}
+
+func (s *session) isEnded() bool {
+	select {
+	case <-s.done:
+		return true
 	default:
-		return fmt.Errorf("lockside: protocol error: unexpected %T while releasing", ev)
+		return false
 	}
-	// Half-close and let the sidecar end the stream, so the session ends cleanly
-	// rather than by cancellation. The lock is already released either way.
-	if err := l.stream.CloseSend(); err != nil {
-		return nil
-	}
+}
+
+func (s *session) recvLoop() {
 	for {
-		select {
-		case _, ok := <-l.answers:
-			if !ok {
-				return nil
+		msg, err := s.stream.Recv()
+		if err != nil {
+			if err == io.EOF {
+				err = errors.New("closed by the sidecar")
 			}
-		case <-ctx.Done():
-			return nil
+			s.end(err)
+			return
+		}
+		s.dispatch(msg)
+	}
+}
+
+func (s *session) dispatch(msg *pb.LeaseResponse) {
+	var rid uint64
+	switch ev := msg.GetEvent().(type) {
+	case *pb.LeaseResponse_Lost:
+		s.mu.Lock()
+		locks := s.held[ev.Lost.GetKey()]
+		delete(s.held, ev.Lost.GetKey())
+		s.mu.Unlock()
+		for _, l := range locks {
+			l.markLost(ev.Lost.GetReason())
+		}
+		return
+	case *pb.LeaseResponse_Granted:
+		rid = ev.Granted.GetRequestId()
+	case *pb.LeaseResponse_NotAcquired:
+		rid = ev.NotAcquired.GetRequestId()
+	case *pb.LeaseResponse_Rejected:
+		rid = ev.Rejected.GetRequestId()
+	case *pb.LeaseResponse_Released:
+		rid = ev.Released.GetRequestId()
+	default:
+		// Waiting, Jeopardy, Restored: informational; only Lost means stop.
+		return
+	}
+	s.mu.Lock()
+	p := s.pending[rid]
+	delete(s.pending, rid)
+	g := msg.GetGranted()
+	if p != nil && g != nil && !p.abandoned {
+		p.lock = &Lock{
+			Key:       p.key,
+			Token:     g.GetFencingToken(),
+			TTL:       g.GetTtl().AsDuration(),
+			HoldCount: g.GetHoldCount(),
+			SessionID: s.id,
+			sess:      s,
+			lost:      make(chan struct{}),
+		}
+		s.held[p.key] = append(s.held[p.key], p.lock)
+	}
+	s.mu.Unlock()
+	if p == nil {
+		return // the answer to an abandoned cancel-Release
+	}
+	if g != nil && p.abandoned {
+		s.sendRelease(p.key) // nobody waits for this grant any more
+		return
+	}
+	p.answer <- msg
+}
+
+// end marks the session over: pending requests fail, held locks are lost.
+func (s *session) end(err error) {
+	s.mu.Lock()
+	if s.err != nil {
+		s.mu.Unlock()
+		return
+	}
+	if s.closing {
+		err = errors.New("client closed")
+	}
+	s.err = err
+	held := s.held
+	s.held = map[string][]*Lock{}
+	s.pending = map[uint64]*pending{}
+	close(s.done)
+	s.mu.Unlock()
+	for _, locks := range held {
+		for _, l := range locks {
+			l.markLost(err.Error())
 		}
 	}
 }
 
-// sendError turns a failed Send into the stream's real status, which Recv has.
-func (l *Lock) sendError(what string, err error) error {
-	if err == io.EOF {
-		// The stream is gone; wait for recvLoop to learn why.
-		for range l.answers {
-		}
-		err = l.streamErr
+func (s *session) send(req *pb.LeaseRequest) error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	return s.stream.Send(req)
+}
+
+func (s *session) sendRelease(key string) {
+	s.mu.Lock()
+	s.nextID++
+	rid := s.nextID
+	s.mu.Unlock()
+	_ = s.send(&pb.LeaseRequest{Command: &pb.LeaseRequest_Release{
+		Release: &pb.Release{RequestId: rid, Key: key},
+	}}) // a failed send ends the stream, which releases anyway
+}
+
+// register reserves a request id and its pending entry.
+func (s *session) register(key string, acquire bool) (uint64, *pending, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return 0, nil, fmt.Errorf("lockside: lease stream ended: %w", s.err)
 	}
-	return fmt.Errorf("lockside: send %s: %w", what, err)
+	s.nextID++
+	p := &pending{key: key, acquire: acquire, answer: make(chan *pb.LeaseResponse, 1)}
+	s.pending[s.nextID] = p
+	return s.nextID, p, nil
+}
+
+// wait returns the answer to rid, or an error when ctx ends or the stream ends.
+func (s *session) wait(ctx context.Context, rid uint64, p *pending) (*pb.LeaseResponse, error) {
+	select {
+	case msg := <-p.answer:
+		return msg, nil
+	case <-s.done:
+		select {
+		case msg := <-p.answer: // answered just before the end
+			return msg, nil
+		default:
+		}
+		return nil, fmt.Errorf("lockside: lease stream ended: %w", s.err)
+	case <-ctx.Done():
+		s.abandon(rid, p)
+		return nil, ctx.Err()
+	}
+}
+
+// abandon: the caller stopped waiting for rid. A Release of a key only waited
+// for cancels the wait; if the session holds the key such a Release would give
+// a hold back instead, so the grant (which comes at once) is given back when it
+// arrives. A grant that arrived meanwhile is given back at once.
+func (s *session) abandon(rid uint64, p *pending) {
+	s.mu.Lock()
+	if s.pending[rid] != p {
+		s.mu.Unlock()
+		select {
+		case <-p.answer:
+			if p.lock != nil { // granted just now: give it back
+				s.forget(p.lock)
+				s.sendRelease(p.key)
+			}
+		default:
+		}
+		return
+	}
+	p.abandoned = true
+	cancelWait := p.acquire && len(s.held[p.key]) == 0
+	if cancelWait {
+		delete(s.pending, rid)
+	}
+	s.mu.Unlock()
+	if cancelWait {
+		s.sendRelease(p.key)
+	}
+}
+
+func (s *session) forget(l *Lock) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	locks := s.held[l.Key]
+	for i, x := range locks {
+		if x == l {
+			locks = append(locks[:i], locks[i+1:]...)
+			break
+		}
+	}
+	if len(locks) == 0 {
+		delete(s.held, l.Key)
+	} else {
+		s.held[l.Key] = locks
+	}
+}
+
+// Lock asks for key on the client's session (opening one if needed) and returns
+// once it is granted. ctx bounds only the acquisition (including any wait): the
+// returned lock is held until Release, until it is lost, or until the Client is
+// closed. Outgoing metadata on ctx (for example ClientNameHeader) is sent when
+// this call opens the session.
+//
+// It returns a *NotAcquiredError or *RejectedError when the sidecar says no,
+// ctx.Err() when ctx ends first, and another error when the stream fails.
+func (c *Client) Lock(ctx context.Context, key string, opts LockOptions) (*Lock, error) {
+	s, err := c.session(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rid, p, err := s.register(key, true)
+	if err != nil {
+		return nil, err
+	}
+	wait := opts.Wait
+	acq := &pb.Acquire{RequestId: rid, Key: key, Limit: opts.Limit, Fair: opts.Fair}
+	if wait > 0 {
+		acq.WaitTimeout = durationpb.New(wait)
+	}
+	if opts.TTL > 0 {
+		acq.Ttl = durationpb.New(opts.TTL)
+	}
+	if opts.Shared {
+		acq.Mode = pb.LockMode_LOCK_MODE_SHARED
+	}
+	if err := s.send(&pb.LeaseRequest{Command: &pb.LeaseRequest_Acquire{Acquire: acq}}); err != nil {
+		s.abandon(rid, p)
+		return nil, fmt.Errorf("lockside: send acquire: %w", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait+answerTimeout)
+	defer cancel()
+	msg, err := s.wait(wctx, rid, p)
+	if err != nil {
+		if errors.Is(err, ctx.Err()) {
+			return nil, fmt.Errorf("lockside: lock %q: %w", key, err)
+		}
+		return nil, err
+	}
+	switch ev := msg.GetEvent().(type) {
+	case *pb.LeaseResponse_Granted:
+		return p.lock, nil
+	case *pb.LeaseResponse_NotAcquired:
+		return nil, &NotAcquiredError{Key: key, Reason: ev.NotAcquired.GetReason()}
+	case *pb.LeaseResponse_Rejected:
+		return nil, rejected(ev.Rejected)
+	default:
+		return nil, fmt.Errorf("lockside: protocol error: unexpected %T answering an acquire", ev)
+	}
+}
+
+func (s *session) release(l *Lock) error {
+	if err := l.Err(); err != nil {
+		s.forget(l)
+		return err
+	}
+	rid, p, err := s.register(l.Key, false)
+	if err != nil {
+		l.markLost(err.Error())
+		return l.Err()
+	}
+	req := &pb.LeaseRequest{Command: &pb.LeaseRequest_Release{
+		Release: &pb.Release{RequestId: rid, Key: l.Key},
+	}}
+	if err := s.send(req); err != nil {
+		l.markLost("release not sent: " + err.Error())
+		return l.Err()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), answerTimeout)
+	defer cancel()
+	msg, err := s.wait(ctx, rid, p)
+	if err != nil {
+		l.markLost("release not confirmed: " + err.Error())
+		return l.Err()
+	}
+	switch ev := msg.GetEvent().(type) {
+	case *pb.LeaseResponse_Released:
+		l.mu.Lock()
+		l.released = true
+		l.mu.Unlock()
+		s.forget(l)
+		return nil
+	case *pb.LeaseResponse_Rejected:
+		if lost := l.Err(); lost != nil { // a Lost crossed the Release
+			return lost
+		}
+		return rejected(ev.Rejected)
+	default:
+		return fmt.Errorf("lockside: protocol error: unexpected %T answering a release", ev)
+	}
+}
+
+// close half-closes the stream (the sidecar releases everything and ends it),
+// waits up to 2 s for that, and cancels the stream after.
+func (s *session) close() {
+	s.mu.Lock()
+	s.closing = true
+	s.mu.Unlock()
+	s.sendMu.Lock()
+	_ = s.stream.CloseSend()
+	s.sendMu.Unlock()
+	select {
+	case <-s.done:
+	case <-time.After(2 * time.Second):
+	}
+	s.cancel()
+	s.end(errors.New("client closed"))
 }
 
 func rejected(r *pb.Rejected) *RejectedError {

@@ -1,0 +1,224 @@
+// The Node client against a real sidecar on a real Redis (tests/servers.mjs).
+import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
+import { after, before, describe, it } from 'node:test';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { Client, LockLost, NotAcquired, Rejected, Unavailable } from 'lockside';
+import { Stack, freePort } from './servers.mjs';
+
+const newKey = () => `test-${randomUUID().slice(0, 12)}`;
+
+/** Opens clients for `fn` and closes them after it, whatever happens. */
+async function withClients(addr, n, fn, options = {}) {
+  const clients = Array.from({ length: n }, () => new Client(addr, options));
+  try {
+    return await fn(...clients);
+  } finally {
+    await Promise.all(clients.map((c) => c.close()));
+  }
+}
+
+async function until(predicate, timeoutMs = 5000) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await predicate();
+    if (value || Date.now() > deadline) return value;
+    await sleep(10);
+  }
+}
+
+describe('on a shared sidecar', () => {
+  let stack;
+  before(async () => {
+    stack = await Stack.start();
+  });
+  after(async () => {
+    await stack.stop();
+  });
+
+  it('grants with a bigint fencing token that describe() shows', async () => {
+    const key = newKey();
+    await withClients(stack.addr, 1, async (c) => {
+      const lock = await c.lock(key, { wait: 0, ttl: 10 });
+      assert.equal(typeof lock.fencingToken, 'bigint');
+      assert.ok(lock.fencingToken > 0n && lock.ttl > 0 && lock.ttl <= 10);
+      const d = await c.describe(key);
+      assert.equal(d.fencingToken, lock.fencingToken);
+      assert.deepEqual(d.holders.map((h) => [h.sessionId, h.clientName]), [[c.sessionId, 'node-test']]);
+      await lock.release();
+      assert.equal(lock.held, false);
+      assert.deepEqual((await c.describe(key)).holders, []);
+    }, { clientName: 'node-test' });
+  });
+
+  it('rejects a busy key with NotAcquired BUSY, and TIMEOUT after a wait', async () => {
+    const key = newKey();
+    await withClients(stack.addr, 2, async (a, b) => {
+      const lock = await a.lock(key, { wait: 0 });
+      await assert.rejects(b.lock(key, { wait: 0 }), (e) => e instanceof NotAcquired && e.reason === 'BUSY');
+      await assert.rejects(b.lock(key, { wait: 0.1 }), (e) => e instanceof NotAcquired && e.reason === 'TIMEOUT');
+      await lock.release();
+      const next = await b.lock(key, { wait: 0 });
+      assert.ok(next.fencingToken > lock.fencingToken);
+      await next.release();
+    });
+  });
+
+  it('grants a waiter when the holder releases; an aborted wait is cancelled', async () => {
+    const key = newKey();
+    await withClients(stack.addr, 2, async (a, b) => {
+      const first = await a.lock(key, { wait: 0 });
+      const waiting = b.lock(key, { wait: 10 });
+      assert.ok(await until(async () => (await a.describe(key)).waiters === 1));
+      await first.release();
+      const second = await waiting;
+      assert.ok(second.fencingToken > first.fencingToken);
+      const abort = new AbortController();
+      const late = a.lock(key, { wait: 10, signal: abort.signal });
+      assert.ok(await until(async () => (await a.describe(key)).waiters === 1));
+      abort.abort(new Error('gave up'));
+      await assert.rejects(late, /gave up/);
+      assert.ok(await until(async () => (await a.describe(key)).waiters === 0));
+      await second.release();
+      await (await a.lock(key, { wait: 0 })).release();
+    });
+  });
+
+  it('is reentrant: same token, holds counted, released one by one', async () => {
+    const key = newKey();
+    await withClients(stack.addr, 2, async (c, other) => {
+      const outer = await c.lock(key, { wait: 0 });
+      const inner = await c.lock(key, { wait: 0 });
+      assert.equal(inner.holdCount, 2);
+      assert.equal(inner.fencingToken, outer.fencingToken);
+      await inner.release();
+      assert.equal((await c.describe(key)).holders[0].holdCount, 1);
+      await assert.rejects(other.lock(key, { wait: 0 }), NotAcquired);
+      await outer.release();
+      assert.deepEqual((await c.describe(key)).holders, []);
+    });
+  });
+
+  it('withLock releases when the function throws', async () => {
+    const key = newKey();
+    await withClients(stack.addr, 1, async (c) => {
+      await assert.rejects(c.withLock(key, { wait: 0 }, () => {
+        throw new Error('boom');
+      }), /boom/);
+      assert.deepEqual((await c.describe(key)).holders, []);
+      assert.equal(await c.withLock(key, { wait: 0 }, (lock) => lock.holdCount), 1);
+    });
+  });
+
+  it('holds many locks on one session at once', async () => {
+    const key = newKey();
+    await withClients(stack.addr, 1, async (c) => {
+      const keys = Array.from({ length: 50 }, (_, i) => `${key}-${i}`);
+      const locks = await Promise.all(keys.map((k) => c.lock(k, { wait: 0 })));
+      assert.deepEqual(locks.map((l) => l.key), keys);
+      assert.deepEqual(new Set(locks.map((l) => l.sessionId)), new Set([c.sessionId]));
+      await Promise.all(locks.map((l) => l.release()));
+      for (const k of keys) assert.deepEqual((await c.describe(k)).holders, []);
+    });
+  });
+
+  it('shared holders coexist; a semaphore counts permits', async () => {
+    const key = newKey();
+    await withClients(stack.addr, 3, async (a, b, x) => {
+      const ra = await a.lock(key, { wait: 0, shared: true });
+      const rb = await b.lock(key, { wait: 0, shared: true });
+      assert.equal((await a.describe(key)).holders.length, 2);
+      await assert.rejects(x.lock(key, { wait: 0 }), NotAcquired);
+      await ra.release();
+      await rb.release();
+      const sem = `${key}-sem`;
+      const pa = await a.lock(sem, { wait: 0, limit: 2 });
+      const pb = await b.lock(sem, { wait: 0, limit: 2, fair: true });
+      await assert.rejects(x.lock(sem, { wait: 0, limit: 2 }), NotAcquired);
+      await pa.release();
+      await pb.release();
+    });
+  });
+
+  it('bad input is a clear error and the session goes on', async () => {
+    const key = newKey();
+    await withClients(stack.addr, 1, async (c) => {
+      const held = await c.lock(key, { wait: 0 });
+      await assert.rejects(c.lock('', { wait: 0 }), (e) =>
+        e instanceof Rejected && e.code === 3 && e.codeName === 'INVALID_ARGUMENT' && /empty/.test(e.details));
+      await assert.rejects(c.lock('k'.repeat(600), { wait: 0 }), (e) => e instanceof Rejected && e.code === 3);
+      await assert.rejects(c.lock('k'.repeat(100_000), { wait: 0 }), (e) =>
+        e instanceof Rejected && e.code === 8 && e.message.length < 500);
+      await assert.rejects(c.lock(`${key}-ttl`, { wait: 0, ttl: 0.5 }), (e) => e instanceof Rejected && e.code === 3);
+      await c.lock(`${key}-rw`, { wait: 0, shared: true });
+      await assert.rejects(c.lock(`${key}-rw`, { wait: 0 }), (e) => e instanceof Rejected && e.code === 9);
+      await assert.rejects(c.lock(key, { wait: -1 }), RangeError);
+      await assert.rejects(c.lock(key, { ttl: Number.NaN }), RangeError);
+      await assert.rejects(c.lock(key, { limit: 1.5 }), RangeError);
+      await assert.rejects(c.lock(undefined), TypeError);
+      await assert.rejects(c.describe(''), (e) => e instanceof Rejected && e.code === 3);
+      assert.equal(held.held, true);
+      assert.equal((await c.describe(key)).holders[0].sessionId, c.sessionId);
+    });
+  });
+
+  it('close() ends the session: its locks are lost and released', async () => {
+    const key = newKey();
+    const c = new Client(stack.addr);
+    const lock = await c.lock(key, { wait: 0 });
+    await c.close();
+    assert.equal((await lock.lost).reason, 'client closed');
+    await withClients(stack.addr, 1, async (other) => (await other.lock(key, { wait: 5 })).release());
+    await assert.rejects(c.lock(key, { wait: 0 }), /closed/);
+  });
+});
+
+describe('when something dies', () => {
+  it('loses the lock when Redis dies, and release() rejects with LockLost', async () => {
+    const stack = await Stack.start();
+    try {
+      await withClients(stack.addr, 1, async (c) => {
+        const key = newKey();
+        const lock = await c.lock(key, { wait: 0, ttl: 1 });
+        await stack.redis.stop();
+        const info = await Promise.race([lock.lost, sleep(5000).then(() => null)]);
+        assert.ok(info, 'no Lost within 5 s of Redis dying');
+        assert.equal(lock.signal.aborted, true);
+        await assert.rejects(lock.release(), (e) => e instanceof LockLost && e.fencingToken === lock.fencingToken);
+        await lock.release(); // reported once
+        await assert.rejects(c.lock(`${key}-2`, { wait: 0 }), (e) => e instanceof Rejected && e.code === 14);
+      });
+    } finally {
+      await stack.stop();
+    }
+  });
+
+  it('loses every lock when the stream breaks; the next lock opens a new session', async () => {
+    const stack = await Stack.start();
+    try {
+      await withClients(stack.addr, 1, async (c) => {
+        const key = newKey();
+        const locks = await Promise.all([0, 1, 2].map((i) => c.lock(`${key}-${i}`, { wait: 0 })));
+        const first = c.sessionId;
+        const port = stack.addr.split(':').pop();
+        await stack.sidecar.kill();
+        for (const lock of locks) {
+          assert.ok(await Promise.race([lock.lost, sleep(5000).then(() => null)]), 'a broken stream loses the lock');
+        }
+        await assert.rejects(c.lock(`${key}-x`, { wait: 0 }), Unavailable);
+        stack.sidecar = await stack.startSidecar(`127.0.0.1:${port}`);
+        const fresh = await c.lock(`${key}-new`, { wait: 0 });
+        assert.notEqual(c.sessionId, first);
+        await fresh.release();
+      }, { connectTimeout: 2 });
+    } finally {
+      await stack.stop();
+    }
+  });
+
+  it('no sidecar: Unavailable', async () => {
+    await withClients(`127.0.0.1:${await freePort()}`, 1, async (c) => {
+      await assert.rejects(c.lock('nobody-listens', { wait: 0 }), Unavailable);
+    }, { connectTimeout: 0.5 });
+  });
+});

@@ -1,0 +1,46 @@
+"""Lockside: distributed locks held by a live gRPC stream to the sidecar in your pod.
+
+    from lockside import Client, NotAcquired
+
+    with Client() as c:                                   # $LOCKSIDE_ADDR or 127.0.0.1:7420
+        with c.lock("orders", wait=5.0, ttl=10.0) as lock:
+            write(data, fencing_token=lock.fencing_token)
+            if lock.lost.is_set():
+                ...                                       # stop using the resource now
+
+`AsyncClient` is the same on asyncio (grpc.aio). One client is one session (one `Lease`
+stream) holding any number of locks; the sidecar releases them all when the stream
+ends, whatever ends it.
+"""
+
+from lockside._aio import AsyncClient, AsyncLock
+from lockside._core import (
+    DEFAULT_ADDR,
+    Description,
+    Holder,
+    LocksideError,
+    LockLost,
+    NotAcquired,
+    QueueEntry,
+    Rejected,
+    Unavailable,
+)
+from lockside._sync import Client, Lock
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncClient",
+    "AsyncLock",
+    "Client",
+    "DEFAULT_ADDR",
+    "Description",
+    "Holder",
+    "Lock",
+    "LockLost",
+    "LocksideError",
+    "NotAcquired",
+    "QueueEntry",
+    "Rejected",
+    "Unavailable",
+]

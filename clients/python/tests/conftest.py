@@ -1,0 +1,32 @@
+"""Fixtures: real servers (servers.py) started by the tests and stopped after them."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Iterator
+
+import pytest
+
+from servers import Stack
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[Stack]:
+    """One Redis and one sidecar for the tests that harm nothing."""
+    s = Stack()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def own_stack() -> Iterator[Stack]:
+    """A Redis and a sidecar of the test's own, for tests that kill one of them."""
+    s = Stack()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def key() -> str:
+    """A key no other test uses."""
+    return f"test-{uuid.uuid4().hex[:12]}"

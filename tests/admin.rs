@@ -75,6 +75,10 @@ async fn health_follows_the_store() {
     })
     .await;
     assert_eq!(get(&sidecar.admin, "/readyz").await.0, 200);
+    assert_eq!(
+        sample(&get(&sidecar.admin, "/metrics").await.1, "lockside_ready"),
+        1.0
+    );
     assert_eq!(healthcheck(sidecar.addr.clone()).await, Some(0));
     redis.kill();
     eventually("NOT_SERVING", || async {
@@ -82,6 +86,15 @@ async fn health_follows_the_store() {
     })
     .await;
     assert_eq!(get(&sidecar.admin, "/readyz").await.0, 503);
+    let (_, text) = get(&sidecar.admin, "/metrics").await;
+    assert_eq!(sample(&text, "lockside_ready"), 0.0, "/readyz as a metric");
+    assert!(
+        sample(
+            &text,
+            "lockside_store_calls_total{operation=\"ping\",result=\"unavailable\"}"
+        ) >= 1.0,
+        "the failed health checks are store errors: {text}"
+    );
     assert_eq!(
         get(&sidecar.admin, "/livez").await.0,
         200,
@@ -111,8 +124,30 @@ async fn metrics_count_what_sessions_do() {
         ttl: Some(Duration::from_secs(1)),
         ..LockOptions::default()
     };
+    let (_, fresh) = get(&sidecar.admin, "/metrics").await;
+    // Every labelled series is there, at 0, before anything happened.
+    assert_eq!(
+        sample(&fresh, "lockside_lost_total{reason=\"deadline\"}"),
+        0.0
+    );
+    assert_eq!(
+        sample(&fresh, "lockside_acquires_total{outcome=\"timeout\"}"),
+        0.0
+    );
+    assert_eq!(
+        sample(
+            &fresh,
+            &format!(
+                "lockside_build_info{{version=\"{}\",store_kind=\"redis\"}}",
+                env!("CARGO_PKG_VERSION")
+            )
+        ),
+        1.0
+    );
+    assert_eq!(sample(&fresh, "lockside_default_ttl_seconds"), 10.0);
+    assert_eq!(sample(&fresh, "lockside_sessions_limit"), 10_000.0);
     let lock = client.lock_with("k", options.clone()).await.expect("lock");
-    let busy = client.lock_with("k", options).await;
+    let busy = client.lock_with("k", options.clone()).await;
     assert!(busy.is_err());
     // Real time: renewals at TTL/3 of a 1 s lock.
     tokio::time::sleep(Duration::from_millis(800)).await;
@@ -125,27 +160,68 @@ async fn metrics_count_what_sessions_do() {
         "the busy session has ended"
     );
     assert_eq!(
-        sample(&held, "lockside_acquires_total{outcome=\"Granted\"}"),
+        sample(&held, "lockside_acquires_total{outcome=\"granted\"}"),
         1.0
     );
     assert_eq!(
-        sample(&held, "lockside_acquires_total{outcome=\"Busy\"}"),
+        sample(&held, "lockside_acquires_total{outcome=\"busy\"}"),
         1.0
     );
     assert!(
-        sample(&held, "lockside_renewals_total{result=\"Ok\"}") >= 1.0,
+        sample(&held, "lockside_renewals_total{result=\"ok\"}") >= 1.0,
         "{held}"
     );
     assert!(sample(&held, "lockside_renewal_seconds_count") >= 1.0);
+    // Every store call, by operation and result.
+    assert_eq!(
+        sample(
+            &held,
+            "lockside_store_calls_total{operation=\"acquire\",result=\"ok\"}"
+        ),
+        2.0
+    );
+    assert!(
+        sample(
+            &held,
+            "lockside_store_calls_total{operation=\"renew\",result=\"ok\"}"
+        ) >= 1.0
+    );
+    assert!(
+        sample(
+            &held,
+            "lockside_store_call_seconds_count{operation=\"renew\"}"
+        ) >= 1.0
+    );
     // The store-call pool's use, read at scrape time: nothing under way now.
     assert_eq!(sample(&held, "lockside_store_calls_in_flight"), 0.0);
-    lock.release().await.expect("release");
-    eventually("the released lock leaves the gauge", || async {
+    // A waiter counts as waiting until it is answered.
+    let waiter = {
+        let client = client.clone();
+        let options = LockOptions {
+            wait: Some(PATIENCE),
+            ..options
+        };
+        tokio::spawn(async move { client.lock_with("k", options).await })
+    };
+    eventually("the waiter is counted", || async {
         let (_, text) = get(&sidecar.admin, "/metrics").await;
-        sample(&text, "lockside_locks_held") == 0.0
-            && sample(&text, "lockside_hold_seconds_count") == 1.0
+        sample(&text, "lockside_acquires_waiting") == 1.0
     })
     .await;
+    lock.release().await.expect("release");
+    let second = waiter
+        .await
+        .expect("waiter")
+        .expect("granted after the wait");
+    eventually("the released lock leaves the gauges", || async {
+        let (_, text) = get(&sidecar.admin, "/metrics").await;
+        sample(&text, "lockside_locks_held") == 1.0
+            && sample(&text, "lockside_hold_seconds_count") == 1.0
+            && sample(&text, "lockside_acquires_waiting") == 0.0
+            && sample(&text, "lockside_handoffs_total") == 1.0
+    })
+    .await;
+    drop(second);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -41,17 +41,19 @@ pub const DEFAULT_ADDR: &str = "127.0.0.1:7420";
 /// Keepalive of the client's channel: DESIGN.md's advice, below the 1 s minimum TTL.
 const KEEPALIVE: Duration = Duration::from_secs(1);
 
-/// What can go wrong for a client.
+/// What can go wrong for a client. Every message is words for a person (`lockside
+/// hold` prints them as they are): "not acquired: timed out after 100ms", not an enum
+/// name or a code number.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// The sidecar could not be reached, or the stream broke.
-    #[error("sidecar unavailable: {0}")]
+    /// The sidecar could not be reached, or the stream broke. The message says which.
+    #[error("{0}")]
     Unavailable(String),
     /// The lock was not acquired: busy, timed out or cancelled.
     #[error("not acquired: {0}")]
-    NotAcquired(String),
-    /// The sidecar refused the request.
-    #[error("rejected with code {code}: {message}")]
+    NotAcquired(NotAcquired),
+    /// The sidecar refused the request (or, for code 14, its store is unavailable).
+    #[error("{}", rejected(*code, message))]
     Rejected {
         /// A google.rpc code number.
         code: i32,
@@ -61,6 +63,111 @@ pub enum ClientError {
     /// The lock was lost before it could be released.
     #[error("the lock was lost")]
     Lost,
+    /// The client's own settings are wrong (a token or certificate file).
+    #[error("{0}")]
+    Settings(String),
+}
+
+/// Why a lock was not acquired.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotAcquired {
+    /// Somebody else holds it, and the request did not wait.
+    Busy,
+    /// The wait, this long, ended without the lock.
+    TimedOut(Duration),
+    /// The wait was cancelled.
+    Cancelled,
+    /// A reason this client does not know (a newer sidecar), by its number.
+    Other(i32),
+}
+
+impl std::fmt::Display for NotAcquired {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Busy => f.write_str("busy"),
+            Self::TimedOut(wait) => write!(
+                f,
+                "timed out after {}",
+                crate::config::format_duration(*wait)
+            ),
+            Self::Cancelled => f.write_str("cancelled"),
+            Self::Other(reason) => write!(f, "reason {reason}"),
+        }
+    }
+}
+
+/// A google.rpc code in words, as the proto's comments name them.
+pub fn code_words(code: i32) -> &'static str {
+    use tonic::Code;
+    match Code::from(code) {
+        Code::Ok => "ok",
+        Code::Cancelled => "cancelled",
+        Code::Unknown => "unknown error",
+        Code::InvalidArgument => "invalid argument",
+        Code::DeadlineExceeded => "deadline exceeded",
+        Code::NotFound => "not found",
+        Code::AlreadyExists => "already exists",
+        Code::PermissionDenied => "permission denied",
+        Code::ResourceExhausted => "resource exhausted",
+        Code::FailedPrecondition => "failed precondition",
+        Code::Aborted => "aborted",
+        Code::OutOfRange => "out of range",
+        Code::Unimplemented => "unimplemented",
+        Code::Internal => "internal error",
+        Code::Unavailable => "unavailable",
+        Code::DataLoss => "data loss",
+        Code::Unauthenticated => "unauthenticated",
+    }
+}
+
+/// "rejected: invalid argument: key must not be empty"; UNAVAILABLE is not a refusal
+/// of the request but the store's state: "unavailable: the lock store is unavailable".
+fn rejected(code: i32, message: &str) -> String {
+    let words = code_words(code);
+    let head = if code == tonic::Code::Unavailable as i32 {
+        words.to_owned()
+    } else {
+        format!("rejected: {words}")
+    };
+    match message {
+        "" => head,
+        message => format!("{head}: {message}"),
+    }
+}
+
+/// A failed call in words: the sidecar going away is `Unavailable`, anything else the
+/// sidecar's refusal.
+fn from_status(status: &tonic::Status) -> ClientError {
+    use tonic::Code;
+    match status.code() {
+        Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded => {
+            ClientError::Unavailable(match status.message() {
+                "" => "the sidecar is unavailable".to_owned(),
+                message => format!("the sidecar is unavailable: {message}"),
+            })
+        }
+        code => ClientError::Rejected {
+            code: code as i32,
+            message: status.message().to_owned(),
+        },
+    }
+}
+
+/// "cannot reach the sidecar at ADDR: connection refused": the root cause of a
+/// connection failure, not tonic's "transport error".
+fn unreachable(addr: &str, error: &(dyn std::error::Error + 'static)) -> ClientError {
+    let mut cause = error;
+    while let Some(source) = cause.source() {
+        cause = source;
+    }
+    let words = match cause.downcast_ref::<std::io::Error>().map(|e| e.kind()) {
+        Some(std::io::ErrorKind::ConnectionRefused) => "connection refused".to_owned(),
+        Some(std::io::ErrorKind::NotFound) => "no such socket".to_owned(),
+        Some(std::io::ErrorKind::PermissionDenied) => "permission denied".to_owned(),
+        Some(std::io::ErrorKind::TimedOut) => "timed out".to_owned(),
+        _ => cause.to_string(),
+    };
+    ClientError::Unavailable(format!("cannot reach the sidecar at {addr}: {words}"))
 }
 
 /// How to take a lock.
@@ -144,7 +251,7 @@ impl Client {
     /// Connects to `HOST:PORT`, `http(s)://HOST:PORT` or `unix:PATH` with a token and
     /// TLS as `options` say.
     pub async fn connect_with(addr: &str, options: &ConnectOptions) -> Result<Self, ClientError> {
-        let unavailable = |e: tonic::transport::Error| ClientError::Unavailable(e.to_string());
+        let unavailable = |e: tonic::transport::Error| unreachable(addr, &e);
         let scheme = if options.tls.is_some() {
             "https"
         } else {
@@ -177,7 +284,7 @@ impl Client {
             Some(token) => Some(
                 format!("Bearer {token}")
                     .parse()
-                    .map_err(|_| ClientError::Unavailable("the token is not ASCII".into()))?,
+                    .map_err(|_| ClientError::Settings("the token is not ASCII".into()))?,
             ),
         };
         Ok(Self {
@@ -206,9 +313,10 @@ impl Client {
         let mut events = grpc
             .lease(ReceiverStream::new(rx))
             .await
-            .map_err(|s| ClientError::Unavailable(s.message().to_owned()))?
+            .map_err(|s| from_status(&s))?
             .into_inner();
         let duration = |d: Duration| prost_types::Duration::try_from(d).ok();
+        let wait = options.wait;
         let acquire = proto::Acquire {
             traceparent: String::new(),
             request_id: 1,
@@ -228,15 +336,19 @@ impl Client {
             let event = events
                 .next()
                 .await
-                .ok_or_else(|| ClientError::Unavailable("the stream ended".into()))?
-                .map_err(|s| ClientError::Unavailable(s.message().to_owned()))?
+                .ok_or_else(|| ClientError::Unavailable("the sidecar ended the stream".into()))?
+                .map_err(|s| from_status(&s))?
                 .event;
             match event {
                 Some(lease_response::Event::Granted(g)) => break g,
                 Some(lease_response::Event::NotAcquired(n)) => {
-                    let reason = proto::not_acquired::Reason::try_from(n.reason)
-                        .map(|r| r.as_str_name().to_owned())
-                        .unwrap_or_else(|_| n.reason.to_string());
+                    use proto::not_acquired::Reason;
+                    let reason = match Reason::try_from(n.reason) {
+                        Ok(Reason::Busy) => NotAcquired::Busy,
+                        Ok(Reason::Timeout) => NotAcquired::TimedOut(wait.unwrap_or_default()),
+                        Ok(Reason::Cancelled) => NotAcquired::Cancelled,
+                        _ => NotAcquired::Other(n.reason),
+                    };
                     return Err(ClientError::NotAcquired(reason));
                 }
                 Some(lease_response::Event::Rejected(r)) => {
@@ -248,22 +360,26 @@ impl Client {
                 _ => continue, // SessionStarted, Waiting
             }
         };
-        let (lost_tx, lost_rx) = watch::channel(false);
+        let (lost_tx, lost_rx) = watch::channel(None);
         let (released_tx, released_rx) = watch::channel(None);
         // Reads the rest of the stream: Released answers the release; Lost, an error or
         // the end of the stream before it means the lock is gone.
         let reader = tokio::spawn(async move {
-            while let Some(message) = events.next().await {
-                match message.map(|m| m.event) {
-                    Ok(Some(lease_response::Event::Released(r))) => {
+            let why = loop {
+                match events.next().await.map(|m| m.map(|m| m.event)) {
+                    Some(Ok(Some(lease_response::Event::Released(r)))) => {
                         let _ = released_tx.send(Some(r.hold_count));
                         return;
                     }
-                    Ok(Some(lease_response::Event::Lost(_))) | Err(_) => break,
-                    Ok(_) => {}
+                    Some(Ok(Some(lease_response::Event::Lost(lost)))) => break lost.reason,
+                    Some(Err(status)) => {
+                        break format!("the stream broke: {}", from_status(&status));
+                    }
+                    None => break "the sidecar ended the stream".to_owned(),
+                    Some(Ok(_)) => {}
                 }
-            }
-            let _ = lost_tx.send(true);
+            };
+            let _ = lost_tx.send(Some(why));
         });
         Ok(LockGuard {
             key: key.to_owned(),
@@ -285,7 +401,7 @@ impl Client {
                 service: String::new(),
             })
             .await
-            .map_err(|s| ClientError::Unavailable(s.message().to_owned()))?;
+            .map_err(|s| from_status(&s))?;
         Ok(response.into_inner().status == ServingStatus::Serving as i32)
     }
 
@@ -297,13 +413,7 @@ impl Client {
                 key: key.to_owned(),
             })
             .await
-            .map_err(|s| match s.code() {
-                tonic::Code::InvalidArgument => ClientError::Rejected {
-                    code: s.code() as i32,
-                    message: s.message().to_owned(),
-                },
-                _ => ClientError::Unavailable(s.message().to_owned()),
-            })?;
+            .map_err(|s| from_status(&s))?;
         Ok(response.into_inner())
     }
 }
@@ -341,7 +451,7 @@ async fn send(
         command: Some(command),
     })
     .await
-    .map_err(|_| ClientError::Unavailable("the stream ended".into()))
+    .map_err(|_| ClientError::Unavailable("the sidecar ended the stream".into()))
 }
 
 /// A held lock. Dropping it releases the lock (its stream ends).
@@ -350,7 +460,8 @@ pub struct LockGuard {
     key: String,
     token: u64,
     tx: mpsc::Sender<proto::LeaseRequest>,
-    lost: watch::Receiver<bool>,
+    /// Why the lock was lost, once it is.
+    lost: watch::Receiver<Option<String>>,
     released: watch::Receiver<Option<u32>>,
     reader: tokio::task::JoinHandle<()>,
 }
@@ -368,7 +479,13 @@ impl LockGuard {
 
     /// Whether the lock is already lost.
     pub fn is_lost(&self) -> bool {
-        *self.lost.borrow()
+        self.lost.borrow().is_some()
+    }
+
+    /// Why the lock was lost (the `Lost` event's reason, or how the stream broke), once
+    /// it is.
+    pub fn lost_reason(&self) -> Option<String> {
+        self.lost.borrow().clone()
     }
 
     /// Completes when the lock is lost (a `Lost` event, or the stream broke or ended).
@@ -376,7 +493,7 @@ impl LockGuard {
     pub async fn lost(&self) {
         let mut lost = self.lost.clone();
         // An error means the reader is gone without a verdict: treat it as lost.
-        let _ = lost.wait_for(|lost| *lost).await;
+        let _ = lost.wait_for(Option::is_some).await;
     }
 
     /// Releases the lock and waits for the sidecar to confirm.
@@ -398,7 +515,7 @@ impl LockGuard {
                 answer.map_err(|_| ClientError::Lost)?;
                 Ok(())
             }
-            Ok(_) = lost.wait_for(|lost| *lost) => Err(ClientError::Lost),
+            Ok(_) = lost.wait_for(Option::is_some) => Err(ClientError::Lost),
         }
     }
 }

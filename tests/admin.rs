@@ -61,14 +61,16 @@ async fn health_follows_the_store() {
     let mut redis = Redis::start();
     let sidecar = Sidecar::start(make_store(&StoreKind::Redis(redis.url()), &namespace())).await;
     let client = Client::connect(&sidecar.addr).await.expect("connect");
-    let healthcheck = |addr: String| async move {
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_lockside"))
+    // (exit code, what it printed on stdout and stderr)
+    let healthcheck = |addr: String, live: bool| async move {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockside"))
             .args(["healthcheck", "--addr", &addr])
-            .stderr(std::process::Stdio::null())
-            .status()
+            .args(live.then_some("--live"))
+            .output()
             .await
-            .expect("healthcheck")
-            .code()
+            .expect("healthcheck");
+        let text = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).into_owned();
+        (out.status.code(), text(out.stdout), text(out.stderr))
     };
     eventually("SERVING", || async {
         client.serving().await.unwrap_or(false)
@@ -79,7 +81,10 @@ async fn health_follows_the_store() {
         sample(&get(&sidecar.admin, "/metrics").await.1, "lockside_ready"),
         1.0
     );
-    assert_eq!(healthcheck(sidecar.addr.clone()).await, Some(0));
+    assert_eq!(
+        healthcheck(sidecar.addr.clone(), false).await,
+        (Some(0), "serving\n".into(), String::new())
+    );
     redis.kill();
     eventually("NOT_SERVING", || async {
         !client.serving().await.unwrap_or(true)
@@ -100,13 +105,23 @@ async fn health_follows_the_store() {
         200,
         "the process itself is fine"
     );
-    assert_eq!(healthcheck(sidecar.addr.clone()).await, Some(1));
-    let live = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockside"))
-        .args(["healthcheck", "--live", "--addr", &sidecar.addr])
-        .status()
-        .await
-        .expect("healthcheck --live");
-    assert!(live.success(), "alive while the store is down");
+    assert_eq!(
+        healthcheck(sidecar.addr.clone(), false).await,
+        (
+            Some(1),
+            String::new(),
+            "lockside healthcheck: not serving: the sidecar cannot reach its lock store\n".into()
+        )
+    );
+    assert_eq!(
+        healthcheck(sidecar.addr.clone(), true).await,
+        (
+            Some(0),
+            "alive (not serving: the sidecar cannot reach its lock store)\n".into(),
+            String::new()
+        ),
+        "alive while the store is down"
+    );
     redis.restart();
     eventually("SERVING again", || async {
         client.serving().await.unwrap_or(false)

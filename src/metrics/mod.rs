@@ -39,7 +39,8 @@ pub enum Outcome {
     Timeout,
     /// The wait was cancelled.
     Cancelled,
-    /// Refused (bad input, limits, a conflict).
+    /// Refused (bad input, limits, a conflict). Counted for every `Rejected` a session
+    /// sends, a refused `Release` included.
     Rejected,
     /// The store could not be reached.
     Unavailable,
@@ -265,7 +266,11 @@ impl Metrics {
 
         let family = Family::<Labels<1>, Counter>::default();
         let acquires = counters(&family, "outcome", Outcome::LABELS);
-        r.register("acquires", "Acquire requests by final answer", family);
+        r.register(
+            "acquires",
+            "Acquire requests by final answer (rejected counts every refused request)",
+            family,
+        );
         let acquires_waiting = Gauge::default();
         r.register(
             "acquires_waiting",

@@ -297,7 +297,7 @@ impl Session {
         }
         if let End::Shutdown = end {
             for (key, _, fence) in &held {
-                let reason = "the sidecar is shutting down".to_owned();
+                let reason = lost_because(Loss::Shutdown).to_owned();
                 self.shared.metrics.lost(Loss::Shutdown);
                 let _ = self.out.try_send(Event::Lost {
                     key: key.clone(),
@@ -353,6 +353,15 @@ impl Session {
             released = held.len() + granted.len(),
             "session released its locks"
         );
+    }
+}
+
+/// The reason a `Lost` event gives, for each way of losing a lock.
+fn lost_because(why: Loss) -> &'static str {
+    match why {
+        Loss::Deadline => "renewal not confirmed before the safe deadline",
+        Loss::NotHeld => "the store no longer holds the lock",
+        Loss::Shutdown => "the sidecar is shutting down",
     }
 }
 

@@ -300,11 +300,7 @@ impl Session {
         let Some(Slot::Held(h)) = self.slots.remove(key) else {
             return VecDeque::new();
         };
-        let reason = match why {
-            Loss::Deadline => "renewal not confirmed before the safe deadline",
-            Loss::NotHeld => "the store no longer holds the lock",
-            Loss::Shutdown => "the sidecar is shutting down",
-        };
+        let reason = super::lost_because(why);
         tracing::warn!(%key, fence = h.fence, %reason, "lock lost");
         self.shared.metrics.lost(why);
         self.forget(&h);

@@ -124,7 +124,7 @@ async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
 }
 
 async fn render_metrics(State(state): State<AdminState>) -> impl IntoResponse {
-    match state.metrics.render() {
+    match state.metrics.render(state.readiness.is_ready()) {
         Ok(text) => (
             StatusCode::OK,
             [(

@@ -22,7 +22,9 @@
 //!   `store/redis/acked.rs` (replica acknowledgement, `WAIT`); `store/redlock.rs`
 //!   (Redlock over independent masters).
 //! - [`admin`]: gRPC health (SERVING while the store answers) and the admin listener
-//!   (`/livez`, `/readyz`, `/metrics`); [`metrics`]: the Prometheus metrics.
+//!   (`/livez`, `/readyz`, `/metrics`); [`metrics`]: the Prometheus metrics, with
+//!   `metrics/store.rs` wrapping the engine's store to count and time every call.
+//!   Alert rules and a dashboard for them: `deploy/observability/`.
 //! - [`server`]: listeners, HTTP/2 keepalive, and the shutdown sequence; [`server::run`]
 //!   is the entry point tests call on port 0.
 //! - [`telemetry`]: logs (text or JSON) and OTLP traces, with the caller's W3C trace

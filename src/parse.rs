@@ -24,6 +24,31 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(seconds).map_err(|e| format!("{s:?}: {e}"))
 }
 
+/// A duration the way [`parse_duration`] reads them and people write them: `100ms`,
+/// `1.5s`, `30s`, `5m`, `1h30m`. Below a second, whole milliseconds; below a minute,
+/// seconds to a tenth; above, whole seconds.
+pub fn format_duration(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        return format!("{}ms", d.as_millis());
+    }
+    if d < Duration::from_secs(60) {
+        let tenths = (d.as_secs_f64() * 10.0).round() as u64;
+        return match tenths % 10 {
+            0 => format!("{}s", tenths / 10),
+            t => format!("{}.{t}s", tenths / 10),
+        };
+    }
+    let secs = d.as_secs_f64().round() as u64;
+    let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
+    let mut text = String::new();
+    for (value, unit) in [(h, "h"), (m, "m"), (s, "s")] {
+        if value > 0 {
+            text.push_str(&format!("{value}{unit}"));
+        }
+    }
+    text
+}
+
 /// Parses an octal file mode like `600` or `0o660`.
 pub fn parse_mode(s: &str) -> Result<u32, String> {
     u32::from_str_radix(s.trim_start_matches("0o"), 8)
@@ -95,6 +120,29 @@ impl std::fmt::Display for StoreSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_print_as_people_write_them_and_parse_back() {
+        for (d, text) in [
+            (Duration::ZERO, "0ms"),
+            (Duration::from_millis(100), "100ms"),
+            (Duration::from_millis(1500), "1.5s"),
+            (Duration::from_secs(30), "30s"),
+            (Duration::from_secs(300), "5m"),
+            (Duration::from_secs(5400), "1h30m"),
+            (Duration::from_secs(24 * 3600), "24h"),
+            (Duration::from_secs(3661), "1h1m1s"),
+        ] {
+            assert_eq!(format_duration(d), text);
+            // One unit: `hold --wait` reads it back.
+            let one_unit = !text
+                .trim_end_matches(char::is_alphabetic)
+                .contains(char::is_alphabetic);
+            if one_unit {
+                assert_eq!(parse_duration(text), Ok(d), "{text}");
+            }
+        }
+    }
 
     #[test]
     fn durations_parse() {

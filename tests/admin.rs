@@ -61,39 +61,67 @@ async fn health_follows_the_store() {
     let mut redis = Redis::start();
     let sidecar = Sidecar::start(make_store(&StoreKind::Redis(redis.url()), &namespace())).await;
     let client = Client::connect(&sidecar.addr).await.expect("connect");
-    let healthcheck = |addr: String| async move {
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_lockside"))
+    // (exit code, what it printed on stdout and stderr)
+    let healthcheck = |addr: String, live: bool| async move {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockside"))
             .args(["healthcheck", "--addr", &addr])
-            .stderr(std::process::Stdio::null())
-            .status()
+            .args(live.then_some("--live"))
+            .output()
             .await
-            .expect("healthcheck")
-            .code()
+            .expect("healthcheck");
+        let text = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).into_owned();
+        (out.status.code(), text(out.stdout), text(out.stderr))
     };
     eventually("SERVING", || async {
         client.serving().await.unwrap_or(false)
     })
     .await;
     assert_eq!(get(&sidecar.admin, "/readyz").await.0, 200);
-    assert_eq!(healthcheck(sidecar.addr.clone()).await, Some(0));
+    assert_eq!(
+        sample(&get(&sidecar.admin, "/metrics").await.1, "lockside_ready"),
+        1.0
+    );
+    assert_eq!(
+        healthcheck(sidecar.addr.clone(), false).await,
+        (Some(0), "serving\n".into(), String::new())
+    );
     redis.kill();
     eventually("NOT_SERVING", || async {
         !client.serving().await.unwrap_or(true)
     })
     .await;
     assert_eq!(get(&sidecar.admin, "/readyz").await.0, 503);
+    let (_, text) = get(&sidecar.admin, "/metrics").await;
+    assert_eq!(sample(&text, "lockside_ready"), 0.0, "/readyz as a metric");
+    assert!(
+        sample(
+            &text,
+            "lockside_store_calls_total{operation=\"ping\",result=\"unavailable\"}"
+        ) >= 1.0,
+        "the failed health checks are store errors: {text}"
+    );
     assert_eq!(
         get(&sidecar.admin, "/livez").await.0,
         200,
         "the process itself is fine"
     );
-    assert_eq!(healthcheck(sidecar.addr.clone()).await, Some(1));
-    let live = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockside"))
-        .args(["healthcheck", "--live", "--addr", &sidecar.addr])
-        .status()
-        .await
-        .expect("healthcheck --live");
-    assert!(live.success(), "alive while the store is down");
+    assert_eq!(
+        healthcheck(sidecar.addr.clone(), false).await,
+        (
+            Some(1),
+            String::new(),
+            "lockside healthcheck: not serving: the sidecar cannot reach its lock store\n".into()
+        )
+    );
+    assert_eq!(
+        healthcheck(sidecar.addr.clone(), true).await,
+        (
+            Some(0),
+            "alive (not serving: the sidecar cannot reach its lock store)\n".into(),
+            String::new()
+        ),
+        "alive while the store is down"
+    );
     redis.restart();
     eventually("SERVING again", || async {
         client.serving().await.unwrap_or(false)
@@ -111,8 +139,30 @@ async fn metrics_count_what_sessions_do() {
         ttl: Some(Duration::from_secs(1)),
         ..LockOptions::default()
     };
+    let (_, fresh) = get(&sidecar.admin, "/metrics").await;
+    // Every labelled series is there, at 0, before anything happened.
+    assert_eq!(
+        sample(&fresh, "lockside_lost_total{reason=\"deadline\"}"),
+        0.0
+    );
+    assert_eq!(
+        sample(&fresh, "lockside_acquires_total{outcome=\"timeout\"}"),
+        0.0
+    );
+    assert_eq!(
+        sample(
+            &fresh,
+            &format!(
+                "lockside_build_info{{version=\"{}\",store_kind=\"redis\"}}",
+                env!("CARGO_PKG_VERSION")
+            )
+        ),
+        1.0
+    );
+    assert_eq!(sample(&fresh, "lockside_default_ttl_seconds"), 10.0);
+    assert_eq!(sample(&fresh, "lockside_sessions_limit"), 10_000.0);
     let lock = client.lock_with("k", options.clone()).await.expect("lock");
-    let busy = client.lock_with("k", options).await;
+    let busy = client.lock_with("k", options.clone()).await;
     assert!(busy.is_err());
     // Real time: renewals at TTL/3 of a 1 s lock.
     tokio::time::sleep(Duration::from_millis(800)).await;
@@ -125,27 +175,68 @@ async fn metrics_count_what_sessions_do() {
         "the busy session has ended"
     );
     assert_eq!(
-        sample(&held, "lockside_acquires_total{outcome=\"Granted\"}"),
+        sample(&held, "lockside_acquires_total{outcome=\"granted\"}"),
         1.0
     );
     assert_eq!(
-        sample(&held, "lockside_acquires_total{outcome=\"Busy\"}"),
+        sample(&held, "lockside_acquires_total{outcome=\"busy\"}"),
         1.0
     );
     assert!(
-        sample(&held, "lockside_renewals_total{result=\"Ok\"}") >= 1.0,
+        sample(&held, "lockside_renewals_total{result=\"ok\"}") >= 1.0,
         "{held}"
     );
     assert!(sample(&held, "lockside_renewal_seconds_count") >= 1.0);
+    // Every store call, by operation and result.
+    assert_eq!(
+        sample(
+            &held,
+            "lockside_store_calls_total{operation=\"acquire\",result=\"ok\"}"
+        ),
+        2.0
+    );
+    assert!(
+        sample(
+            &held,
+            "lockside_store_calls_total{operation=\"renew\",result=\"ok\"}"
+        ) >= 1.0
+    );
+    assert!(
+        sample(
+            &held,
+            "lockside_store_call_seconds_count{operation=\"renew\"}"
+        ) >= 1.0
+    );
     // The store-call pool's use, read at scrape time: nothing under way now.
     assert_eq!(sample(&held, "lockside_store_calls_in_flight"), 0.0);
-    lock.release().await.expect("release");
-    eventually("the released lock leaves the gauge", || async {
+    // A waiter counts as waiting until it is answered.
+    let waiter = {
+        let client = client.clone();
+        let options = LockOptions {
+            wait: Some(PATIENCE),
+            ..options
+        };
+        tokio::spawn(async move { client.lock_with("k", options).await })
+    };
+    eventually("the waiter is counted", || async {
         let (_, text) = get(&sidecar.admin, "/metrics").await;
-        sample(&text, "lockside_locks_held") == 0.0
-            && sample(&text, "lockside_hold_seconds_count") == 1.0
+        sample(&text, "lockside_acquires_waiting") == 1.0
     })
     .await;
+    lock.release().await.expect("release");
+    let second = waiter
+        .await
+        .expect("waiter")
+        .expect("granted after the wait");
+    eventually("the released lock leaves the gauges", || async {
+        let (_, text) = get(&sidecar.admin, "/metrics").await;
+        sample(&text, "lockside_locks_held") == 1.0
+            && sample(&text, "lockside_hold_seconds_count") == 1.0
+            && sample(&text, "lockside_acquires_waiting") == 0.0
+            && sample(&text, "lockside_handoffs_total") == 1.0
+    })
+    .await;
+    drop(second);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

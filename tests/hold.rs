@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{PATIENCE, Redis, Sidecar, StoreKind, TempDir, make_store, namespace};
 use lockside::cli::{EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_UNAVAILABLE};
-use lockside::client::{Client, ClientError, LockOptions};
+use lockside::client::{Client, ClientError, LockOptions, NotAcquired};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
@@ -35,6 +35,24 @@ async fn status(mut child: Child) -> i32 {
 
 async fn run(addr: &str, args: &[&str]) -> i32 {
     status(hold(addr, args).spawn().expect("spawn hold")).await
+}
+
+/// Runs `lockside SUBCOMMAND ARGS` against `addr`: (exit code, stdout, stderr).
+async fn words(addr: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_lockside"))
+        .args(args)
+        .env("LOCKSIDE_ADDR", addr)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(PATIENCE, out)
+        .await
+        .expect("exits in time")
+        .expect("ran");
+    (
+        out.status.code().expect("an exit code"),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// Waits until `key` has a holder (a `hold` process has its lock).
@@ -186,15 +204,27 @@ async fn a_lost_lock_stops_the_command() {
         "-c",
         script,
     ];
-    let child = hold(&sidecar.addr, &args).spawn().expect("spawn");
+    let child = hold(&sidecar.addr, &args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
     held(&client, "k").await;
     let stopped = Instant::now();
     redis.kill();
-    assert_eq!(status(child).await, i32::from(EXIT_LOST));
+    let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("hold exits in time")
+        .expect("hold ran");
+    assert_eq!(out.status.code(), Some(i32::from(EXIT_LOST)));
     let took = stopped.elapsed();
     assert!(
         took < Duration::from_secs(3),
         "lost within the 1 s TTL, killed 0.3 s later: {took:?}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "lockside hold: lost the lock on k (renewal not confirmed before the safe deadline); \
+         stopping the command: SIGTERM, then SIGKILL after 300ms\n"
     );
 }
 
@@ -207,7 +237,7 @@ async fn the_rust_client_holds_releases_and_notices_loss() {
     assert_eq!(first.key(), "k");
     let busy = client.lock_with("k", LockOptions::default()).await;
     assert!(
-        matches!(busy, Err(ClientError::NotAcquired(ref r)) if r.contains("BUSY")),
+        matches!(busy, Err(ClientError::NotAcquired(NotAcquired::Busy))),
         "{busy:?}"
     );
     let token = first.fencing_token();
@@ -250,11 +280,84 @@ async fn describe_prints_the_holders() {
         .expect("describe");
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("mode: EXCLUSIVE"), "{text}");
+    let state = client.describe("k").await.expect("describe");
+    let holder = &state.holders[0];
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "key: k");
+    assert_eq!(lines[1], "state: held exclusive");
     assert!(
-        text.contains("holder ") && text.contains("holds 1"),
+        lines[2].starts_with(&format!(
+            "holder: session {} (unnamed), 1 hold, expires in ",
+            holder.session_id
+        )) && lines[2].ends_with("s unless renewed"),
         "{text}"
     );
+    assert_eq!(lines[3], "waiting: 0");
+    assert_eq!(
+        lines[4],
+        format!("last fencing token: {}", state.fencing_token)
+    );
+    assert!(
+        !text.contains("LOCK_MODE") && !text.contains("EXCLUSIVE"),
+        "{text}"
+    );
+    let (code, free, _) = words(&sidecar.addr, &["describe", "nobody-holds-this"]).await;
+    assert_eq!(code, 0);
+    assert_eq!(
+        free,
+        "key: nobody-holds-this\nstate: free\nwaiting: 0\nlast fencing token: none yet\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_line_speaks_in_words_not_enum_names() {
+    let (sidecar, client) = memory_sidecar().await;
+    let _lock = client.lock("k").await.expect("lock");
+    let addr = sidecar.addr.as_str();
+    let (code, _, stderr) = words(addr, &["hold", "k", "--wait", "100ms", "--", "true"]).await;
+    assert_eq!(code, i32::from(EXIT_NOT_ACQUIRED));
+    assert_eq!(
+        stderr,
+        "lockside hold: not acquired: timed out after 100ms\n"
+    );
+    let (code, _, stderr) = words(addr, &["hold", "k", "--wait", "0s", "--", "true"]).await;
+    assert_eq!(code, i32::from(EXIT_NOT_ACQUIRED));
+    assert_eq!(stderr, "lockside hold: not acquired: busy\n");
+    let (code, _, stderr) = words(addr, &["hold", "", "--", "true"]).await;
+    assert_eq!(code, i32::from(EXIT_UNAVAILABLE));
+    assert_eq!(
+        stderr,
+        "lockside hold: rejected: invalid argument: key must not be empty\n"
+    );
+    let (code, _, stderr) = words(addr, &["hold", "free", "--", "/no/such/command"]).await;
+    assert_eq!(code, 127);
+    assert!(
+        stderr.starts_with("lockside hold: cannot start /no/such/command: "),
+        "{stderr}"
+    );
+    let (code, _, stderr) = words(addr, &["describe", ""]).await;
+    assert_eq!(code, i32::from(EXIT_UNAVAILABLE));
+    assert_eq!(
+        stderr,
+        "lockside describe: rejected: invalid argument: key must not be empty\n"
+    );
+    let nowhere = format!("127.0.0.1:{}", common::free_port());
+    for command in [
+        &["hold", "k", "--", "true"][..],
+        &["describe", "k"],
+        &["healthcheck"],
+    ] {
+        let (code, _, stderr) = words(&nowhere, command).await;
+        let expected = format!(
+            "lockside {}: cannot reach the sidecar at {nowhere}: connection refused\n",
+            command[0]
+        );
+        assert_eq!(stderr, expected);
+        assert_ne!(code, 0);
+    }
+    let (code, stdout, stderr) = words(addr, &["healthcheck"]).await;
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    assert_eq!(stdout, "serving\n");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

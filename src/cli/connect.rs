@@ -77,7 +77,7 @@ impl ConnectArgs {
     /// Connects as the flags say (a bad token or certificate file is reported like an
     /// unreachable sidecar: the command cannot do its work either way).
     pub async fn client(&self) -> Result<Client, ClientError> {
-        let options = self.options().map_err(ClientError::Unavailable)?;
+        let options = self.options().map_err(ClientError::Settings)?;
         Client::connect_with(&self.addr, &options).await
     }
 }

@@ -127,14 +127,14 @@ pub async fn hold(args: HoldArgs) -> u8 {
         .spawn()
     {
         Ok(child) => child,
-        Err(e) => return fail(EXIT_NO_COMMAND, &format!("{program}: {e}")),
+        Err(e) => return fail(EXIT_NO_COMMAND, &format!("cannot start {program}: {e}")),
     };
     loop {
         tokio::select! {
             status = child.wait() => {
                 let code = match status {
                     Ok(status) => exit_code(status),
-                    Err(e) => fail(EXIT_NO_COMMAND, &e),
+                    Err(e) => fail(EXIT_NO_COMMAND, &format!("waiting for {program}: {e}")),
                 };
                 if let Err(e) = lock.release().await {
                     eprintln!("lockside hold: releasing {}: {e}", args.key);
@@ -144,7 +144,15 @@ pub async fn hold(args: HoldArgs) -> u8 {
             _ = term.recv() => send(&child, Signal::TERM),
             _ = int.recv() => send(&child, Signal::INT),
             _ = lock.lost() => {
-                eprintln!("lockside hold: the lock on {} was lost; stopping the command", args.key);
+                let why = lock
+                    .lost_reason()
+                    .unwrap_or_else(|| "the stream to the sidecar ended".into());
+                eprintln!(
+                    "lockside hold: lost the lock on {} ({why}); stopping the command: \
+                     SIGTERM, then SIGKILL after {}",
+                    args.key,
+                    crate::parse::format_duration(args.kill_grace)
+                );
                 stop(&mut child, args.kill_grace).await;
                 return EXIT_LOST;
             }

@@ -11,7 +11,8 @@ pub struct LockGuard {
     pub(super) key: String,
     pub(super) token: u64,
     pub(super) tx: mpsc::Sender<proto::LeaseRequest>,
-    pub(super) lost: watch::Receiver<bool>,
+    /// Why the lock was lost, once it is.
+    pub(super) lost: watch::Receiver<Option<String>>,
     pub(super) released: watch::Receiver<Option<u32>>,
     pub(super) reader: tokio::task::JoinHandle<()>,
 }
@@ -29,7 +30,13 @@ impl LockGuard {
 
     /// Whether the lock is already lost.
     pub fn is_lost(&self) -> bool {
-        *self.lost.borrow()
+        self.lost.borrow().is_some()
+    }
+
+    /// Why the lock was lost (the `Lost` event's reason, or how the stream broke), once
+    /// it is.
+    pub fn lost_reason(&self) -> Option<String> {
+        self.lost.borrow().clone()
     }
 
     /// Completes when the lock is lost (a `Lost` event, or the stream broke or ended).
@@ -37,7 +44,7 @@ impl LockGuard {
     pub async fn lost(&self) {
         let mut lost = self.lost.clone();
         // An error means the reader is gone without a verdict: treat it as lost.
-        let _ = lost.wait_for(|lost| *lost).await;
+        let _ = lost.wait_for(Option::is_some).await;
     }
 
     /// Releases the lock and waits for the sidecar to confirm.
@@ -59,7 +66,7 @@ impl LockGuard {
                 answer.map_err(|_| ClientError::Lost)?;
                 Ok(())
             }
-            Ok(_) = lost.wait_for(|lost| *lost) => Err(ClientError::Lost),
+            Ok(_) = lost.wait_for(Option::is_some) => Err(ClientError::Lost),
         }
     }
 }

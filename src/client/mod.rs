@@ -21,10 +21,11 @@
 //! error counts as `Lost`, as the contract advises. The channel uses HTTP/2 keepalive of
 //! 1 s / 1 s, well below any TTL, so a frozen sidecar is noticed in time.
 
-mod connect;
-mod guard;
-
 use std::time::Duration;
+
+mod connect;
+mod error;
+mod guard;
 
 use hyper_util::rt::TokioIo;
 use tokio::sync::{mpsc, watch};
@@ -37,31 +38,11 @@ use crate::proto::lock_service_client::LockServiceClient;
 use crate::proto::{self, lease_request, lease_response};
 use connect::endpoint;
 pub use connect::{Bearer, ClientTls, ConnectOptions};
+pub use error::{ClientError, NotAcquired, code_words};
+use error::{from_status, unreachable};
 pub use guard::LockGuard;
 
 pub use crate::proto::limits::DEFAULT_ADDR;
-
-/// What can go wrong for a client.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    /// The sidecar could not be reached, or the stream broke.
-    #[error("sidecar unavailable: {0}")]
-    Unavailable(String),
-    /// The lock was not acquired: busy, timed out or cancelled.
-    #[error("not acquired: {0}")]
-    NotAcquired(String),
-    /// The sidecar refused the request.
-    #[error("rejected with code {code}: {message}")]
-    Rejected {
-        /// A google.rpc code number.
-        code: i32,
-        /// The sidecar's explanation.
-        message: String,
-    },
-    /// The lock was lost before it could be released.
-    #[error("the lock was lost")]
-    Lost,
-}
 
 /// How to take a lock.
 #[derive(Clone, Debug, Default)]
@@ -95,7 +76,7 @@ impl Client {
     /// Connects to `HOST:PORT`, `http(s)://HOST:PORT` or `unix:PATH` with a token and
     /// TLS as `options` say.
     pub async fn connect_with(addr: &str, options: &ConnectOptions) -> Result<Self, ClientError> {
-        let unavailable = |e: tonic::transport::Error| ClientError::Unavailable(e.to_string());
+        let unavailable = |e: tonic::transport::Error| unreachable(addr, &e);
         let scheme = if options.tls.is_some() {
             "https"
         } else {
@@ -128,7 +109,7 @@ impl Client {
             Some(token) => Some(
                 format!("Bearer {token}")
                     .parse()
-                    .map_err(|_| ClientError::Unavailable("the token is not ASCII".into()))?,
+                    .map_err(|_| ClientError::Settings("the token is not ASCII".into()))?,
             ),
         };
         Ok(Self {
@@ -157,9 +138,10 @@ impl Client {
         let mut events = grpc
             .lease(ReceiverStream::new(rx))
             .await
-            .map_err(|s| ClientError::Unavailable(s.message().to_owned()))?
+            .map_err(|s| from_status(&s))?
             .into_inner();
         let duration = |d: Duration| prost_types::Duration::try_from(d).ok();
+        let wait = options.wait;
         let acquire = proto::Acquire {
             traceparent: String::new(),
             request_id: 1,
@@ -179,15 +161,19 @@ impl Client {
             let event = events
                 .next()
                 .await
-                .ok_or_else(|| ClientError::Unavailable("the stream ended".into()))?
-                .map_err(|s| ClientError::Unavailable(s.message().to_owned()))?
+                .ok_or_else(|| ClientError::Unavailable("the sidecar ended the stream".into()))?
+                .map_err(|s| from_status(&s))?
                 .event;
             match event {
                 Some(lease_response::Event::Granted(g)) => break g,
                 Some(lease_response::Event::NotAcquired(n)) => {
-                    let reason = proto::not_acquired::Reason::try_from(n.reason)
-                        .map(|r| r.as_str_name().to_owned())
-                        .unwrap_or_else(|_| n.reason.to_string());
+                    use proto::not_acquired::Reason;
+                    let reason = match Reason::try_from(n.reason) {
+                        Ok(Reason::Busy) => NotAcquired::Busy,
+                        Ok(Reason::Timeout) => NotAcquired::TimedOut(wait.unwrap_or_default()),
+                        Ok(Reason::Cancelled) => NotAcquired::Cancelled,
+                        _ => NotAcquired::Other(n.reason),
+                    };
                     return Err(ClientError::NotAcquired(reason));
                 }
                 Some(lease_response::Event::Rejected(r)) => {
@@ -199,22 +185,26 @@ impl Client {
                 _ => continue, // SessionStarted, Waiting
             }
         };
-        let (lost_tx, lost_rx) = watch::channel(false);
+        let (lost_tx, lost_rx) = watch::channel(None);
         let (released_tx, released_rx) = watch::channel(None);
         // Reads the rest of the stream: Released answers the release; Lost, an error or
         // the end of the stream before it means the lock is gone.
         let reader = tokio::spawn(async move {
-            while let Some(message) = events.next().await {
-                match message.map(|m| m.event) {
-                    Ok(Some(lease_response::Event::Released(r))) => {
+            let why = loop {
+                match events.next().await.map(|m| m.map(|m| m.event)) {
+                    Some(Ok(Some(lease_response::Event::Released(r)))) => {
                         let _ = released_tx.send(Some(r.hold_count));
                         return;
                     }
-                    Ok(Some(lease_response::Event::Lost(_))) | Err(_) => break,
-                    Ok(_) => {}
+                    Some(Ok(Some(lease_response::Event::Lost(lost)))) => break lost.reason,
+                    Some(Err(status)) => {
+                        break format!("the stream broke: {}", from_status(&status));
+                    }
+                    None => break "the sidecar ended the stream".to_owned(),
+                    Some(Ok(_)) => {}
                 }
-            }
-            let _ = lost_tx.send(true);
+            };
+            let _ = lost_tx.send(Some(why));
         });
         Ok(LockGuard {
             key: key.to_owned(),
@@ -236,7 +226,7 @@ impl Client {
                 service: String::new(),
             })
             .await
-            .map_err(|s| ClientError::Unavailable(s.message().to_owned()))?;
+            .map_err(|s| from_status(&s))?;
         Ok(response.into_inner().status == ServingStatus::Serving as i32)
     }
 
@@ -248,13 +238,7 @@ impl Client {
                 key: key.to_owned(),
             })
             .await
-            .map_err(|s| match s.code() {
-                tonic::Code::InvalidArgument => ClientError::Rejected {
-                    code: s.code() as i32,
-                    message: s.message().to_owned(),
-                },
-                _ => ClientError::Unavailable(s.message().to_owned()),
-            })?;
+            .map_err(|s| from_status(&s))?;
         Ok(response.into_inner())
     }
 }
@@ -267,5 +251,5 @@ pub(super) async fn send(
         command: Some(command),
     })
     .await
-    .map_err(|_| ClientError::Unavailable("the stream ended".into()))
+    .map_err(|_| ClientError::Unavailable("the sidecar ended the stream".into()))
 }

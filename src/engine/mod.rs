@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::metrics::Metrics;
+use crate::metrics::store::MeteredStore;
 use crate::proto::limits::MAX_KEY_BYTES;
 use crate::store::{Notice, Store};
 pub use protocol::{
@@ -163,6 +164,14 @@ impl Engine {
     /// An engine over `store`. Spawns the renewer and the notice dispatcher, so it must
     /// be called inside a tokio runtime.
     pub fn new(store: Arc<dyn Store>, config: EngineConfig) -> Self {
+        let metrics = Arc::new(Metrics::new(crate::metrics::Sidecar {
+            store_kind: store.kind(),
+            default_ttl: config.default_ttl,
+            max_sessions: config.max_sessions,
+        }));
+        // Every call the engine makes, through sessions, the renewer or health checks,
+        // is counted and timed by operation.
+        let store: Arc<dyn Store> = Arc::new(MeteredStore::new(store, &metrics));
         let shutdown = CancellationToken::new();
         let wakers = Arc::new(Wakers::default());
         tokio::spawn(dispatch_notices(
@@ -170,7 +179,6 @@ impl Engine {
             wakers.clone(),
             shutdown.clone(),
         ));
-        let metrics = Arc::new(Metrics::new());
         let renewer = Renewer::spawn(
             store.clone(),
             metrics.clone(),

@@ -233,10 +233,8 @@ impl Task {
                 self.metrics
                     .renewed(Renewed::NotHeld, renewed.len() as u64 - ok);
             }
-            Err(e) => {
-                self.metrics.renewed(Renewed::Failed, ids.len() as u64);
-                self.metrics.store_error(e.kind());
-            }
+            // The failed call itself is counted by the metered store.
+            Err(_) => self.metrics.renewed(Renewed::Failed, ids.len() as u64),
         }
         for (i, (_, id)) in ids.iter().enumerate() {
             let renewed = result.as_ref().map(|r| r.get(i).copied().unwrap_or(false));

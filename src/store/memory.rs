@@ -405,4 +405,8 @@ impl Store for MemoryStore {
     fn notices(&self) -> broadcast::Receiver<Notice> {
         self.notices.subscribe()
     }
+
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
 }

@@ -277,6 +277,13 @@ pub trait Store: Send + Sync + 'static {
     fn supports(&self, _sharing: Sharing, _limit: u32, _fair: bool) -> Result<(), String> {
         Ok(())
     }
+
+    /// What kind of store this is, in lower snake case (`memory`, `redis`,
+    /// `redis_sentinel`, `redis_cluster`, `redlock`): the `store_kind` label of
+    /// `lockside_build_info`.
+    fn kind(&self) -> &'static str {
+        "other"
+    }
 }
 
 /// The clock drift allowed for by default between a sidecar and the store: 1% of a

@@ -66,6 +66,8 @@ struct Acks {
 
 /// The Redis store.
 pub struct RedisStore {
+    /// `redis`, `redis_sentinel` or `redis_cluster` (see [`Store::kind`]).
+    kind: &'static str,
     acks: Acks,
     link: Arc<Link>,
     namespace: String,
@@ -123,6 +125,11 @@ impl RedisStore {
             ));
         }
         let sentinel = matches!(topology, Topology::Sentinel { .. });
+        let kind = match topology {
+            Topology::Standalone(_) => "redis",
+            Topology::Sentinel { .. } => "redis_sentinel",
+            Topology::Cluster { .. } => "redis_cluster",
+        };
         let link = Arc::new(Link::new(topology, options.timeout)?);
         if sentinel {
             // The notice listener learns the master from the first connection: make it
@@ -151,6 +158,7 @@ impl RedisStore {
             }
         };
         Ok(Self {
+            kind,
             acks: Acks {
                 min: options.min_replica_acks,
                 timeout: options.replica_ack_timeout,
@@ -469,5 +477,9 @@ impl Store for RedisStore {
 
     fn notices(&self) -> broadcast::Receiver<Notice> {
         self.notices.subscribe()
+    }
+
+    fn kind(&self) -> &'static str {
+        self.kind
     }
 }

@@ -537,6 +537,10 @@ impl Store for RedlockStore {
         let _ = sharing; // read/write locks are safe: any two majorities share a master
         Ok(())
     }
+
+    fn kind(&self) -> &'static str {
+        "redlock"
+    }
 }
 
 /// One view of a lock from the masters' views: the holders a majority knows (with the

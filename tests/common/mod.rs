@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod prometheus;
 pub mod proxy;
 pub mod topology;
 pub mod workload;

@@ -34,7 +34,7 @@ use super::{
     AcquireRequest, Command, EndReason, EngineError, Event, Inbound, NotAcquiredReason, RejectCode,
     Rejection, Shared,
 };
-use crate::metrics::Outcome as Counted;
+use crate::metrics::{Loss, Outcome as Counted};
 use crate::store::{Claim, Sharing, Store, StoreError};
 
 enum Slot {
@@ -50,6 +50,9 @@ struct Acquiring {
     started: Instant,
     /// A `Waiting` was sent: a grant is then a handoff.
     waited: bool,
+    /// Counts this acquire in `lockside_acquires_waiting` from its `Waiting` until the
+    /// slot goes, whichever way it goes (answered, or the session ended).
+    waiting: Option<crate::metrics::Waiting>,
     cancel: CancellationToken,
     cancelled: bool,
     queue: VecDeque<Command>,
@@ -247,9 +250,7 @@ impl Session {
             Event::Jeopardy { .. } => {
                 metrics.jeopardy.inc();
             }
-            Event::Lost { .. } => {
-                metrics.lost.inc();
-            }
+            // Lost is counted where the lock is dropped, with its reason (`lose`).
             _ => {}
         }
     }
@@ -268,8 +269,8 @@ impl Session {
     /// Answers UNAVAILABLE. The client learns that the store cannot be reached, not
     /// how: addresses and driver messages stay in the log.
     fn store_failed(&mut self, request_id: u64, key: &str, error: &StoreError) {
+        // Counted by the metered store (`lockside_store_calls_total`).
         tracing::warn!(%key, %error, "store call failed");
-        self.shared.metrics.store_error(error.kind());
         self.reject(
             request_id,
             key,
@@ -296,8 +297,8 @@ impl Session {
         }
         if let End::Shutdown = end {
             for (key, _, fence) in &held {
-                let reason = "the sidecar is shutting down".to_owned();
-                self.shared.metrics.lost.inc();
+                let reason = lost_because(Loss::Shutdown).to_owned();
+                self.shared.metrics.lost(Loss::Shutdown);
                 let _ = self.out.try_send(Event::Lost {
                     key: key.clone(),
                     reason,
@@ -352,6 +353,15 @@ impl Session {
             released = held.len() + granted.len(),
             "session released its locks"
         );
+    }
+}
+
+/// The reason a `Lost` event gives, for each way of losing a lock.
+fn lost_because(why: Loss) -> &'static str {
+    match why {
+        Loss::Deadline => "renewal not confirmed before the safe deadline",
+        Loss::NotHeld => "the store no longer holds the lock",
+        Loss::Shutdown => "the sidecar is shutting down",
     }
 }
 

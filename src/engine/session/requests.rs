@@ -244,6 +244,7 @@ impl Session {
                         span: span.clone(),
                         started: Instant::now(),
                         waited: false,
+                        waiting: None,
                         cancel: cancel.clone(),
                         cancelled: false,
                         queue: VecDeque::new(),

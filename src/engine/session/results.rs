@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use super::{Acquiring, Done, Held, Outcome, Session, Slot};
 use crate::engine::renewer::{Lease, LeaseClock, RenewEvent};
 use crate::engine::{Command, Event, NotAcquiredReason, RejectCode};
+use crate::metrics::Loss;
 use crate::store::Claim;
 use crate::store::drift_margin;
 
@@ -41,6 +42,9 @@ impl Session {
             && !a.cancelled
         {
             a.waited = true;
+            if a.waiting.is_none() {
+                a.waiting = Some(self.shared.metrics.waiting());
+            }
             a.span.record("queue_position", position);
             self.send(Event::Waiting {
                 request_id,
@@ -87,7 +91,7 @@ impl Session {
                         self.drain(&key);
                     }
                     Ok(None) => {
-                        let queue = self.lose(&key, "the store no longer held the lock");
+                        let queue = self.lose(&key, Loss::NotHeld);
                         self.handle(Command::Acquire(request));
                         self.redispatch(queue);
                     }
@@ -133,7 +137,7 @@ impl Session {
                     }
                     Ok(Some(_)) => self.released(key, request_id),
                     Ok(None) => {
-                        let queue = self.lose(&key, "the store no longer held the lock");
+                        let queue = self.lose(&key, Loss::NotHeld);
                         self.send(Event::Released {
                             request_id,
                             key,
@@ -297,11 +301,13 @@ impl Session {
 
     /// Drops a grant the session can no longer count on and says so. Returns the
     /// commands that were queued behind it.
-    pub(super) fn lose(&mut self, key: &str, reason: &str) -> VecDeque<Command> {
+    pub(super) fn lose(&mut self, key: &str, why: Loss) -> VecDeque<Command> {
         let Some(Slot::Held(h)) = self.slots.remove(key) else {
             return VecDeque::new();
         };
+        let reason = super::lost_because(why);
         tracing::warn!(%key, fence = h.fence, %reason, "lock lost");
+        self.shared.metrics.lost(why);
         self.forget(&h);
         self.shared.renewer.remove(h.lease_id);
         self.leases.remove(&h.lease_id);
@@ -364,7 +370,7 @@ impl Session {
             }
         }
         for key in lost {
-            let queue = self.lose(&key, "renewal not confirmed before the safe deadline");
+            let queue = self.lose(&key, Loss::Deadline);
             self.redispatch(queue);
         }
     }
@@ -391,7 +397,7 @@ impl Session {
                 self.send(Event::Restored { key, ttl: left });
             }
             RenewEvent::NotHeld(_) => {
-                let queue = self.lose(&key, "the store no longer holds the lock");
+                let queue = self.lose(&key, Loss::NotHeld);
                 self.redispatch(queue);
             }
             _ => {}

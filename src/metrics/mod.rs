@@ -1,0 +1,516 @@
+//! Prometheus metrics of the sidecar, served on `/metrics` of the admin listener in the
+//! OpenMetrics text format.
+//!
+//! Conventions (what operators of etcd or Linkerd expect, and what the alert rules and
+//! the dashboard in `deploy/observability/` rely on): a `lockside_` prefix; `_total` on
+//! counters and the unit on durations (both added by the encoder, with `# UNIT`); HELP
+//! on every metric; label values in lower snake case; every labelled series created at
+//! start, at 0, so that `rate()` and `increase()` see the first event and a dashboard
+//! shows 0 rather than "no data". The README lists every name.
+//!
+//! Recording is cheap: every labelled series is a handle taken once at start (an array
+//! indexed by the label's enum), so a count is one atomic add, with no label set built,
+//! hashed or allocated per call. `store.rs` meters every store call the same way.
+
+pub mod store;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+use tokio::sync::Semaphore;
+
+/// A label set of `N` fixed labels; keys and values are static strings, so a handle is
+/// looked up once and never allocates.
+type Labels<const N: usize> = [(&'static str, &'static str); N];
+
+/// How an acquire ended (`lockside_acquires_total{outcome}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Granted (first grant or reentrant).
+    Granted,
+    /// Busy and not waiting.
+    Busy,
+    /// The wait timed out.
+    Timeout,
+    /// The wait was cancelled.
+    Cancelled,
+    /// Refused (bad input, limits, a conflict). Counted for every `Rejected` a session
+    /// sends, a refused `Release` included.
+    Rejected,
+    /// The store could not be reached.
+    Unavailable,
+}
+
+impl Outcome {
+    const LABELS: [&'static str; 6] = [
+        "granted",
+        "busy",
+        "timeout",
+        "cancelled",
+        "rejected",
+        "unavailable",
+    ];
+}
+
+/// What a renewal found (`lockside_renewals_total{result}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renewed {
+    /// Extended.
+    Ok,
+    /// The store no longer held the grant.
+    NotHeld,
+    /// The store call failed.
+    Failed,
+}
+
+impl Renewed {
+    const LABELS: [&'static str; 3] = ["ok", "not_held", "failed"];
+}
+
+/// Why a held lock was lost (`lockside_lost_total{reason}`). The first two are
+/// incidents (the store failed the lock); a shutdown is routine when the app left
+/// locks held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loss {
+    /// No renewal was confirmed before the safe deadline (the store unreachable or
+    /// too slow).
+    Deadline,
+    /// The store said the grant was gone (expired there, or lost by a failover, a
+    /// restart or an eviction).
+    NotHeld,
+    /// The sidecar shut down while the session held it.
+    Shutdown,
+}
+
+impl Loss {
+    const LABELS: [&'static str; 3] = ["deadline", "not_held", "shutdown"];
+}
+
+/// A store operation (`lockside_store_calls_total{operation}`): one per method of the
+/// [`crate::store::Store`] trait that reaches the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operation {
+    /// `acquire`.
+    Acquire,
+    /// `hold` (a reentrant acquire).
+    Hold,
+    /// `release`.
+    Release,
+    /// `renew` (one batch).
+    Renew,
+    /// `unwait` (a wait given up).
+    Unwait,
+    /// `describe`.
+    Describe,
+    /// `ping` (the health check, every second).
+    Ping,
+}
+
+impl Operation {
+    const LABELS: [&'static str; 7] = [
+        "acquire", "hold", "release", "renew", "unwait", "describe", "ping",
+    ];
+}
+
+/// The result of a store call (`lockside_store_calls_total{result}`): `ok`, or the
+/// error's kind ([`crate::store::StoreError::kind`]).
+const CALL_RESULTS: [&str; 4] = ["ok", "unavailable", "config", "protocol"];
+
+/// One counter per value of a label, in the order of `values`. Creating them here makes
+/// every series exist from the first scrape.
+fn counters<const N: usize>(
+    family: &Family<Labels<1>, Counter>,
+    key: &'static str,
+    values: [&'static str; N],
+) -> [Counter; N] {
+    values.map(|value| family.get_or_create_owned(&[(key, value)]))
+}
+
+/// Handles of the store-call metrics, shared by [`store::MeteredStore`].
+#[derive(Clone, Debug)]
+pub(crate) struct StoreCalls {
+    /// `[operation][result]`.
+    counts: [[Counter; CALL_RESULTS.len()]; Operation::LABELS.len()],
+    /// `[operation]`.
+    seconds: [Histogram; Operation::LABELS.len()],
+}
+
+impl StoreCalls {
+    /// Counts one finished call of `operation` that took `took`; `error` is the
+    /// error's kind, `None` for success.
+    pub(crate) fn record(&self, operation: Operation, took: Duration, error: Option<&str>) {
+        let op = operation as usize;
+        self.seconds[op].observe(took.as_secs_f64());
+        let result = match error {
+            None => 0,
+            Some(kind) => CALL_RESULTS
+                .iter()
+                .position(|r| *r == kind)
+                // A kind not listed here (a new StoreError variant) is still an error.
+                .unwrap_or(1),
+        };
+        self.counts[op][result].inc();
+    }
+}
+
+/// Counts a waiting acquire in `lockside_acquires_waiting` while it lives.
+#[derive(Debug)]
+pub struct Waiting(Gauge);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Every metric of one sidecar.
+pub struct Metrics {
+    registry: Registry,
+    /// Open `Lease` streams.
+    pub sessions: Gauge,
+    /// Grants held by sessions of this sidecar.
+    pub locks_held: Gauge,
+    acquires: [Counter; Outcome::LABELS.len()],
+    acquires_waiting: Gauge,
+    /// Time from an `Acquire` to its grant.
+    pub acquire_wait: Histogram,
+    /// Time from a grant to its release or loss.
+    pub hold_time: Histogram,
+    /// Grants that went to a request that had waited.
+    pub handoffs: Counter,
+    renewals: [Counter; Renewed::LABELS.len()],
+    /// Duration of one renewal batch (one store round trip).
+    pub renewal_time: Histogram,
+    /// `Jeopardy` events sent.
+    pub jeopardy: Counter,
+    lost: [Counter; Loss::LABELS.len()],
+    store_calls: StoreCalls,
+    store_calls_in_flight: Gauge,
+    ready: Gauge,
+    /// The engine's limit on concurrent store calls and its semaphore, read at scrape
+    /// time (a gauge kept up to date on every call would cost every call).
+    store_calls_source: std::sync::OnceLock<(Arc<Semaphore>, usize)>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+/// What the sidecar is, for `lockside_build_info` and the gauges the alert rules
+/// compare with.
+#[derive(Clone, Copy, Debug)]
+pub struct Sidecar {
+    /// The store's kind ([`crate::store::Store::kind`]).
+    pub store_kind: &'static str,
+    /// `--default-ttl`: renewals run every TTL/3 of it.
+    pub default_ttl: Duration,
+    /// `--max-sessions`.
+    pub max_sessions: usize,
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new(sidecar: Sidecar) -> Self {
+        let mut registry = Registry::with_prefix("lockside");
+        let r = &mut registry;
+
+        let build_info = Family::<Labels<2>, Gauge>::default();
+        build_info
+            .get_or_create(&[
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("store_kind", sidecar.store_kind),
+            ])
+            .set(1);
+        r.register(
+            "build_info",
+            "Always 1: the sidecar's version and store kind as labels",
+            build_info,
+        );
+        let ready = Gauge::default();
+        r.register(
+            "ready",
+            "1 while /readyz answers 200: the store answered the last health check (every second)",
+            ready.clone(),
+        );
+        let default_ttl = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        default_ttl.set(sidecar.default_ttl.as_secs_f64());
+        r.register_with_unit(
+            "default_ttl",
+            "TTL of an Acquire that sets none (--default-ttl); renewals run every TTL/3",
+            Unit::Seconds,
+            default_ttl,
+        );
+
+        let sessions = Gauge::default();
+        r.register("sessions", "Open Lease streams", sessions.clone());
+        let sessions_limit: Gauge = Gauge::default();
+        sessions_limit.set(i64::try_from(sidecar.max_sessions).unwrap_or(i64::MAX));
+        r.register(
+            "sessions_limit",
+            "Most Lease streams this sidecar accepts (--max-sessions)",
+            sessions_limit,
+        );
+        let locks_held = Gauge::default();
+        r.register(
+            "locks_held",
+            "Grants held by this sidecar's sessions",
+            locks_held.clone(),
+        );
+
+        let family = Family::<Labels<1>, Counter>::default();
+        let acquires = counters(&family, "outcome", Outcome::LABELS);
+        r.register(
+            "acquires",
+            "Acquire requests by final answer (rejected counts every refused request)",
+            family,
+        );
+        let acquires_waiting = Gauge::default();
+        r.register(
+            "acquires_waiting",
+            "Acquires waiting for their lock now (sent Waiting, not yet answered)",
+            acquires_waiting.clone(),
+        );
+        // 100 µs to ~26 s: from an uncontended grant to a long wait.
+        let acquire_wait = Histogram::new(exponential_buckets(0.0001, 4.0, 10));
+        r.register_with_unit(
+            "acquire_wait",
+            "Time from an Acquire to its grant",
+            Unit::Seconds,
+            acquire_wait.clone(),
+        );
+        // 1 ms to ~4 min.
+        let hold_time = Histogram::new(exponential_buckets(0.001, 4.0, 10));
+        r.register_with_unit(
+            "hold",
+            "Time from a grant to its release or loss",
+            Unit::Seconds,
+            hold_time.clone(),
+        );
+        let handoffs = Counter::default();
+        r.register(
+            "handoffs",
+            "Grants to requests that had waited",
+            handoffs.clone(),
+        );
+
+        let family = Family::<Labels<1>, Counter>::default();
+        let renewals = counters(&family, "result", Renewed::LABELS);
+        r.register("renewals", "Grant renewals by result", family);
+        // 100 µs to ~1.6 s: one pipelined batch.
+        let renewal_time = Histogram::new(exponential_buckets(0.0001, 2.0, 15));
+        r.register_with_unit(
+            "renewal",
+            "Duration of one renewal batch (one store round trip)",
+            Unit::Seconds,
+            renewal_time.clone(),
+        );
+        let jeopardy = Counter::default();
+        r.register(
+            "jeopardy",
+            "Jeopardy events sent: a renewal failed, the lock is held until its safe deadline",
+            jeopardy.clone(),
+        );
+        let family = Family::<Labels<1>, Counter>::default();
+        let lost = counters(&family, "reason", Loss::LABELS);
+        r.register(
+            "lost",
+            "Locks lost while held, by reason (deadline and not_held are incidents)",
+            family,
+        );
+
+        let counts = Family::<Labels<2>, Counter>::default();
+        let seconds = Family::<Labels<1>, Histogram, fn() -> Histogram>::new_with_constructor(
+            // 100 µs to ~1.6 s, past the default --store-timeout of 1 s.
+            || Histogram::new(exponential_buckets(0.0001, 2.0, 15)),
+        );
+        let store_calls = StoreCalls {
+            counts: Operation::LABELS.map(|operation| {
+                CALL_RESULTS.map(|result| {
+                    counts.get_or_create_owned(&[("operation", operation), ("result", result)])
+                })
+            }),
+            seconds: Operation::LABELS
+                .map(|operation| seconds.get_or_create_owned(&[("operation", operation)])),
+        };
+        r.register(
+            "store_calls",
+            "Finished store calls by operation and result (ok or the error's kind)",
+            counts,
+        );
+        r.register_with_unit(
+            "store_call",
+            "Duration of store calls by operation",
+            Unit::Seconds,
+            seconds,
+        );
+        let store_calls_in_flight = Gauge::default();
+        r.register(
+            "store_calls_in_flight",
+            "Sessions' store calls under way (at most 256 at once, more wait)",
+            store_calls_in_flight.clone(),
+        );
+        Self {
+            registry,
+            sessions,
+            locks_held,
+            acquires,
+            acquires_waiting,
+            acquire_wait,
+            hold_time,
+            handoffs,
+            renewals,
+            renewal_time,
+            jeopardy,
+            lost,
+            store_calls,
+            store_calls_in_flight,
+            ready,
+            store_calls_source: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Counts an acquire's final answer.
+    pub fn acquired(&self, outcome: Outcome) {
+        self.acquires[outcome as usize].inc();
+    }
+
+    /// Counts an acquire as waiting until the returned guard is dropped.
+    pub fn waiting(&self) -> Waiting {
+        self.acquires_waiting.inc();
+        Waiting(self.acquires_waiting.clone())
+    }
+
+    /// Counts `n` renewals with `result`.
+    pub fn renewed(&self, result: Renewed, n: u64) {
+        self.renewals[result as usize].inc_by(n);
+    }
+
+    /// Counts a lock lost while held.
+    pub fn lost(&self, why: Loss) {
+        self.lost[why as usize].inc();
+    }
+
+    /// The handles [`store::MeteredStore`] records with.
+    pub(crate) fn store_calls(&self) -> StoreCalls {
+        self.store_calls.clone()
+    }
+
+    /// Where `lockside_store_calls_in_flight` is read from: the semaphore that admits
+    /// at most `limit` store calls at once.
+    pub fn watch_store_calls(&self, semaphore: Arc<Semaphore>, limit: usize) {
+        let _ = self.store_calls_source.set((semaphore, limit));
+    }
+
+    /// The OpenMetrics text exposition; `ready` is what `/readyz` says now.
+    pub fn render(&self, ready: bool) -> Result<String, std::fmt::Error> {
+        if let Some((semaphore, limit)) = self.store_calls_source.get() {
+            let busy = limit.saturating_sub(semaphore.available_permits());
+            self.store_calls_in_flight.set(busy as i64);
+        }
+        self.ready.set(i64::from(ready));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render() -> String {
+        let metrics = Metrics::new(Sidecar {
+            store_kind: "memory",
+            default_ttl: Duration::from_secs(10),
+            max_sessions: 10,
+        });
+        metrics.render(true).expect("render")
+    }
+
+    #[test]
+    fn every_metric_has_help_and_every_label_value_is_snake_case() {
+        let text = render();
+        for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+            let name = line.split(' ').nth(2).expect("a name");
+            assert!(
+                text.contains(&format!("# HELP {name} ")),
+                "{name} has no HELP"
+            );
+        }
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let Some((_, labels)) = line.split_once('{') else {
+                continue;
+            };
+            let labels = labels.split('}').next().unwrap_or_default();
+            for pair in labels.split(',') {
+                let (key, value) = pair.split_once('=').expect("key=value");
+                let value = value.trim_matches('"');
+                if key == "le" || key == "version" {
+                    continue;
+                }
+                assert!(
+                    value
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
+                    "{line}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn labelled_series_exist_at_zero_from_the_start() {
+        let text = render();
+        for series in [
+            "lockside_acquires_total{outcome=\"timeout\"} 0",
+            "lockside_renewals_total{result=\"not_held\"} 0",
+            "lockside_lost_total{reason=\"deadline\"} 0",
+            "lockside_store_calls_total{operation=\"unwait\",result=\"protocol\"} 0",
+            "lockside_store_call_seconds_count{operation=\"ping\"} 0",
+            "lockside_build_info{version=\"",
+            "lockside_default_ttl_seconds 10.0",
+            "lockside_sessions_limit 10",
+            "lockside_ready 1",
+            "# UNIT lockside_acquire_wait_seconds seconds",
+        ] {
+            assert!(text.contains(series), "no {series} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn a_store_call_is_counted_by_operation_and_result() {
+        let metrics = Metrics::new(Sidecar {
+            store_kind: "memory",
+            default_ttl: Duration::from_secs(10),
+            max_sessions: 10,
+        });
+        let calls = metrics.store_calls();
+        calls.record(Operation::Renew, Duration::from_millis(3), None);
+        calls.record(
+            Operation::Renew,
+            Duration::from_millis(3),
+            Some("unavailable"),
+        );
+        calls.record(
+            Operation::Renew,
+            Duration::from_millis(3),
+            Some("something new"),
+        );
+        let text = metrics.render(false).expect("render");
+        for series in [
+            "lockside_store_calls_total{operation=\"renew\",result=\"ok\"} 1",
+            "lockside_store_calls_total{operation=\"renew\",result=\"unavailable\"} 2",
+            "lockside_store_call_seconds_count{operation=\"renew\"} 3",
+            "lockside_ready 0",
+        ] {
+            assert!(text.contains(series), "no {series} in\n{text}");
+        }
+    }
+}

@@ -11,7 +11,9 @@ use lockside::engine::{
     AcquireRequest, Command, Engine, EngineConfig, Event, Inbound, Mode, NotAcquiredReason,
 };
 use lockside::store::memory::MemoryStore;
-use lockside::store::{Acquired, Claim, KeyState, Notice, Renewal, Store, StoreError, StoreFuture};
+use lockside::store::{
+    Acquired, Claim, KeyState, Notice, Renewal, Renewed, Store, StoreError, StoreFuture,
+};
 use tokio::sync::{broadcast, mpsc};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
@@ -27,6 +29,8 @@ struct Switchable {
     inner: MemoryStore,
     down: AtomicBool,
     forget: AtomicBool,
+    /// Renewals of keys under `frozen/` fail, as on a frozen Cluster node.
+    frozen_node: AtomicBool,
     renew_calls: AtomicUsize,
     renew_items: AtomicUsize,
 }
@@ -70,15 +74,25 @@ impl Store for Switchable {
     ) -> StoreFuture<'a, Option<u32>> {
         guarded!(self, self.inner.release(key, owner, all, delay))
     }
-    fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<bool>> {
+    fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<Renewed>> {
         self.renew_calls.fetch_add(1, Ordering::SeqCst);
         self.renew_items.fetch_add(batch.len(), Ordering::SeqCst);
         Box::pin(async move {
             self.check()?;
             if self.forget.load(Ordering::SeqCst) {
-                return Ok(vec![false; batch.len()]);
+                return Ok(vec![Renewed::NotHeld; batch.len()]);
             }
-            self.inner.renew(batch).await
+            let mut renewed = self.inner.renew(batch).await?;
+            if self.frozen_node.load(Ordering::SeqCst) {
+                // The part of the batch on a frozen node fails; the rest is renewed.
+                let error = Arc::new(StoreError::Unavailable("node frozen".into()));
+                for (r, answer) in batch.iter().zip(&mut renewed) {
+                    if r.key.starts_with("frozen/") {
+                        *answer = Renewed::Failed(error.clone());
+                    }
+                }
+            }
+            Ok(renewed)
         })
     }
     fn unwait<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, ()> {
@@ -261,6 +275,41 @@ async fn restored_after_a_short_outage() {
     }
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert!(a.rx.try_recv().is_err(), "no Lost after Restored");
+}
+
+/// Issue 11, item 2: the store answers renewals per grant, and only the grants whose
+/// renewal failed go into jeopardy; the others of the same batch are renewed.
+#[tokio::test(start_paused = true)]
+async fn only_the_grants_whose_renewal_failed_are_in_jeopardy() {
+    let (store, engine) = setup();
+    let mut a = start(&engine);
+    let ttl = Duration::from_secs(3);
+    for key in ["frozen/1", "healthy/1", "frozen/2", "healthy/2"] {
+        a.granted(key, 3).await;
+    }
+    store.frozen_node.store(true, Ordering::SeqCst);
+    let t0 = Instant::now();
+    let mut jeopardy = Vec::new();
+    let mut lost = Vec::new();
+    while lost.len() < 2 {
+        match a.next().await {
+            Event::Jeopardy { key, .. } => jeopardy.push(key),
+            Event::Lost { key, .. } => lost.push(key),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    jeopardy.sort();
+    lost.sort();
+    assert_eq!(jeopardy, ["frozen/1", "frozen/2"]);
+    assert_eq!(lost, ["frozen/1", "frozen/2"], "past their deadline");
+    assert!(t0.elapsed() <= ttl);
+    // Ten TTLs on: the healthy grants were renewed in the same batches all along.
+    tokio::time::sleep(ttl * 10).await;
+    assert!(a.rx.try_recv().is_err(), "nothing for the healthy grants");
+    for key in ["healthy/1", "healthy/2"] {
+        let state = store.inner.describe(key).await.expect("memory store");
+        assert_eq!(state.holders.len(), 1, "{key} still held");
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -12,7 +12,7 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use super::{
-    Acquired, Claim, HolderState, KeyState, Notice, QueuedState, Renewal, Sharing, Store,
+    Acquired, Claim, HolderState, KeyState, Notice, QueuedState, Renewal, Renewed, Sharing, Store,
     StoreFuture, next_fence, unix_ms,
 };
 
@@ -336,16 +336,16 @@ impl Store for MemoryStore {
         ready(answer)
     }
 
-    fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<bool>> {
+    fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<Renewed>> {
         let answers = batch
             .iter()
             .map(|r| {
                 self.with_lock(r.key, |lock, now| match lock.holder(r.owner) {
                     Some(holder) => {
                         holder.expires = now + r.ttl;
-                        true
+                        Renewed::Extended
                     }
-                    None => false,
+                    None => Renewed::NotHeld,
                 })
             })
             .collect();

@@ -441,3 +441,194 @@ async fn shutdown_releases_and_says_so() {
             .is_err()
     );
 }
+
+/// The memory store, where the first grant after [`SlowGrant::arm`] takes `delay` to
+/// reach its caller (a slow round trip), and says when it starts to.
+struct SlowGrant {
+    inner: MemoryStore,
+    delay: Duration,
+    armed: AtomicBool,
+    delaying: tokio::sync::Notify,
+}
+
+impl SlowGrant {
+    fn new(delay: Duration) -> Self {
+        Self {
+            inner: MemoryStore::new(),
+            delay,
+            armed: AtomicBool::new(false),
+            delaying: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Store for SlowGrant {
+    fn acquire<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, Acquired> {
+        Box::pin(async move {
+            let answer = self.inner.acquire(claim).await?;
+            if matches!(answer, Acquired::Granted { .. })
+                && self.armed.swap(false, Ordering::SeqCst)
+            {
+                self.delaying.notify_one();
+                tokio::time::sleep(self.delay).await;
+            }
+            Ok(answer)
+        })
+    }
+    fn hold<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> StoreFuture<'a, Option<u32>> {
+        self.inner.hold(key, owner, ttl)
+    }
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        all: bool,
+        delay: Duration,
+    ) -> StoreFuture<'a, Option<u32>> {
+        self.inner.release(key, owner, all, delay)
+    }
+    fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<Renewed>> {
+        self.inner.renew(batch)
+    }
+    fn unwait<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, ()> {
+        self.inner.unwait(claim)
+    }
+    fn describe<'a>(&'a self, key: &'a str) -> StoreFuture<'a, KeyState> {
+        self.inner.describe(key)
+    }
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        self.inner.ping()
+    }
+    fn notices(&self) -> broadcast::Receiver<Notice> {
+        self.inner.notices()
+    }
+}
+
+/// A waiting acquire of `key` (TTL 30 s, wait 60 s) in `mode` with `limit`.
+fn waiting_request(key: &str, mode: Mode, limit: u32) -> AcquireRequest {
+    AcquireRequest {
+        mode,
+        limit,
+        ..request(key, 30, Some(60))
+    }
+}
+
+impl Session {
+    /// Sends `r` and expects it to wait.
+    async fn waits(&mut self, r: AcquireRequest) -> u64 {
+        let id = self.send(r).await;
+        loop {
+            match self.next().await {
+                Event::Started { .. } => continue,
+                Event::Waiting { request_id, .. } if request_id == id => return id,
+                other => panic!("expected Waiting for {id}, got {other:?}"),
+            }
+        }
+    }
+
+    /// Sends `r` and expects a grant.
+    async fn grants(&mut self, r: AcquireRequest) {
+        let id = self.send(r).await;
+        loop {
+            match self.next().await {
+                Event::Started { .. } => continue,
+                Event::Granted { request_id, .. } if request_id == id => return,
+                other => panic!("expected Granted for {id}, got {other:?}"),
+            }
+        }
+    }
+
+    async fn releases(&mut self, key: &str) {
+        self.next_id += 1;
+        let request_id = self.next_id;
+        self.tx
+            .send(Inbound::Command(Command::Release {
+                request_id,
+                key: key.into(),
+            }))
+            .await
+            .expect("send");
+        match self.next().await {
+            Event::Released { request_id: id, .. } if id == request_id => {}
+            other => panic!("expected Released, got {other:?}"),
+        }
+    }
+
+    /// Waits for the grant of `id`; how long it took.
+    async fn granted_within(&mut self, id: u64, since: Instant) -> Duration {
+        match self.next().await {
+            Event::Granted { request_id, .. } if request_id == id => since.elapsed(),
+            other => panic!("expected Granted for {id}, got {other:?}"),
+        }
+    }
+}
+
+/// Far below a waiter's next look (TTL/3 = 10 s here, the holder's expiry 30 s): the
+/// second waiter must have been woken, not have looked again by itself.
+const PROMPTLY: Duration = Duration::from_secs(1);
+
+/// Issue 11, item 3: two SHARED waiters on one sidecar. The release wakes the first;
+/// its grant leaves room and passes the wake on, which the first waiter, still
+/// registered while its slow grant comes back, must not swallow: the second is granted
+/// at once, not at its next look.
+#[tokio::test(start_paused = true)]
+async fn a_wake_the_first_shared_waiter_cannot_use_reaches_the_second() {
+    let store = Arc::new(SlowGrant::new(Duration::from_millis(100)));
+    let engine = Engine::new(store.clone(), EngineConfig::default());
+    let (mut holder, mut first, mut second) = (start(&engine), start(&engine), start(&engine));
+    holder.grants(request("k", 30, None)).await;
+    let one = first.waits(waiting_request("k", Mode::Shared, 0)).await;
+    let two = second.waits(waiting_request("k", Mode::Shared, 0)).await;
+    store.arm();
+    let released = Instant::now();
+    holder.releases("k").await;
+    let took = first.granted_within(one, released).await;
+    assert_eq!(
+        took, store.delay,
+        "the first waiter is woken by the release"
+    );
+    let took = second.granted_within(two, released).await;
+    assert!(took < PROMPTLY, "the second waiter slept {took:?}");
+}
+
+/// The same with a semaphore of 2: both permits are given back while the first
+/// waiter's grant is on its way; the second release must wake the second waiter.
+#[tokio::test(start_paused = true)]
+async fn a_wake_the_first_semaphore_waiter_cannot_use_reaches_the_second() {
+    let store = Arc::new(SlowGrant::new(Duration::from_millis(100)));
+    let engine = Engine::new(store.clone(), EngineConfig::default());
+    let (mut a, mut b) = (start(&engine), start(&engine));
+    let (mut first, mut second) = (start(&engine), start(&engine));
+    let permit = || waiting_request("s", Mode::Exclusive, 2);
+    a.grants(AcquireRequest {
+        wait: None,
+        ..permit()
+    })
+    .await;
+    b.grants(AcquireRequest {
+        wait: None,
+        ..permit()
+    })
+    .await;
+    let one = first.waits(permit()).await;
+    let two = second.waits(permit()).await;
+    store.arm();
+    let released = Instant::now();
+    a.releases("s").await;
+    // The first waiter has its grant and is still registered while it comes back.
+    store.delaying.notified().await;
+    b.releases("s").await;
+    let took = first.granted_within(one, released).await;
+    assert_eq!(took, store.delay);
+    let took = second.granted_within(two, released).await;
+    assert!(took < PROMPTLY, "the second waiter slept {took:?}");
+}

@@ -7,7 +7,9 @@
 //! - a lock has *holders*, each an **owner** (an unguessable per-grant token) with its own
 //!   expiry in store time, a hold count, its fencing token and the public session id and
 //!   client name shown by `Describe`;
-//! - a **fence** counter per lock that survives the lock's expiry and deletion;
+//! - a **fence** counter per lock that survives the lock's expiry and deletion (the
+//!   memory store, which forgets idle locks, keeps instead the largest counter of the
+//!   locks it forgot and starts new locks there);
 //! - *waiters*, each an owner with an expiry, registered atomically with the busy answer
 //!   that made it wait, so a release publishes a notification only when someone waits.
 //!

@@ -26,17 +26,18 @@ fn start_cluster() -> ClusterSetup {
     tokio::task::block_in_place(ClusterSetup::start)
 }
 
-/// One key per master: lock names whose slots the three masters serve.
-fn key_per_master(cluster: &ClusterSetup, ns: &str) -> Vec<(String, u16)> {
+/// `per_master` keys per master: lock names whose slots the three masters serve, with
+/// the port of each one's master.
+fn keys_per_master(cluster: &ClusterSetup, ns: &str, per_master: usize) -> Vec<(String, u16)> {
     tokio::task::block_in_place(|| {
         let mut found: Vec<(String, u16)> = Vec::new();
         for i in 0.. {
             let key = format!("key-{i}");
             let master = cluster.master_of(&format!("{{{ns}:{key}}}:h"));
-            if found.iter().all(|(_, m)| *m != master) {
+            if found.iter().filter(|(_, m)| *m == master).count() < per_master {
                 found.push((key, master));
             }
-            if found.len() == 3 {
+            if found.len() == 3 * per_master {
                 break;
             }
         }
@@ -74,7 +75,7 @@ async fn locks_on_every_master_are_handed_off_by_sharded_notices() {
     let b = Sidecar::start(store(&cluster.url(), &ns)).await;
     let mut holder = a.client().await.lease().await;
     let mut waiter = b.client().await.lease().await;
-    let keys = key_per_master(&cluster, &ns);
+    let keys = keys_per_master(&cluster, &ns, 1);
     for (key, master) in &keys {
         let took = handoff(&mut holder, &mut waiter, key).await;
         eprintln!("cluster handoff of {key} on master {master}: {took:?}");
@@ -311,20 +312,7 @@ async fn a_frozen_master_puts_only_its_own_locks_in_jeopardy() {
     let ns = namespace();
     let sidecar = Sidecar::start(store(&cluster.url(), &ns)).await;
     let mut lease = sidecar.client().await.lease().await;
-    let keys: Vec<(String, u16)> = tokio::task::block_in_place(|| {
-        let mut keys: Vec<(String, u16)> = Vec::new();
-        for i in 0.. {
-            let key = format!("spread-{i}");
-            let master = cluster.master_of(&format!("{{{ns}:{key}}}:h"));
-            if keys.iter().filter(|(_, m)| *m == master).count() < PER_MASTER {
-                keys.push((key, master));
-            }
-            if keys.len() == 3 * PER_MASTER {
-                break;
-            }
-        }
-        keys
-    });
+    let keys = keys_per_master(&cluster, &ns, PER_MASTER);
     for (key, _) in &keys {
         let id = lease
             .send_acquire(proto::Acquire {

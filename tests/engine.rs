@@ -23,11 +23,19 @@ fn margin(ttl: Duration) -> Duration {
     lockside::store::drift_margin(ttl, lockside::store::DEFAULT_CLOCK_DRIFT)
 }
 
-/// The memory store, with a switch that makes every call fail and counters of renewals.
+/// How long the grant after [`Switchable::slow_grant`] takes to come back.
+const SLOW_GRANT: Duration = Duration::from_millis(100);
+
+/// The memory store, with a switch that makes every call fail, counters of renewals,
+/// and a grant that comes back late on demand.
 #[derive(Default)]
 struct Switchable {
     inner: MemoryStore,
     down: AtomicBool,
+    /// The next grant takes [`SLOW_GRANT`] to reach its caller (a slow round trip),
+    /// and says when it starts to on `delaying`.
+    slow_grant: AtomicBool,
+    delaying: tokio::sync::Notify,
     forget: AtomicBool,
     /// Renewals of keys under `frozen/` fail, as on a frozen Cluster node.
     frozen_node: AtomicBool,
@@ -55,7 +63,17 @@ macro_rules! guarded {
 
 impl Store for Switchable {
     fn acquire<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, Acquired> {
-        guarded!(self, self.inner.acquire(claim))
+        Box::pin(async move {
+            self.check()?;
+            let answer = self.inner.acquire(claim).await?;
+            if matches!(answer, Acquired::Granted { .. })
+                && self.slow_grant.swap(false, Ordering::SeqCst)
+            {
+                self.delaying.notify_one();
+                tokio::time::sleep(SLOW_GRANT).await;
+            }
+            Ok(answer)
+        })
     }
     fn hold<'a>(
         &'a self,
@@ -442,77 +460,6 @@ async fn shutdown_releases_and_says_so() {
     );
 }
 
-/// The memory store, where the first grant after [`SlowGrant::arm`] takes `delay` to
-/// reach its caller (a slow round trip), and says when it starts to.
-struct SlowGrant {
-    inner: MemoryStore,
-    delay: Duration,
-    armed: AtomicBool,
-    delaying: tokio::sync::Notify,
-}
-
-impl SlowGrant {
-    fn new(delay: Duration) -> Self {
-        Self {
-            inner: MemoryStore::new(),
-            delay,
-            armed: AtomicBool::new(false),
-            delaying: tokio::sync::Notify::new(),
-        }
-    }
-
-    fn arm(&self) {
-        self.armed.store(true, Ordering::SeqCst);
-    }
-}
-
-impl Store for SlowGrant {
-    fn acquire<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, Acquired> {
-        Box::pin(async move {
-            let answer = self.inner.acquire(claim).await?;
-            if matches!(answer, Acquired::Granted { .. })
-                && self.armed.swap(false, Ordering::SeqCst)
-            {
-                self.delaying.notify_one();
-                tokio::time::sleep(self.delay).await;
-            }
-            Ok(answer)
-        })
-    }
-    fn hold<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-        ttl: Duration,
-    ) -> StoreFuture<'a, Option<u32>> {
-        self.inner.hold(key, owner, ttl)
-    }
-    fn release<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-        all: bool,
-        delay: Duration,
-    ) -> StoreFuture<'a, Option<u32>> {
-        self.inner.release(key, owner, all, delay)
-    }
-    fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<Renewed>> {
-        self.inner.renew(batch)
-    }
-    fn unwait<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, ()> {
-        self.inner.unwait(claim)
-    }
-    fn describe<'a>(&'a self, key: &'a str) -> StoreFuture<'a, KeyState> {
-        self.inner.describe(key)
-    }
-    fn ping(&self) -> StoreFuture<'_, ()> {
-        self.inner.ping()
-    }
-    fn notices(&self) -> broadcast::Receiver<Notice> {
-        self.inner.notices()
-    }
-}
-
 /// A waiting acquire of `key` (TTL 30 s, wait 60 s) in `mode` with `limit`.
 fn waiting_request(key: &str, mode: Mode, limit: u32) -> AcquireRequest {
     AcquireRequest {
@@ -582,20 +529,16 @@ const PROMPTLY: Duration = Duration::from_secs(1);
 /// at once, not at its next look.
 #[tokio::test(start_paused = true)]
 async fn a_wake_the_first_shared_waiter_cannot_use_reaches_the_second() {
-    let store = Arc::new(SlowGrant::new(Duration::from_millis(100)));
-    let engine = Engine::new(store.clone(), EngineConfig::default());
+    let (store, engine) = setup();
     let (mut holder, mut first, mut second) = (start(&engine), start(&engine), start(&engine));
     holder.grants(request("k", 30, None)).await;
     let one = first.waits(waiting_request("k", Mode::Shared, 0)).await;
     let two = second.waits(waiting_request("k", Mode::Shared, 0)).await;
-    store.arm();
+    store.slow_grant.store(true, Ordering::SeqCst);
     let released = Instant::now();
     holder.releases("k").await;
     let took = first.granted_within(one, released).await;
-    assert_eq!(
-        took, store.delay,
-        "the first waiter is woken by the release"
-    );
+    assert_eq!(took, SLOW_GRANT, "the first waiter is woken by the release");
     let took = second.granted_within(two, released).await;
     assert!(took < PROMPTLY, "the second waiter slept {took:?}");
 }
@@ -604,8 +547,7 @@ async fn a_wake_the_first_shared_waiter_cannot_use_reaches_the_second() {
 /// waiter's grant is on its way; the second release must wake the second waiter.
 #[tokio::test(start_paused = true)]
 async fn a_wake_the_first_semaphore_waiter_cannot_use_reaches_the_second() {
-    let store = Arc::new(SlowGrant::new(Duration::from_millis(100)));
-    let engine = Engine::new(store.clone(), EngineConfig::default());
+    let (store, engine) = setup();
     let (mut a, mut b) = (start(&engine), start(&engine));
     let (mut first, mut second) = (start(&engine), start(&engine));
     let permit = || waiting_request("s", Mode::Exclusive, 2);
@@ -621,14 +563,14 @@ async fn a_wake_the_first_semaphore_waiter_cannot_use_reaches_the_second() {
     .await;
     let one = first.waits(permit()).await;
     let two = second.waits(permit()).await;
-    store.arm();
+    store.slow_grant.store(true, Ordering::SeqCst);
     let released = Instant::now();
     a.releases("s").await;
     // The first waiter has its grant and is still registered while it comes back.
     store.delaying.notified().await;
     b.releases("s").await;
     let took = first.granted_within(one, released).await;
-    assert_eq!(took, store.delay);
+    assert_eq!(took, SLOW_GRANT);
     let took = second.granted_within(two, released).await;
     assert!(took < PROMPTLY, "the second waiter slept {took:?}");
 }

@@ -18,7 +18,8 @@
 //!   `store/redis/link.rs` (the shared connection; on a Cluster, redis-rs' cluster
 //!   connection), `store/redis/notices.rs` (the release-notice subscription),
 //!   `store/redis/shards.rs` (Cluster: hash slots, sharded notices per waited-on key),
-//!   `store/redis/renew.rs` (batched renewals, per slot on a Cluster),
+//!   `store/redis/renew.rs` (batched renewals, per node on a Cluster, answered per
+//!   grant),
 //!   `store/redis/acked.rs` (replica acknowledgement, `WAIT`); `store/redlock.rs`
 //!   (Redlock over independent masters).
 //! - [`admin`]: gRPC health (SERVING while the store answers) and the admin listener

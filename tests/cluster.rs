@@ -26,17 +26,18 @@ fn start_cluster() -> ClusterSetup {
     tokio::task::block_in_place(ClusterSetup::start)
 }
 
-/// One key per master: lock names whose slots the three masters serve.
-fn key_per_master(cluster: &ClusterSetup, ns: &str) -> Vec<(String, u16)> {
+/// `per_master` keys per master: lock names whose slots the three masters serve, with
+/// the port of each one's master.
+fn keys_per_master(cluster: &ClusterSetup, ns: &str, per_master: usize) -> Vec<(String, u16)> {
     tokio::task::block_in_place(|| {
         let mut found: Vec<(String, u16)> = Vec::new();
         for i in 0.. {
             let key = format!("key-{i}");
             let master = cluster.master_of(&format!("{{{ns}:{key}}}:h"));
-            if found.iter().all(|(_, m)| *m != master) {
+            if found.iter().filter(|(_, m)| *m == master).count() < per_master {
                 found.push((key, master));
             }
-            if found.len() == 3 {
+            if found.len() == 3 * per_master {
                 break;
             }
         }
@@ -74,7 +75,7 @@ async fn locks_on_every_master_are_handed_off_by_sharded_notices() {
     let b = Sidecar::start(store(&cluster.url(), &ns)).await;
     let mut holder = a.client().await.lease().await;
     let mut waiter = b.client().await.lease().await;
-    let keys = key_per_master(&cluster, &ns);
+    let keys = keys_per_master(&cluster, &ns, 1);
     for (key, master) in &keys {
         let took = handoff(&mut holder, &mut waiter, key).await;
         eprintln!("cluster handoff of {key} on master {master}: {took:?}");
@@ -295,4 +296,91 @@ async fn a_slot_migration_moves_locks_renewals_and_notices() {
 
     let took = survives_and_hands_off(&mut scene, key, "a slot migration").await;
     eprintln!("slot {slot} {source} -> {target}: waiter woken {took:?} after the release");
+}
+
+/// Issue 11, item 2: one frozen master must not put every lock in jeopardy. 3 masters
+/// with the default 15 s node timeout (no failover during the test), 24 locks with a
+/// 2 s TTL spread evenly over them on one session, then one master SIGSTOPped for 3 s:
+/// the locks whose slots the two healthy masters serve hear nothing (their renewals
+/// go on), the frozen master's locks get `Jeopardy` and, past their safe deadline,
+/// `Lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_master_puts_only_its_own_locks_in_jeopardy() {
+    const PER_MASTER: usize = 8;
+    const FROZEN_FOR: Duration = Duration::from_secs(3);
+    let mut cluster = tokio::task::block_in_place(|| ClusterSetup::start_with_node_timeout(15_000));
+    let ns = namespace();
+    let sidecar = Sidecar::start(store(&cluster.url(), &ns)).await;
+    let mut lease = sidecar.client().await.lease().await;
+    let keys = keys_per_master(&cluster, &ns, PER_MASTER);
+    for (key, _) in &keys {
+        let id = lease
+            .send_acquire(proto::Acquire {
+                ttl: Some(secs(2.0)),
+                ..acquire(key)
+            })
+            .await;
+        lease.expect_granted(id).await;
+    }
+    // A renewal round on every master before the fault.
+    let quiet = tokio::time::timeout(Duration::from_millis(800), lease.next()).await;
+    assert!(
+        quiet.is_err(),
+        "nothing happens before the fault: {quiet:?}"
+    );
+
+    let frozen = keys[0].1;
+    // `cluster` SIGCONTs every frozen node when dropped, also when an assertion below
+    // panics: no node outlives the test stopped.
+    cluster.freeze(frozen);
+    let froze = Instant::now();
+    let mut events: Vec<(String, &'static str, Duration)> = Vec::new();
+    // The freeze, then 1.5 s after the thaw: renewals of the healthy masters' locks
+    // must not have stalled behind the frozen one at any point.
+    let mut thawed = false;
+    let end = froze + FROZEN_FOR + Duration::from_millis(1500);
+    loop {
+        let until = if thawed { end } else { froze + FROZEN_FOR };
+        match tokio::time::timeout_at(until, lease.next()).await {
+            Ok(event) => {
+                let (key, kind) = match event {
+                    Event::Jeopardy(j) => (j.key, "Jeopardy"),
+                    Event::Lost(l) => (l.key, "Lost"),
+                    Event::Restored(r) => (r.key, "Restored"),
+                    other => panic!("unexpected event {other:?}"),
+                };
+                events.push((key, kind, froze.elapsed()));
+            }
+            Err(_) if !thawed => {
+                cluster.thaw();
+                thawed = true;
+            }
+            Err(_) => break,
+        }
+    }
+    for (key, kind, at) in &events {
+        eprintln!("{kind} {key} at {at:?} after the freeze");
+    }
+    let on_frozen = |key: &str| keys.iter().any(|(k, m)| k == key && *m == frozen);
+    let healthy: Vec<_> = events.iter().filter(|(k, _, _)| !on_frozen(k)).collect();
+    assert!(
+        healthy.is_empty(),
+        "locks on the healthy masters were disturbed: {healthy:?}"
+    );
+    for (key, _) in keys.iter().filter(|(_, m)| *m == frozen) {
+        let kinds: Vec<&str> = events
+            .iter()
+            .filter(|(k, _, _)| k == key)
+            .map(|(_, kind, _)| *kind)
+            .collect();
+        assert!(
+            kinds.starts_with(&["Jeopardy"]) && kinds.contains(&"Lost"),
+            "{key} on the frozen master: Jeopardy, then Lost past its deadline: {kinds:?}"
+        );
+    }
+    let client = sidecar.client().await;
+    for (key, _) in keys.iter().filter(|(_, m)| *m != frozen) {
+        let state = client.describe(key).await;
+        assert_eq!(state.holders.len(), 1, "{key} still held");
+    }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::topology::ClusterSetup;
 use common::{Redis, StoreKind, make_store, namespace};
 use lockside::store::redlock::RedlockStore;
-use lockside::store::{Acquired, Claim, Notice, Renewal, Sharing, Store};
+use lockside::store::{Acquired, Claim, Notice, Renewal, Renewed, Sharing, Store};
 
 const NO_DELAY: Duration = Duration::ZERO;
 
@@ -299,13 +299,7 @@ async fn grants_expire_and_fences_survive(s: Subject) {
     assert!(is_busy(&s, &claim("k", "b", 150)).await);
     // Real time: Redis has no paused clock.
     tokio::time::sleep(Duration::from_millis(250)).await;
-    assert_eq!(
-        s.store
-            .renew(&[renewal("k", "a", 150)])
-            .await
-            .expect("answer"),
-        vec![false]
-    );
+    assert_eq!(renewed(&s, &[renewal("k", "a", 150)]).await, vec![false]);
     assert_eq!(
         s.store
             .release("k", "a", 0, NO_DELAY)
@@ -315,6 +309,21 @@ async fn grants_expire_and_fences_survive(s: Subject) {
     );
     let second = fence(&s, &claim("k", "b", 10_000)).await;
     assert!(second > first, "tokens survive expiry");
+}
+
+/// Renews `batch`: `true` per grant extended, `false` per grant not held; a grant the
+/// store failed to answer for fails the test.
+async fn renewed(s: &Subject, batch: &[Renewal<'_>]) -> Vec<bool> {
+    let answers = s.store.renew(batch).await.expect("answer");
+    assert_eq!(answers.len(), batch.len(), "one answer per grant");
+    answers
+        .into_iter()
+        .map(|a| match a {
+            Renewed::Extended => true,
+            Renewed::NotHeld => false,
+            Renewed::Failed(e) => panic!("renewal failed: {e}"),
+        })
+        .collect()
 }
 
 fn renewal<'a>(key: &'a str, owner: &'a str, ttl_ms: u64) -> Renewal<'a> {
@@ -329,16 +338,12 @@ async fn renewals_extend_only_held_grants(s: Subject) {
     fence(&s, &claim("k", "a", 300)).await;
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_millis(150)).await;
-        let renewed = s
-            .store
-            .renew(&[
-                renewal("k", "a", 300),
-                renewal("k", "b", 300),
-                renewal("x", "a", 300),
-            ])
-            .await
-            .expect("answer");
-        assert_eq!(renewed, vec![true, false, false]);
+        let batch = [
+            renewal("k", "a", 300),
+            renewal("k", "b", 300),
+            renewal("x", "a", 300),
+        ];
+        assert_eq!(renewed(&s, &batch).await, vec![true, false, false]);
     }
     assert!(
         is_busy(&s, &claim("k", "b", 300)).await,
@@ -356,13 +361,9 @@ async fn large_batches_keep_their_order(s: Subject) {
         }
     }
     let batch: Vec<_> = keys.iter().map(|key| renewal(key, "a", 10_000)).collect();
-    let renewed = s.store.renew(&batch).await.expect("answer");
     let expected: Vec<bool> = (0..2500).map(|i| i % 3 != 0).collect();
-    assert_eq!(renewed, expected);
-    assert_eq!(
-        s.store.renew(&[]).await.expect("answer"),
-        Vec::<bool>::new()
-    );
+    assert_eq!(renewed(&s, &batch).await, expected);
+    assert_eq!(renewed(&s, &[]).await, Vec::<bool>::new());
 }
 
 async fn releases_notify_only_when_someone_waits(mut s: Subject) {

@@ -11,7 +11,9 @@ use lockside::engine::{
     AcquireRequest, Command, Engine, EngineConfig, Event, Inbound, Mode, NotAcquiredReason,
 };
 use lockside::store::memory::MemoryStore;
-use lockside::store::{Acquired, Claim, KeyState, Notice, Renewal, Store, StoreError, StoreFuture};
+use lockside::store::{
+    Acquired, Claim, KeyState, Notice, Renewal, Renewed, Store, StoreError, StoreFuture,
+};
 use tokio::sync::{broadcast, mpsc};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
@@ -21,15 +23,25 @@ fn margin(ttl: Duration) -> Duration {
     lockside::store::drift_margin(ttl, lockside::store::DEFAULT_CLOCK_DRIFT)
 }
 
-/// The memory store, with a switch that makes every call fail and counters of renewals.
+/// How long the grant after [`Switchable::slow_grant`] takes to come back.
+const SLOW_GRANT: Duration = Duration::from_millis(100);
+
+/// The memory store, with a switch that makes every call fail, counters of renewals,
+/// and a grant that comes back late on demand.
 #[derive(Default)]
 struct Switchable {
     inner: MemoryStore,
     down: AtomicBool,
+    /// The next grant takes [`SLOW_GRANT`] to reach its caller (a slow round trip),
+    /// and says when it starts to on `delaying`.
+    slow_grant: AtomicBool,
+    delaying: tokio::sync::Notify,
     forget: AtomicBool,
     /// Holds and releases run, then answer as a call that timed out would: the store
     /// changed, the caller cannot know it.
     ran_but_timed_out: AtomicBool,
+    /// Renewals of keys under `frozen/` fail, as on a frozen Cluster node.
+    frozen_node: AtomicBool,
     renew_calls: AtomicUsize,
     renew_items: AtomicUsize,
 }
@@ -62,7 +74,17 @@ macro_rules! guarded {
 
 impl Store for Switchable {
     fn acquire<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, Acquired> {
-        guarded!(self, self.inner.acquire(claim))
+        Box::pin(async move {
+            self.check()?;
+            let answer = self.inner.acquire(claim).await?;
+            if matches!(answer, Acquired::Granted { .. })
+                && self.slow_grant.swap(false, Ordering::SeqCst)
+            {
+                self.delaying.notify_one();
+                tokio::time::sleep(SLOW_GRANT).await;
+            }
+            Ok(answer)
+        })
     }
     fn hold<'a>(
         &'a self,
@@ -88,15 +110,25 @@ impl Store for Switchable {
             self.answer(self.inner.release(key, owner, count, delay).await)
         })
     }
-    fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<bool>> {
+    fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<Renewed>> {
         self.renew_calls.fetch_add(1, Ordering::SeqCst);
         self.renew_items.fetch_add(batch.len(), Ordering::SeqCst);
         Box::pin(async move {
             self.check()?;
             if self.forget.load(Ordering::SeqCst) {
-                return Ok(vec![false; batch.len()]);
+                return Ok(vec![Renewed::NotHeld; batch.len()]);
             }
-            self.inner.renew(batch).await
+            let mut renewed = self.inner.renew(batch).await?;
+            if self.frozen_node.load(Ordering::SeqCst) {
+                // The part of the batch on a frozen node fails; the rest is renewed.
+                let error = Arc::new(StoreError::Unavailable("node frozen".into()));
+                for (r, answer) in batch.iter().zip(&mut renewed) {
+                    if r.key.starts_with("frozen/") {
+                        *answer = Renewed::Failed(error.clone());
+                    }
+                }
+            }
+            Ok(renewed)
         })
     }
     fn unwait<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, ()> {
@@ -310,6 +342,41 @@ async fn restored_after_a_short_outage() {
     assert!(a.rx.try_recv().is_err(), "no Lost after Restored");
 }
 
+/// Issue 11, item 2: the store answers renewals per grant, and only the grants whose
+/// renewal failed go into jeopardy; the others of the same batch are renewed.
+#[tokio::test(start_paused = true)]
+async fn only_the_grants_whose_renewal_failed_are_in_jeopardy() {
+    let (store, engine) = setup();
+    let mut a = start(&engine);
+    let ttl = Duration::from_secs(3);
+    for key in ["frozen/1", "healthy/1", "frozen/2", "healthy/2"] {
+        a.granted(key, 3).await;
+    }
+    store.frozen_node.store(true, Ordering::SeqCst);
+    let t0 = Instant::now();
+    let mut jeopardy = Vec::new();
+    let mut lost = Vec::new();
+    while lost.len() < 2 {
+        match a.next().await {
+            Event::Jeopardy { key, .. } => jeopardy.push(key),
+            Event::Lost { key, .. } => lost.push(key),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    jeopardy.sort();
+    lost.sort();
+    assert_eq!(jeopardy, ["frozen/1", "frozen/2"]);
+    assert_eq!(lost, ["frozen/1", "frozen/2"], "past their deadline");
+    assert!(t0.elapsed() <= ttl);
+    // Ten TTLs on: the healthy grants were renewed in the same batches all along.
+    tokio::time::sleep(ttl * 10).await;
+    assert!(a.rx.try_recv().is_err(), "nothing for the healthy grants");
+    for key in ["healthy/1", "healthy/2"] {
+        let state = store.inner.describe(key).await.expect("memory store");
+        assert_eq!(state.holders.len(), 1, "{key} still held");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_grant_the_store_forgot_is_lost_at_once() {
     let (store, engine) = setup();
@@ -486,4 +553,119 @@ async fn a_release_that_ran_but_timed_out_can_be_retried() {
     assert_eq!(a.release("k").await, 0);
     let state = store.inner.describe("k").await.expect("memory store");
     assert!(state.holders.is_empty(), "the lock is free: {state:?}");
+}
+
+/// A waiting acquire of `key` (TTL 30 s, wait 60 s) in `mode` with `limit`.
+fn waiting_request(key: &str, mode: Mode, limit: u32) -> AcquireRequest {
+    AcquireRequest {
+        mode,
+        limit,
+        ..request(key, 30, Some(60))
+    }
+}
+
+impl Session {
+    /// Sends `r` and expects it to wait.
+    async fn waits(&mut self, r: AcquireRequest) -> u64 {
+        let id = self.send(r).await;
+        loop {
+            match self.next().await {
+                Event::Started { .. } => continue,
+                Event::Waiting { request_id, .. } if request_id == id => return id,
+                other => panic!("expected Waiting for {id}, got {other:?}"),
+            }
+        }
+    }
+
+    /// Sends `r` and expects a grant.
+    async fn grants(&mut self, r: AcquireRequest) {
+        let id = self.send(r).await;
+        loop {
+            match self.next().await {
+                Event::Started { .. } => continue,
+                Event::Granted { request_id, .. } if request_id == id => return,
+                other => panic!("expected Granted for {id}, got {other:?}"),
+            }
+        }
+    }
+
+    async fn releases(&mut self, key: &str) {
+        self.next_id += 1;
+        let request_id = self.next_id;
+        self.tx
+            .send(Inbound::Command(Command::Release {
+                request_id,
+                key: key.into(),
+            }))
+            .await
+            .expect("send");
+        match self.next().await {
+            Event::Released { request_id: id, .. } if id == request_id => {}
+            other => panic!("expected Released, got {other:?}"),
+        }
+    }
+
+    /// Waits for the grant of `id`; how long it took.
+    async fn granted_within(&mut self, id: u64, since: Instant) -> Duration {
+        match self.next().await {
+            Event::Granted { request_id, .. } if request_id == id => since.elapsed(),
+            other => panic!("expected Granted for {id}, got {other:?}"),
+        }
+    }
+}
+
+/// Far below a waiter's next look (TTL/3 = 10 s here, the holder's expiry 30 s): the
+/// second waiter must have been woken, not have looked again by itself.
+const PROMPTLY: Duration = Duration::from_secs(1);
+
+/// Issue 11, item 3: two SHARED waiters on one sidecar. The release wakes the first;
+/// its grant leaves room and passes the wake on, which the first waiter, still
+/// registered while its slow grant comes back, must not swallow: the second is granted
+/// at once, not at its next look.
+#[tokio::test(start_paused = true)]
+async fn a_wake_the_first_shared_waiter_cannot_use_reaches_the_second() {
+    let (store, engine) = setup();
+    let (mut holder, mut first, mut second) = (start(&engine), start(&engine), start(&engine));
+    holder.grants(request("k", 30, None)).await;
+    let one = first.waits(waiting_request("k", Mode::Shared, 0)).await;
+    let two = second.waits(waiting_request("k", Mode::Shared, 0)).await;
+    store.slow_grant.store(true, Ordering::SeqCst);
+    let released = Instant::now();
+    holder.releases("k").await;
+    let took = first.granted_within(one, released).await;
+    assert_eq!(took, SLOW_GRANT, "the first waiter is woken by the release");
+    let took = second.granted_within(two, released).await;
+    assert!(took < PROMPTLY, "the second waiter slept {took:?}");
+}
+
+/// The same with a semaphore of 2: both permits are given back while the first
+/// waiter's grant is on its way; the second release must wake the second waiter.
+#[tokio::test(start_paused = true)]
+async fn a_wake_the_first_semaphore_waiter_cannot_use_reaches_the_second() {
+    let (store, engine) = setup();
+    let (mut a, mut b) = (start(&engine), start(&engine));
+    let (mut first, mut second) = (start(&engine), start(&engine));
+    let permit = || waiting_request("s", Mode::Exclusive, 2);
+    a.grants(AcquireRequest {
+        wait: None,
+        ..permit()
+    })
+    .await;
+    b.grants(AcquireRequest {
+        wait: None,
+        ..permit()
+    })
+    .await;
+    let one = first.waits(permit()).await;
+    let two = second.waits(permit()).await;
+    store.slow_grant.store(true, Ordering::SeqCst);
+    let released = Instant::now();
+    a.releases("s").await;
+    // The first waiter has its grant and is still registered while it comes back.
+    store.delaying.notified().await;
+    b.releases("s").await;
+    let took = first.granted_within(one, released).await;
+    assert_eq!(took, SLOW_GRANT);
+    let took = second.granted_within(two, released).await;
+    assert!(took < PROMPTLY, "the second waiter slept {took:?}");
 }

@@ -7,6 +7,10 @@
 //! (Jeopardy), succeeding again (Restored), or the store no longer holding the grant.
 //! The renewer never decides that a lock is lost by time: the session's own deadline
 //! timer does, so a renewal stuck in a slow store cannot delay a `Lost`.
+//!
+//! The store answers per grant: only the grants whose part of the batch failed (a
+//! frozen Cluster node, too few Redlock masters) go failing and are retried soon; the
+//! rest of the batch is renewed as usual.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -17,9 +21,9 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::{Metrics, Renewed};
+use crate::metrics::{Metrics, Renewed as Counted};
 use crate::store::drift_margin;
-use crate::store::{Renewal, Store};
+use crate::store::{Renewal, Renewed, Store, StoreError};
 
 /// Shortest pause before retrying a failed renewal.
 const MIN_RETRY: Duration = Duration::from_millis(50);
@@ -226,27 +230,29 @@ impl Task {
         self.metrics
             .renewal_time
             .observe((done - sent_at).as_secs_f64());
-        match &result {
-            Ok(renewed) => {
-                let ok = renewed.iter().filter(|r| **r).count() as u64;
-                self.metrics.renewed(Renewed::Ok, ok);
-                self.metrics
-                    .renewed(Renewed::NotHeld, renewed.len() as u64 - ok);
+        let answers = match result {
+            Ok(answers) if answers.len() == ids.len() => answers,
+            Ok(answers) => {
+                let e = StoreError::Protocol(format!(
+                    "{} renewal answers for a batch of {}",
+                    answers.len(),
+                    ids.len()
+                ));
+                vec![Renewed::Failed(Arc::new(e)); ids.len()]
             }
-            // The failed call itself is counted by the metered store.
-            Err(_) => self.metrics.renewed(Renewed::Failed, ids.len() as u64),
-        }
-        for (i, (_, id)) in ids.iter().enumerate() {
-            let renewed = result.as_ref().map(|r| r.get(i).copied().unwrap_or(false));
+            Err(e) => vec![Renewed::Failed(Arc::new(e)); ids.len()],
+        };
+        self.count(&answers);
+        for ((_, id), renewed) in ids.iter().zip(answers) {
             let Some(entry) = self.entries.get_mut(id) else {
-                if let (Ok(true), Some(lease)) = (&renewed, dropped.get(id)) {
+                if let (Renewed::Extended, Some(lease)) = (&renewed, dropped.get(id)) {
                     self.undo(lease);
                 }
                 continue;
             };
             let lease = &entry.lease;
             match renewed {
-                Ok(true) => {
+                Renewed::Extended => {
                     lease
                         .clock
                         .set(sent_at + lease.ttl - drift_margin(lease.ttl, self.drift));
@@ -257,11 +263,13 @@ impl Task {
                     }
                     self.schedule.insert((entry.due, *id));
                 }
-                Ok(false) => {
+                Renewed::NotHeld => {
                     let _ = lease.events.send(RenewEvent::NotHeld(*id));
                     self.entries.remove(id);
                 }
-                Err(ref e) => {
+                // Only the grants whose part of the batch failed (one frozen Cluster
+                // node, too few Redlock masters) are in jeopardy; the others go on.
+                Renewed::Failed(e) => {
                     if !entry.failing {
                         tracing::warn!(key = %lease.key, error = %e, "renewal failed; retrying");
                         entry.failing = true;
@@ -272,6 +280,23 @@ impl Task {
                 }
             }
         }
+    }
+
+    /// Counts a batch's answers in the metrics: each failure once per store error (a
+    /// failed node's chunk shares one), not once per grant.
+    fn count(&self, answers: &[Renewed]) {
+        // Failed calls themselves are counted by the metered store; these count grants.
+        let mut counts = [0u64; 3];
+        for answer in answers {
+            match answer {
+                Renewed::Extended => counts[0] += 1,
+                Renewed::NotHeld => counts[1] += 1,
+                Renewed::Failed(_) => counts[2] += 1,
+            }
+        }
+        self.metrics.renewed(Counted::Ok, counts[0]);
+        self.metrics.renewed(Counted::NotHeld, counts[1]);
+        self.metrics.renewed(Counted::Failed, counts[2]);
     }
 
     /// Releases a grant whose renewal landed after its session dropped it, so the

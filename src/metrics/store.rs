@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::{Operation, StoreCalls};
 use crate::store::{
-    Acquired, Claim, KeyState, Notice, Renewal, Sharing, Store, StoreError, StoreFuture,
+    Acquired, Claim, KeyState, Notice, Renewal, Renewed, Sharing, Store, StoreError, StoreFuture,
 };
 
 /// A [`Store`] that meters the calls it passes to `inner`. A call dropped before it
@@ -84,7 +84,7 @@ impl Store for MeteredStore {
         )
     }
 
-    fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<bool>> {
+    fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<Renewed>> {
         self.meter(Operation::Renew, self.inner.renew(batch))
     }
 

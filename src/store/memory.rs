@@ -3,8 +3,19 @@
 //! `tokio::time::Instant`, so tests can pause the clock; fencing tokens use the wall
 //! clock like Redis (see [`super::next_fence`]), so they keep increasing across a
 //! restart of the sidecar. The functions below mirror `lua/common.lua` by name.
+//!
+//! **Only locks in use take memory.** Calls that only read or concern grants that do
+//! not exist (`describe`, `renew`, `hold`, `release`, `unwait` of an unknown key)
+//! create nothing; only an acquire makes a lock. A lock that has been idle (no holder,
+//! no waiter, no lock-delay) for [`FORGET_AFTER`] is forgotten, at one of the next
+//! store calls (each forgets at most [`SWEEP_BUDGET`] due locks, from a queue ordered
+//! by when they are due: no scan of the map). Its next token is still larger: the
+//! store remembers the largest token of every lock it forgot (one number), and a lock
+//! made again starts from it, so tokens increase without trusting the wall clock
+//! (which could be stepped back by more than the time since the key was forgotten).
 
-use std::collections::{BTreeMap, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -12,12 +23,19 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use super::{
-    Acquired, Claim, HolderState, KeyState, Notice, QueuedState, Renewal, Sharing, Store,
+    Acquired, Claim, HolderState, KeyState, Notice, QueuedState, Renewal, Renewed, Sharing, Store,
     StoreFuture, next_fence, unix_ms,
 };
 
 /// How many notices a slow sidecar task may fall behind before it resyncs.
 const NOTICE_BUFFER: usize = 4096;
+/// How long an idle lock is kept before it is forgotten: long enough that `Describe`
+/// just after a release still shows the last token issued (the contract), short enough
+/// that keys used once cost memory for about a second of traffic, not forever.
+pub const FORGET_AFTER: Duration = Duration::from_secs(1);
+/// Most idle locks one store call forgets, so that a burst of releases never makes
+/// one call slow; the rest go at the next calls.
+pub const SWEEP_BUDGET: usize = 1024;
 /// Fair waiters woken by one notice at most, as in `lua/common.lua`.
 const MAX_HEADS: usize = 64;
 
@@ -54,6 +72,10 @@ struct Lock {
     next_arrival: u64,
     delay_until: Option<Instant>,
     fence: u64,
+    /// Since when the lock has had no holder (`None` while held).
+    unheld_since: Option<Instant>,
+    /// The time this lock was last put in the forget queue for.
+    queued_for: Option<Instant>,
 }
 
 enum Admit {
@@ -76,6 +98,40 @@ impl Lock {
         if self.delay_until.is_some_and(|t| t <= now) {
             self.delay_until = None;
         }
+        self.settle(now);
+    }
+
+    /// Notes when the lock lost its last holder. A held lock is not in the forget
+    /// queue: the engine releases every grant it drops, and that release (or any later
+    /// call on the key, which purges an expired holder) queues it.
+    fn settle(&mut self, now: Instant) {
+        if self.holders.is_empty() {
+            self.unheld_since.get_or_insert(now);
+        } else {
+            self.unheld_since = None;
+        }
+    }
+
+    /// Nobody holds or waits for the lock and no lock-delay runs.
+    fn idle(&self) -> bool {
+        self.holders.is_empty()
+            && self.waiters.is_empty()
+            && self.queue.is_empty()
+            && self.delay_until.is_none()
+    }
+
+    /// When the lock may be forgotten unless it is used again: [`FORGET_AFTER`] after
+    /// its last holder left, its lock-delay ended and its last waiter registration
+    /// expired. `None` while held.
+    fn forget_at(&self) -> Option<Instant> {
+        let mut quiet = self.unheld_since?;
+        if let Some(delay) = self.delay_until {
+            quiet = quiet.max(delay);
+        }
+        for waiter in self.waiters.values() {
+            quiet = quiet.max(waiter.expires);
+        }
+        Some(quiet + FORGET_AFTER)
     }
 
     fn holder(&mut self, owner: &str) -> Option<&mut Holder> {
@@ -168,10 +224,65 @@ impl Lock {
     }
 }
 
+/// The locks in use, and what it takes to forget them when idle.
+#[derive(Debug, Default)]
+struct Locks {
+    map: HashMap<String, Lock>,
+    /// When locks may be forgotten, earliest first. A lock may be in it more than once
+    /// (used again meanwhile); only its latest time counts, checked when popped.
+    due: BinaryHeap<Reverse<(Instant, String)>>,
+    /// The largest token of any lock forgotten so far: a lock made again starts there.
+    floor: u64,
+}
+
+impl Locks {
+    /// Puts `key` in the forget queue if it is unheld and not queued for that time yet.
+    fn schedule(due: &mut BinaryHeap<Reverse<(Instant, String)>>, key: &str, lock: &mut Lock) {
+        let at = lock.forget_at();
+        if at.is_some() && at != lock.queued_for {
+            lock.queued_for = at;
+            if let Some(at) = at {
+                due.push(Reverse((at, key.to_owned())));
+            }
+        }
+    }
+
+    /// Forgets up to [`SWEEP_BUDGET`] locks that are due and still idle.
+    fn sweep(&mut self, now: Instant) {
+        let mut forgot = false;
+        for _ in 0..SWEEP_BUDGET {
+            match self.due.peek() {
+                Some(Reverse((at, _))) if *at <= now => {}
+                _ => break,
+            }
+            let Some(Reverse((_, key))) = self.due.pop() else {
+                break;
+            };
+            let Some(lock) = self.map.get_mut(&key) else {
+                continue;
+            };
+            lock.purge(now);
+            if lock.idle() && lock.forget_at().is_some_and(|at| at <= now) {
+                self.floor = self.floor.max(lock.fence);
+                self.map.remove(&key);
+                forgot = true;
+            } else {
+                // Used again, or a waiter or a delay came: due later, if at all.
+                Self::schedule(&mut self.due, &key, lock);
+            }
+        }
+        if forgot && self.map.capacity() > 4 * self.map.len() + 1024 {
+            // A burst of keys left: give the table back too.
+            self.map.shrink_to(2 * self.map.len());
+            self.due.shrink_to(2 * self.due.len());
+        }
+    }
+}
+
 /// The embedded store. Locks live in a map behind one mutex, never held across an await.
 #[derive(Debug)]
 pub struct MemoryStore {
-    locks: Mutex<HashMap<String, Lock>>,
+    locks: Mutex<Locks>,
     notices: broadcast::Sender<Notice>,
 }
 
@@ -185,24 +296,74 @@ impl MemoryStore {
     /// An empty store.
     pub fn new() -> Self {
         Self {
-            locks: Mutex::new(HashMap::new()),
+            locks: Mutex::new(Locks::default()),
             notices: broadcast::channel(NOTICE_BUFFER).0,
         }
     }
 
-    fn with_lock<T>(&self, key: &str, f: impl FnOnce(&mut Lock, Instant) -> T) -> T {
-        let now = Instant::now();
+    /// How many locks the store keeps (for tests: idle keys must not pile up).
+    #[doc(hidden)]
+    pub fn len(&self) -> usize {
+        self.locks().map.len()
+    }
+
+    /// Whether the store keeps no lock at all.
+    #[doc(hidden)]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn locks(&self) -> std::sync::MutexGuard<'_, Locks> {
         // A poisoned mutex means a panic inside one of the short sections below, which
         // touch no client input unchecked; the map itself is still consistent.
-        let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
-        let lock = locks.entry(key.to_owned()).or_default();
+        self.locks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the lock of `key` (expired holders and waiters purged), or returns
+    /// `None` when the store has no such lock: nothing is created.
+    fn with_lock<T>(&self, key: &str, f: impl FnOnce(&mut Lock, Instant) -> T) -> Option<T> {
+        let now = Instant::now();
+        let mut locks = self.locks();
+        let locks = &mut *locks;
+        locks.sweep(now);
+        let lock = locks.map.get_mut(key)?;
         lock.purge(now);
-        f(lock, now)
+        let answer = f(lock, now);
+        lock.settle(now);
+        Locks::schedule(&mut locks.due, key, lock);
+        Some(answer)
+    }
+
+    /// Runs `f` on the lock of `key`, made if there is none (starting from the tokens
+    /// of forgotten locks); kept only if `f` left it in use.
+    fn with_new_lock<T>(&self, key: &str, f: impl FnOnce(&mut Lock, Instant) -> T) -> T {
+        let now = Instant::now();
+        let mut locks = self.locks();
+        let locks = &mut *locks;
+        locks.sweep(now);
+        if let Some(lock) = locks.map.get_mut(key) {
+            lock.purge(now);
+            let answer = f(lock, now);
+            lock.settle(now);
+            Locks::schedule(&mut locks.due, key, lock);
+            return answer;
+        }
+        let mut lock = Lock {
+            fence: locks.floor,
+            ..Lock::default()
+        };
+        let answer = f(&mut lock, now);
+        lock.settle(now);
+        if !lock.idle() {
+            Locks::schedule(&mut locks.due, key, &mut lock);
+            locks.map.insert(key.to_owned(), lock);
+        }
+        answer
     }
 
     fn acquire_now(&self, claim: &Claim) -> Acquired {
         let name = claim.waiter();
-        self.with_lock(&claim.key, |lock, now| {
+        self.with_new_lock(&claim.key, |lock, now| {
             let admit = lock.admit(claim.sharing, claim.limit);
             if let Admit::Conflict(limit) = admit {
                 return Acquired::Conflict { limit };
@@ -300,12 +461,14 @@ impl Store for MemoryStore {
         count: u32,
         ttl: Duration,
     ) -> StoreFuture<'a, Option<u32>> {
-        let answer = self.with_lock(key, |lock, now| {
-            let holder = lock.holder(owner)?;
-            holder.count = count.max(1);
-            holder.expires = now + ttl;
-            Some(holder.count)
-        });
+        let answer = self
+            .with_lock(key, |lock, now| {
+                let holder = lock.holder(owner)?;
+                holder.count = count.max(1);
+                holder.expires = now + ttl;
+                Some(holder.count)
+            })
+            .flatten();
         ready(answer)
     }
 
@@ -334,20 +497,21 @@ impl Store for MemoryStore {
             lock.wake(key, &self.notices);
             Some(0)
         });
-        ready(answer)
+        ready(answer.flatten())
     }
 
-    fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<bool>> {
+    fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<Renewed>> {
         let answers = batch
             .iter()
             .map(|r| {
                 self.with_lock(r.key, |lock, now| match lock.holder(r.owner) {
                     Some(holder) => {
                         holder.expires = now + r.ttl;
-                        true
+                        Renewed::Extended
                     }
-                    None => false,
+                    None => Renewed::NotHeld,
                 })
+                .unwrap_or(Renewed::NotHeld)
             })
             .collect();
         ready(answers)
@@ -395,7 +559,8 @@ impl Store for MemoryStore {
                 .collect(),
             fence: lock.fence,
         });
-        ready(state)
+        // A key the store does not have: nobody holds it, and no token is known.
+        ready(state.unwrap_or_default())
     }
 
     fn ping(&self) -> StoreFuture<'_, ()> {
@@ -408,5 +573,155 @@ impl Store for MemoryStore {
 
     fn kind(&self) -> &'static str {
         "memory"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::FENCE_PER_MS;
+
+    const TTL: Duration = Duration::from_secs(10);
+
+    fn claim(key: &str, owner: &str) -> Claim {
+        Claim {
+            key: key.into(),
+            owner: owner.into(),
+            ttl: TTL,
+            wait: false,
+            session_id: owner.into(),
+            client_name: String::new(),
+            sharing: Sharing::Exclusive,
+            limit: 1,
+            fair: false,
+        }
+    }
+
+    async fn granted(store: &MemoryStore, c: &Claim) -> u64 {
+        match store.acquire(c).await {
+            Ok(Acquired::Granted { fence }) => fence,
+            other => panic!("expected a grant, got {other:?}"),
+        }
+    }
+
+    /// Once every due idle lock has had its chance to be forgotten: the store forgets
+    /// at its calls, so this makes one (a read, which creates nothing).
+    async fn settled(store: &MemoryStore) -> usize {
+        tokio::time::advance(FORGET_AFTER).await;
+        store.describe("unrelated").await.expect("memory store");
+        store.len()
+    }
+
+    /// Issue 11, item 5: `Describe` needs no session; it must not grow the store.
+    #[tokio::test(start_paused = true)]
+    async fn describes_of_keys_nobody_locked_create_nothing() {
+        let store = MemoryStore::new();
+        for i in 0..1000 {
+            let state = store.describe(&format!("never-{i}")).await.expect("memory");
+            assert_eq!(state, KeyState::default());
+        }
+        assert_eq!(store.len(), 0);
+        // Nor do calls about grants that do not exist.
+        let batch: Vec<Renewal> = (0..10)
+            .map(|_| Renewal {
+                key: "gone",
+                owner: "o",
+                ttl: TTL,
+            })
+            .collect();
+        assert!(
+            store
+                .renew(&batch)
+                .await
+                .expect("memory")
+                .iter()
+                .all(|r| !r.is_extended())
+        );
+        assert_eq!(store.hold("gone", "o", 2, TTL).await.expect("memory"), None);
+        assert_eq!(
+            store
+                .release("gone", "o", 0, Duration::ZERO)
+                .await
+                .expect("memory"),
+            None
+        );
+        store.unwait(&claim("gone", "o")).await.expect("memory");
+        assert_eq!(store.len(), 0);
+    }
+
+    /// Keys locked and released are forgotten once idle; a released key still shows its
+    /// last token to `Describe` for a while, and a lock-delay or a waiter keeps a key.
+    #[tokio::test(start_paused = true)]
+    async fn idle_keys_are_forgotten() {
+        let store = MemoryStore::new();
+        for i in 0..1000 {
+            let key = format!("used-{i}");
+            let fence = granted(&store, &claim(&key, "a")).await;
+            assert_eq!(
+                store
+                    .release(&key, "a", 0, Duration::ZERO)
+                    .await
+                    .expect("memory"),
+                Some(0)
+            );
+            assert_eq!(store.describe(&key).await.expect("memory").fence, fence);
+        }
+        assert_eq!(settled(&store).await, 0, "every idle key forgotten");
+
+        granted(&store, &claim("delayed", "a")).await;
+        let delay = FORGET_AFTER * 5;
+        store
+            .release("delayed", "a", 0, delay)
+            .await
+            .expect("memory");
+        granted(&store, &claim("waited", "a")).await;
+        let waiter = Claim {
+            wait: true,
+            ..claim("waited", "b")
+        };
+        assert!(matches!(
+            store.acquire(&waiter).await,
+            Ok(Acquired::Busy { .. })
+        ));
+        store
+            .release("waited", "a", 0, Duration::ZERO)
+            .await
+            .expect("memory");
+        assert_eq!(
+            settled(&store).await,
+            2,
+            "a lock-delay and a waiter keep their keys"
+        );
+        tokio::time::advance(delay).await;
+        store.unwait(&waiter).await.expect("memory");
+        assert_eq!(settled(&store).await, 0);
+    }
+
+    /// A forgotten key used again gets a larger token, even one whose last token ran
+    /// ahead of the clock (more than 1024 grants in a millisecond).
+    #[tokio::test(start_paused = true)]
+    async fn tokens_increase_across_a_forgotten_key() {
+        let store = MemoryStore::new();
+        let first = granted(&store, &claim("k", "a")).await;
+        let ahead = first + 1_000_000 * FENCE_PER_MS;
+        store
+            .locks()
+            .map
+            .get_mut("k")
+            .expect("kept while held")
+            .fence = ahead;
+        store
+            .release("k", "a", 0, Duration::ZERO)
+            .await
+            .expect("memory");
+        assert_eq!(settled(&store).await, 0, "forgotten");
+        let again = granted(&store, &claim("k", "b")).await;
+        assert!(again > ahead, "{again} after {ahead}");
+        store
+            .release("k", "b", 0, Duration::ZERO)
+            .await
+            .expect("memory");
+        assert_eq!(settled(&store).await, 0);
+        assert!(granted(&store, &claim("k", "c")).await > again);
     }
 }

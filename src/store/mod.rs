@@ -7,7 +7,9 @@
 //! - a lock has *holders*, each an **owner** (an unguessable per-grant token) with its own
 //!   expiry in store time, a hold count, its fencing token and the public session id and
 //!   client name shown by `Describe`;
-//! - a **fence** counter per lock that survives the lock's expiry and deletion;
+//! - a **fence** counter per lock that survives the lock's expiry and deletion (the
+//!   memory store, which forgets idle locks, keeps instead the largest counter of the
+//!   locks it forgot and starts new locks there);
 //! - *waiters*, each an owner with an expiry, registered atomically with the busy answer
 //!   that made it wait, so a release publishes a notification only when someone waits.
 //!
@@ -20,6 +22,7 @@ pub mod redlock;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::broadcast;
@@ -147,6 +150,26 @@ pub struct Renewal<'a> {
     pub ttl: Duration,
 }
 
+/// What a renewal batch found for one of its grants.
+#[derive(Clone, Debug)]
+pub enum Renewed {
+    /// Still held, and extended by its TTL from now.
+    Extended,
+    /// The store no longer holds the grant (expired, released, or lost by the store).
+    NotHeld,
+    /// The store could not be asked about this grant (its node or master did not answer
+    /// in time, or too few Redlock masters did): nothing is known, try again. Shared by
+    /// every grant of the part of the batch that failed.
+    Failed(Arc<StoreError>),
+}
+
+impl Renewed {
+    /// Whether the grant was extended.
+    pub fn is_extended(&self) -> bool {
+        matches!(self, Self::Extended)
+    }
+}
+
 /// One holder as `Describe` reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HolderState {
@@ -254,9 +277,14 @@ pub trait Store: Send + Sync + 'static {
         delay: Duration,
     ) -> StoreFuture<'a, Option<u32>>;
 
-    /// Extends every grant of the batch that is still held; `true` per renewed grant, in
-    /// order. One round trip for the whole batch, whatever its size.
-    fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<bool>>;
+    /// Extends every grant of the batch that is still held; answers one [`Renewed`] per
+    /// grant, in batch order. One round trip for the whole batch, whatever its size.
+    ///
+    /// A store whose grants live in several places (Cluster nodes, Redlock masters)
+    /// answers per grant: a part of the batch that could not be renewed fails alone, so
+    /// one frozen node puts only its own grants in jeopardy. `Err` means that the whole
+    /// batch failed.
+    fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<Renewed>>;
 
     /// Removes a waiter registration, and its place in the fair queue (after a timeout
     /// or a cancel).

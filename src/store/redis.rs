@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 pub use options::RedisOptions;
 
 use super::{
-    Acquired, Claim, HolderState, KeyState, Notice, QueuedState, Renewal, Sharing, Store,
+    Acquired, Claim, HolderState, KeyState, Notice, QueuedState, Renewal, Renewed, Sharing, Store,
     StoreError, StoreFuture,
 };
 use link::{Conn, Link};
@@ -75,6 +75,8 @@ pub struct RedisStore {
     channel: String,
     /// Cluster: a shard channel per key, subscribed while waited on.
     shards: Option<Arc<Shards>>,
+    /// Cluster: which node serves each slot, for grouping renewals (`redis/renew.rs`).
+    slot_map: Arc<renew::SlotMap>,
     timeout: Duration,
     scripts: Scripts,
     notices: broadcast::Sender<Notice>,
@@ -167,17 +169,14 @@ impl RedisStore {
             namespace: namespace.to_owned(),
             channel,
             shards,
+            slot_map: Arc::default(),
             timeout: options.timeout,
             scripts: Scripts {
                 acquire: script!("acquire.lua"),
                 hold: script!("hold.lua"),
                 release: script!("release.lua"),
-                renew: script!("renew.lua"),
-                renew_across_slots: Script::new(concat!(
-                    "#!lua flags=allow-cross-slot-keys\n",
-                    include_str!("lua/common.lua"),
-                    include_str!("lua/renew_across.lua")
-                )),
+                renew: Script::new(renew::RENEW_LUA),
+                renew_across_slots: Script::new(renew::RENEW_ACROSS_LUA),
                 unwait: script!("unwait.lua"),
                 describe: script!("describe.lua"),
                 fence: script!("fence.lua"),
@@ -403,7 +402,7 @@ impl Store for RedisStore {
         })
     }
 
-    fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<bool>> {
+    fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<Renewed>> {
         Box::pin(self.renew_batch(batch))
     }
 

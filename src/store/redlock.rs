@@ -15,13 +15,16 @@
 //!   a master with that one, whose counter is then at least this token, so it issues a
 //!   larger one. A master restarted empty keeps the clock part of the token
 //!   (`unix_ms × 1024`), so it cannot go back either unless its clock does.
-//! - **Renewals** go to every master; a grant stays valid while a majority renews it,
-//!   known as soon as a majority has answered. **Releases** and holds answer once a
-//!   majority decides and reach the other masters in the background. Their answer is
-//!   the hold count a majority still has: the quorum-th largest of the masters' counts,
-//!   a master without the grant counting 0 (never the largest: one master's count is
-//!   not a majority's). A grant the vote says is gone is released on the masters that
-//!   still answered a count for it, before or after the vote.
+//! - **Renewals** go to every master and are answered per grant, as soon as every
+//!   grant's fate is settled: renewed when a majority renewed it, not held when the
+//!   masters that did not refuse it are fewer than a majority, failed (the session
+//!   hears `Jeopardy` and the renewal is retried) while too few answered to tell.
+//!   **Releases** and holds answer once a majority decides and reach the other masters
+//!   in the background. Their answer is the hold count a majority still has: the
+//!   quorum-th largest of the masters' counts, a master without the grant counting 0
+//!   (never the largest: one master's count is not a majority's). A grant the vote says
+//!   is gone is released on the masters that still answered a count for it, before or
+//!   after the vote.
 //! - **Notices** from every master are merged: a release wakes a waiter once per master
 //!   (a woken waiter only tries again; spurious wakes cost an attempt, never safety).
 //! - **Not supported**: semaphores (N masters each counting permits would let more than
@@ -44,8 +47,8 @@ use tokio::time::Instant;
 
 use super::redis::RedisStore;
 use super::{
-    Acquired, Claim, DEFAULT_CLOCK_DRIFT, HolderState, KeyState, Notice, Renewal, Sharing, Store,
-    StoreError, StoreFuture, drift_margin,
+    Acquired, Claim, DEFAULT_CLOCK_DRIFT, HolderState, KeyState, Notice, Renewal, Renewed, Sharing,
+    Store, StoreError, StoreFuture, drift_margin,
 };
 
 /// After a majority granted, how long at least to wait for the other masters.
@@ -451,27 +454,27 @@ impl Store for RedlockStore {
         })
     }
 
-    fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<bool>> {
+    fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<Renewed>> {
         Box::pin(async move {
             let (n, quorum) = (self.masters.len(), self.quorum);
-            // Enough when a majority answered and every grant's fate is settled: renewed
-            // by a majority, or the masters still out could not make one.
-            let settled = |answers: &[Result<Vec<bool>, StoreError>]| {
-                let ok: Vec<&Vec<bool>> = answers.iter().flatten().collect();
-                let out = n - answers.len();
-                ok.len() >= quorum
-                    && (0..batch.len()).all(|i| {
-                        let yes = ok.iter().filter(|r| r.get(i) == Some(&true)).count();
-                        yes >= quorum || yes + out < quorum
-                    })
+            // Enough when every grant's fate is settled: renewed by a majority, or the
+            // masters that did not refuse it could not make one.
+            let settled = |answers: &[Result<Vec<Renewed>, StoreError>]| {
+                (0..batch.len()).all(|i| renewal_vote(answers, n, quorum, i).is_some())
             };
             let answers = self.gather(|m| m.renew(batch), settled).await;
-            let renewed: Vec<Vec<bool>> = answers.into_iter().flatten().collect();
-            if renewed.len() < self.quorum {
-                return Err(self.no_quorum(renewed.len()));
-            }
+            // One error shared by every grant whose fate is open: a master that did not
+            // answer in time may still hold it, so it is neither renewed nor lost yet.
+            let undecided = Arc::new(StoreError::Unavailable(format!(
+                "too few of the {n} Redlock masters renewed or refused the grant to tell; \
+                 {quorum} are needed"
+            )));
             Ok((0..batch.len())
-                .map(|i| renewed.iter().filter(|r| r.get(i) == Some(&true)).count() >= self.quorum)
+                .map(|i| match renewal_vote(&answers, n, quorum, i) {
+                    Some(true) => Renewed::Extended,
+                    Some(false) => Renewed::NotHeld,
+                    None => Renewed::Failed(undecided.clone()),
+                })
                 .collect())
         })
     }
@@ -540,6 +543,33 @@ impl Store for RedlockStore {
 
     fn kind(&self) -> &'static str {
         "redlock"
+    }
+}
+
+/// What the masters' answers to a renewal batch mean for its grant `i`: `Some(true)`
+/// when a majority extended it, `Some(false)` when the masters that did not refuse it
+/// (including those that failed or have not answered) are fewer than a majority, so
+/// none can exist, and `None` while too few answered to tell.
+fn renewal_vote(
+    answers: &[Result<Vec<Renewed>, StoreError>],
+    masters: usize,
+    quorum: usize,
+    i: usize,
+) -> Option<bool> {
+    let (mut extended, mut refused) = (0, 0);
+    for answer in answers.iter().flatten() {
+        match answer.get(i) {
+            Some(Renewed::Extended) => extended += 1,
+            Some(Renewed::NotHeld) => refused += 1,
+            Some(Renewed::Failed(_)) | None => {}
+        }
+    }
+    if extended >= quorum {
+        Some(true)
+    } else if masters - refused < quorum {
+        Some(false)
+    } else {
+        None
     }
 }
 
@@ -693,5 +723,32 @@ mod tests {
             Vote::Decided(None)
         );
         assert_eq!(vote3(vec![ok(None), down()]), Vote::Open);
+    }
+
+    #[test]
+    fn a_renewal_counts_per_grant() {
+        let down = || Err(StoreError::Unavailable("down".into()));
+        let failed = || Renewed::Failed(Arc::new(StoreError::Unavailable("node".into())));
+        let (yes, no) = (Renewed::Extended, Renewed::NotHeld);
+        // Three masters, quorum 2; per grant: [a, b, c, d].
+        let answers = vec![
+            Ok(vec![yes.clone(), no.clone(), yes.clone(), failed()]),
+            Ok(vec![yes.clone(), no.clone(), no.clone(), yes.clone()]),
+            down(),
+        ];
+        let vote = |i| renewal_vote(&answers, 3, 2, i);
+        assert_eq!(vote(0), Some(true), "a majority renewed it");
+        assert_eq!(vote(1), Some(false), "a majority refused it");
+        assert_eq!(
+            vote(2),
+            None,
+            "one each, the third unknown: too few to tell"
+        );
+        assert_eq!(
+            vote(3),
+            None,
+            "one node of a master failed: too few to tell"
+        );
+        assert_eq!(renewal_vote(&[down(), down()], 3, 2, 0), None);
     }
 }

@@ -271,13 +271,20 @@ impl ClusterSetup {
     /// Six nodes, three masters with one replica each, node timeout 1 s. Blocks its
     /// thread for about two seconds (in async tests: inside `block_in_place`).
     pub fn start() -> Self {
+        Self::start_with_node_timeout(1000)
+    }
+
+    /// As [`ClusterSetup::start`] with `cluster-node-timeout` `ms`: a long one (the
+    /// Redis default, 15 s) keeps a frozen master from being failed over during a test.
+    pub fn start_with_node_timeout(ms: u64) -> Self {
+        let node_timeout = ms.to_string();
         let nodes: Vec<Redis> = (0..6)
             .map(|_| {
                 let args: Vec<String> = [
                     "--cluster-enabled",
                     "yes",
                     "--cluster-node-timeout",
-                    "1000",
+                    &node_timeout,
                     "--cluster-config-file",
                     "nodes.conf",
                     // Full syncs start at once (Redis 7 waits 5 s for more replicas).

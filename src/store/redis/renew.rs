@@ -1,31 +1,68 @@
 //! Batched renewal: `renew.lua` extends many grants in one call. On one server a batch
 //! is cut into chunks of [`RENEW_CHUNK`] grants, sent concurrently (pipelined on the
 //! multiplexed connection: one round trip). On a Cluster one script call may only touch
-//! one slot, so the batch is first grouped by the slot of each lock's hash tag; the
-//! groups go out concurrently too, and the cluster connection pipelines those bound for
-//! the same node. Better, when the slot map can be read (`CLUSTER SLOTS`, once per
-//! batch): the batch is grouped by the *node* that serves each slot and renewed with
-//! `renew.lua` flagged `allow-cross-slot-keys` (Redis 7), so 10,000 locks cost about
-//! ten calls per node again instead of one per slot; a chunk the node refuses (the
-//! map changed) is renewed slot by slot instead. With `--min-replica-acks`, each slot
-//! group is followed by its own `WAIT` on its node (see `acked.rs`).
+//! one slot, so the batch is grouped by the slot of each lock's hash tag; the groups go
+//! out concurrently too, and the cluster connection pipelines those bound for the same
+//! node. Better, once the slot map is known: the batch is grouped by the *node* that
+//! serves each slot and renewed with `renew.lua` flagged `allow-cross-slot-keys` (Redis
+//! 7), so 10,000 locks cost about ten calls per node again instead of one per slot.
+//! With `--min-replica-acks`, each slot group is followed by its own `WAIT` on its node
+//! (see `acked.rs`).
+//!
+//! **One node's failure stays its own.** Every chunk is its own call with its own
+//! timeout and its own answer: a frozen master fails the chunks it serves, whose grants
+//! are answered [`Renewed::Failed`] (their sessions hear `Jeopardy`), while the other
+//! nodes' chunks are renewed in the same tick as usual.
+//!
+//! **The slot map is read off the hot path.** `CLUSTER SLOTS` goes to whichever node
+//! the cluster client picks, possibly the frozen one; asked at every tick it would add a
+//! second timeout to every renewal. So the map is kept ([`SlotMap`]) and read again in
+//! the background: when none is known yet, and when a node refuses a chunk (a key of a
+//! slot it no longer serves: the topology changed since the map was read). A refused
+//! chunk is renewed slot by slot at once, and until a new map arrives the batch goes
+//! per slot: correct in any topology, only more calls.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use deadpool_redis::redis::{self, FromRedisValue, Value};
+use futures_util::future::join_all;
+use tokio::time::Instant;
 
+use super::link::Link;
 use super::{Conn, RedisStore, shards};
-use crate::store::{Renewal, StoreError};
+use crate::store::{Renewal, Renewed, StoreError};
 
 /// Grants per script call in a renewal batch: large enough that 10,000 locks take ten
 /// calls pipelined in one round trip, small enough that one call does not stall Redis
 /// (about a millisecond each).
 pub(super) const RENEW_CHUNK: usize = 1000;
 
+/// `renew.lua`, as sent with `EVAL` when a node does not have it yet.
+pub(super) const RENEW_LUA: &str = concat!(
+    include_str!("../lua/common.lua"),
+    include_str!("../lua/renew.lua")
+);
+
+/// `renew_across.lua`, flagged `allow-cross-slot-keys` (Redis 7): on a Cluster, one call
+/// renews the grants of many slots served by one node.
+pub(super) const RENEW_ACROSS_LUA: &str = concat!(
+    "#!lua flags=allow-cross-slot-keys\n",
+    include_str!("../lua/common.lua"),
+    include_str!("../lua/renew_across.lua")
+);
+
 /// Slots in a Cluster.
 const SLOTS: usize = 16384;
 
-/// Which node serves each slot (an index into the nodes of one `CLUSTER SLOTS` reply).
+/// Shortest pause between two reads of the slot map: a topology change makes many
+/// chunks refused at once, and one read serves them all.
+const MAP_PAUSE: Duration = Duration::from_secs(1);
+
+/// Which node serves each slot (an index into the nodes of one `CLUSTER SLOTS` reply;
+/// `usize::MAX` for a slot nobody serves).
 fn slot_owners(reply: &Value) -> Option<Vec<usize>> {
     let Value::Array(ranges) = reply else {
         return None;
@@ -62,6 +99,101 @@ fn slot_owners(reply: &Value) -> Option<Vec<usize>> {
     Some(owners)
 }
 
+/// Cluster: the slot map renewals are grouped by, as last read, and its refresh in the
+/// background (see the module docs).
+#[derive(Default)]
+pub(super) struct SlotMap {
+    owners: Mutex<Option<Arc<Vec<usize>>>>,
+    /// A read is under way.
+    reading: AtomicBool,
+    /// When the last read started.
+    last_read: Mutex<Option<Instant>>,
+}
+
+impl SlotMap {
+    /// The map, if one is known.
+    fn get(&self) -> Option<Arc<Vec<usize>>> {
+        self.owners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Forgets the map (a node refused a chunk grouped by it).
+    fn forget(&self) {
+        self.owners.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+
+    /// Reads the map again in the background, unless a read is under way or the last
+    /// one started less than [`MAP_PAUSE`] ago. Never waited for: a read that meets a
+    /// frozen node costs a background task its timeout, not a renewal.
+    fn refresh(self: &Arc<Self>, link: &Arc<Link>, timeout: Duration) {
+        {
+            let mut last = self.last_read.lock().unwrap_or_else(|e| e.into_inner());
+            if last.is_some_and(|t| t.elapsed() < MAP_PAUSE) {
+                return;
+            }
+            if self.reading.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let (map, link) = (self.clone(), link.clone());
+        tokio::spawn(async move {
+            let read = async {
+                let mut conn = link.connection().await.ok()?;
+                redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async::<Value>(&mut conn)
+                    .await
+                    .ok()
+            };
+            match tokio::time::timeout(timeout, read).await {
+                Ok(Some(reply)) => match slot_owners(&reply) {
+                    Some(owners) => {
+                        *map.owners.lock().unwrap_or_else(|e| e.into_inner()) =
+                            Some(Arc::new(owners));
+                    }
+                    None => tracing::warn!("CLUSTER SLOTS: a reply this sidecar cannot read"),
+                },
+                _ => tracing::debug!("CLUSTER SLOTS not read; renewals go per slot meanwhile"),
+            }
+            map.reading.store(false, Ordering::Release);
+        });
+    }
+}
+
+/// The answers for some grants of a batch: (position in the batch, answer).
+type Answers = Vec<(usize, Renewed)>;
+
+/// Every grant of `chunk` answered `Failed` with `error`.
+fn failed(chunk: &[usize], error: StoreError) -> Answers {
+    let error = Arc::new(error);
+    chunk
+        .iter()
+        .map(|&i| (i, Renewed::Failed(error.clone())))
+        .collect()
+}
+
+/// The script's flags (1: renewed, 0: not held) for the grants of `chunk`.
+fn flagged(chunk: &[usize], flags: Vec<i64>) -> Answers {
+    if flags.len() != chunk.len() {
+        return failed(chunk, StoreError::Protocol("renew: bad reply".into()));
+    }
+    chunk
+        .iter()
+        .zip(flags)
+        .map(|(&i, flag)| {
+            let answer = if flag == 1 {
+                Renewed::Extended
+            } else {
+                Renewed::NotHeld
+            };
+            (i, answer)
+        })
+        .collect()
+}
+
 impl RedisStore {
     /// The batch's positions, grouped so that each group may go in one script call: by
     /// node when `owners` is known, else by slot on a Cluster (in slot order), all
@@ -77,6 +209,7 @@ impl RedisStore {
                 let slot = usize::from(shards::slot(&self.key(r.key, "h")));
                 let group = owners
                     .and_then(|o| o.get(slot).copied())
+                    .filter(|&node| node != usize::MAX)
                     .unwrap_or(SLOTS + slot);
                 grouped.entry(group).or_default().push(i);
             }
@@ -90,23 +223,10 @@ impl RedisStore {
             .collect()
     }
 
-    /// Who serves which slot, for grouping a Cluster's renewals by node; `None` when
-    /// it cannot be read (then renewals go per slot).
-    async fn slot_map(&self) -> Option<Vec<usize>> {
-        let reply = self
-            .run(|mut conn| async move {
-                redis::cmd("CLUSTER")
-                    .arg("SLOTS")
-                    .query_async::<Value>(&mut conn)
-                    .await
-            })
-            .await
-            .ok()?;
-        slot_owners(&reply)
-    }
-
-    /// Runs one renewal call (`renew_across.lua` when `across`, else `renew.lua`),
-    /// loading the script on NOSCRIPT.
+    /// Runs one renewal call (`renew_across.lua` when `across`, else `renew.lua`). On
+    /// NOSCRIPT the same call goes again with `EVAL` and the script's text, which also
+    /// caches the script on that node: `SCRIPT LOAD` would go to every node of a
+    /// Cluster and wait for a frozen one, holding up the renewals of the healthy nodes.
     async fn renew_once(
         &self,
         conn: &mut Conn,
@@ -114,58 +234,110 @@ impl RedisStore {
         batch: &[Renewal<'_>],
         chunk: &[usize],
     ) -> redis::RedisResult<Vec<i64>> {
-        let (script, call) = if across {
-            (
-                &self.scripts.renew_across_slots,
-                self.across_call(batch, chunk),
-            )
-        } else {
-            (&self.scripts.renew, self.renew_call(batch, chunk))
-        };
-        match call.query_async::<Vec<i64>>(conn).await {
-            Err(e) if e.code() == Some("NOSCRIPT") => {
-                script.prepare_invoke().load_async(conn).await?;
-                call.query_async(conn).await
+        let call = |source: bool| {
+            if across {
+                self.across_call(batch, chunk, source)
+            } else {
+                self.renew_call(batch, chunk, source)
             }
+        };
+        match call(false).query_async::<Vec<i64>>(conn).await {
+            Err(e) if e.code() == Some("NOSCRIPT") => call(true).query_async(conn).await,
             other => other,
         }
     }
 
-    /// Renews one chunk of a node group; if the node refuses it (the slot map moved
-    /// on), slot by slot instead.
-    async fn renew_across(
-        &self,
-        mut conn: Conn,
-        batch: &[Renewal<'_>],
-        chunk: &[usize],
-    ) -> redis::RedisResult<Vec<i64>> {
-        match self.renew_once(&mut conn, true, batch, chunk).await {
-            Ok(flags) => Ok(flags),
-            Err(e) if e.is_io_error() || e.is_timeout() => Err(e),
-            Err(_) => {
+    /// Renews one chunk in its own call, within its own timeout. A chunk grouped by
+    /// node (`across`) that the node refuses (the slot map moved on) is renewed slot by
+    /// slot instead, each slot on its own, and the map is read again.
+    async fn renew_chunk(&self, batch: &[Renewal<'_>], chunk: &[usize], across: bool) -> Answers {
+        let answer = self
+            .run(|mut conn| async move {
+                match self.renew_once(&mut conn, across, batch, chunk).await {
+                    // Answered, but refused: not a failure of the node.
+                    Err(e) if across && !(e.is_io_error() || e.is_timeout()) => Ok(Err(e)),
+                    other => other.map(Ok),
+                }
+            })
+            .await;
+        match answer {
+            Ok(Ok(flags)) => flagged(chunk, flags),
+            Err(e) => failed(chunk, e),
+            Ok(Err(refused)) => {
+                tracing::debug!(error = %refused, "a node refused a renewal chunk; renewing it per slot");
+                self.slot_map.forget();
+                self.slot_map.refresh(&self.link, self.timeout);
                 let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
                 for &i in chunk {
                     let slot = shards::slot(&self.key(batch[i].key, "h"));
                     by_slot.entry(slot).or_default().push(i);
                 }
-                let mut renewed: BTreeMap<usize, i64> = BTreeMap::new();
-                for part in by_slot.values() {
-                    let flags = self.renew_once(&mut conn, false, batch, part).await?;
-                    renewed.extend(part.iter().copied().zip(flags));
-                }
-                Ok(chunk
-                    .iter()
-                    .map(|i| renewed.get(i).copied().unwrap_or(0))
-                    .collect())
+                let parts = by_slot.values().map(|part| self.renew_slot(batch, part));
+                join_all(parts).await.into_iter().flatten().collect()
             }
+        }
+    }
+
+    /// Renews grants of one slot with `renew.lua`, within its own timeout.
+    async fn renew_slot(&self, batch: &[Renewal<'_>], part: &[usize]) -> Answers {
+        let answer = self
+            .run(|mut conn| async move { self.renew_once(&mut conn, false, batch, part).await })
+            .await;
+        match answer {
+            Ok(flags) => flagged(part, flags),
+            Err(e) => failed(part, e),
+        }
+    }
+
+    /// With `--min-replica-acks`: renews one slot group's chunks and waits for the
+    /// replicas in one pipeline on the slot's node, within its own timeout. Grants
+    /// renewed on the master only count as failed: a failover could lose the renewal.
+    async fn renew_acked(&self, batch: &[Renewal<'_>], chunks: &[Vec<usize>]) -> Answers {
+        let calls = chunks
+            .iter()
+            .map(|c| self.renew_call(batch, c, false))
+            .collect();
+        let all = || chunks.iter().flatten().copied().collect::<Vec<usize>>();
+        match self.pipelined_with_wait(&self.scripts.renew, calls).await {
+            Ok((replies, true)) if replies.len() == chunks.len() => chunks
+                .iter()
+                .zip(replies)
+                .flat_map(|(chunk, reply)| match Vec::<i64>::from_redis_value(reply) {
+                    Ok(flags) => flagged(chunk, flags),
+                    Err(e) => failed(chunk, StoreError::Protocol(e.to_string())),
+                })
+                .collect(),
+            Ok((_, true)) => failed(&all(), StoreError::Protocol("renew: bad reply".into())),
+            Ok((_, false)) => failed(
+                &all(),
+                StoreError::Unavailable(format!(
+                    "the renewal was not acknowledged by {} replicas within {:?}",
+                    self.acks.min, self.acks.timeout
+                )),
+            ),
+            Err(e) => failed(&all(), e),
+        }
+    }
+
+    /// `EVALSHA hash`, or `EVAL source` when the node lacks the script.
+    fn script_call(script: &redis::Script, text: &str, source: bool) -> redis::Cmd {
+        if source {
+            let mut call = redis::cmd("EVAL");
+            call.arg(text);
+            call
+        } else {
+            let mut call = redis::cmd("EVALSHA");
+            call.arg(script.get_hash());
+            call
         }
     }
 
     /// `renew_across.lua`: the first grant's keys route the call, every grant's keys
     /// and owner go in ARGV.
-    fn across_call(&self, batch: &[Renewal<'_>], chunk: &[usize]) -> redis::Cmd {
-        let mut call = redis::cmd("EVALSHA");
-        call.arg(self.scripts.renew_across_slots.get_hash()).arg(2);
+    fn across_call(&self, batch: &[Renewal<'_>], chunk: &[usize], source: bool) -> redis::Cmd {
+        let mut call =
+            Self::script_call(&self.scripts.renew_across_slots, RENEW_ACROSS_LUA, source);
+        call.arg(2);
         if let Some(&first) = chunk.first() {
             call.arg(self.key(batch[first].key, "h"))
                 .arg(self.key(batch[first].key, "d"));
@@ -179,9 +351,10 @@ impl RedisStore {
         call
     }
 
-    fn renew_call(&self, batch: &[Renewal<'_>], chunk: &[usize]) -> redis::Cmd {
-        let mut call = redis::cmd("EVALSHA");
-        call.arg(self.scripts.renew.get_hash()).arg(chunk.len() * 2);
+    /// `renew.lua`: every grant's keys in KEYS, owners and TTLs in ARGV.
+    fn renew_call(&self, batch: &[Renewal<'_>], chunk: &[usize], source: bool) -> redis::Cmd {
+        let mut call = Self::script_call(&self.scripts.renew, RENEW_LUA, source);
+        call.arg(chunk.len() * 2);
         for &i in chunk {
             call.arg(self.key(batch[i].key, "h"))
                 .arg(self.key(batch[i].key, "d"));
@@ -193,78 +366,50 @@ impl RedisStore {
         call
     }
 
-    /// Renews `batch`: `true` per grant still held and now extended, in order.
-    pub(super) async fn renew_batch(&self, batch: &[Renewal<'_>]) -> Result<Vec<bool>, StoreError> {
+    /// Renews `batch`: one answer per grant, in order. Every chunk (or, with replica
+    /// acknowledgement, every slot group) is its own call with its own timeout, so a
+    /// node that does not answer fails its own grants only.
+    pub(super) async fn renew_batch(
+        &self,
+        batch: &[Renewal<'_>],
+    ) -> Result<Vec<Renewed>, StoreError> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        // By node on a Cluster when the slot map can be read; replica acknowledgement
+        // By node on a Cluster once the slot map is known; replica acknowledgement
         // keeps per-slot groups (each is followed by a WAIT on its node).
         let owners = if self.link.is_cluster() && self.acks.min == 0 {
-            self.slot_map().await
+            let owners = self.slot_map.get();
+            if owners.is_none() {
+                self.slot_map.refresh(&self.link, self.timeout);
+            }
+            owners
         } else {
             None
         };
-        let groups = self.renewal_groups(batch, owners.as_deref());
+        let groups = self.renewal_groups(batch, owners.as_deref().map(Vec::as_slice));
         let across = owners.is_some();
-        let script = &self.scripts.renew;
-        // Per group, the replies of its chunks and whether enough replicas acknowledged.
-        let answers: Vec<(Vec<redis::Value>, bool)> = if self.acks.min > 0 {
-            let calls = groups.iter().map(|chunks| {
-                let calls = chunks.iter().map(|c| self.renew_call(batch, c)).collect();
-                self.pipelined_with_wait(script, calls)
-            });
-            futures_util::future::try_join_all(calls).await?
+        // Concurrent calls on a multiplexed connection go out pipelined: one round trip
+        // for the whole batch (per node, on a Cluster).
+        let answers: Vec<Answers> = if self.acks.min > 0 {
+            join_all(groups.iter().map(|chunks| self.renew_acked(batch, chunks))).await
         } else {
-            let chunks: Vec<&Vec<usize>> = groups.iter().flatten().collect();
-            let replies = self
-                .run(|conn| async move {
-                    // Concurrent calls on a multiplexed connection go out pipelined:
-                    // one round trip for the whole batch (per node, on a Cluster).
-                    let calls = chunks.iter().map(|chunk| {
-                        let mut conn = conn.clone();
-                        async move {
-                            let flags = if across {
-                                self.renew_across(conn, batch, chunk).await?
-                            } else {
-                                self.renew_once(&mut conn, false, batch, chunk).await?
-                            };
-                            Ok::<_, redis::RedisError>(Value::Array(
-                                flags.into_iter().map(Value::Int).collect(),
-                            ))
-                        }
-                    });
-                    futures_util::future::try_join_all(calls).await
-                })
-                .await?;
-            vec![(replies, true)]
+            let chunks = groups.iter().flatten();
+            join_all(chunks.map(|chunk| self.renew_chunk(batch, chunk, across))).await
         };
-        if answers.iter().any(|(_, acked)| !acked) {
-            // Renewed on the master only: not a renewal a failover keeps.
-            return Err(StoreError::Unavailable(format!(
-                "the renewal was not acknowledged by {} replicas within {:?}",
-                self.acks.min, self.acks.timeout
-            )));
-        }
-        let chunks = groups.iter().flatten();
-        let replies = answers.into_iter().flat_map(|(replies, _)| replies);
-        let mut renewed = vec![false; batch.len()];
-        let mut seen = 0;
-        for (chunk, reply) in chunks.zip(replies) {
-            let flags = Vec::<i64>::from_redis_value(reply)
-                .map_err(|e| StoreError::Protocol(e.to_string()))?;
-            if flags.len() != chunk.len() {
-                return Err(StoreError::Protocol("renew: bad reply".into()));
+        let mut renewed: Vec<Option<Renewed>> = vec![None; batch.len()];
+        for (i, answer) in answers.into_iter().flatten() {
+            if let Some(slot) = renewed.get_mut(i) {
+                *slot = Some(answer);
             }
-            for (&i, flag) in chunk.iter().zip(flags) {
-                renewed[i] = flag == 1;
-            }
-            seen += chunk.len();
         }
-        if seen != batch.len() {
-            return Err(StoreError::Protocol("renew: bad reply".into()));
-        }
-        Ok(renewed)
+        let missing = Arc::new(StoreError::Protocol(
+            "renew: a grant went unanswered".into(),
+        ));
+        Ok(renewed
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Renewed::Failed(missing.clone())))
+            .collect())
     }
 }
 

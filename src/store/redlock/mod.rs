@@ -1,0 +1,373 @@
+//! Redlock over N independent Redis masters (`redlock://h1:6379,h2:6379,h3:6379`): each
+//! master is a standalone [`RedisStore`] running the same Lua scripts; a grant, a hold
+//! and a renewal count only when a majority of masters agree.
+//!
+//! - **Acquire** asks every master at once. Once a majority granted (or no majority
+//!   can grant any more and a majority has answered), the others get as long again,
+//!   at least 2 ms: healthy masters all answer, a frozen one does not delay the answer.
+//!   A grant that took longer than the TTL minus the clock drift counts as failed. A
+//!   failed attempt is rolled back at once on every master that granted; a master that
+//!   had not answered is left alone (a release sent now could overtake the next try of
+//!   the same claim and undo it there), and a late grant on it expires at its TTL.
+//! - **Fencing tokens** strictly increase without trusting clocks: the grant's token is
+//!   the largest token of the granting masters, and it is written back to the masters
+//!   (a majority must confirm) before the grant is handed out. Any later majority shares
+//!   a master with that one, whose counter is then at least this token, so it issues a
+//!   larger one. A master restarted empty keeps the clock part of the token
+//!   (`unix_ms × 1024`), so it cannot go back either unless its clock does.
+//! - **Renewals** go to every master and are answered per grant, as soon as every
+//!   grant's fate is settled: renewed when a majority renewed it, not held when the
+//!   masters that did not refuse it are fewer than a majority, failed (the session
+//!   hears `Jeopardy` and the renewal is retried) while too few answered to tell.
+//!   **Releases** and holds answer once a majority decides and reach the other masters
+//!   in the background. Their answer is the hold count a majority still has: the
+//!   quorum-th largest of the masters' counts, a master without the grant counting 0
+//!   (never the largest: one master's count is not a majority's). A grant the vote says
+//!   is gone is released on the masters that still answered a count for it, before or
+//!   after the vote.
+//! - **Notices** from every master are merged: a release wakes a waiter once per master
+//!   (a woken waiter only tries again; spurious wakes cost an attempt, never safety).
+//! - **Not supported**: semaphores (N masters each counting permits would let more than
+//!   N holders in) and fair queues (each master would keep its own order); both are
+//!   refused with UNIMPLEMENTED. Read/write locks are safe (any two majorities meet).
+//!
+//! The documented hazard is Redlock's own: a master that restarts empty *at once* can
+//! help grant a lock that a majority including it had already granted. Restart masters
+//! after the longest TTL (or with persistence), as the Redlock description says.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::future::join_all;
+use futures_util::stream::FuturesUnordered;
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+
+mod acquire;
+mod urls;
+mod vote;
+
+pub use urls::master_urls;
+use vote::{Vote, merge, renewal_vote, vote};
+
+use super::redis::RedisStore;
+use super::{
+    Acquired, Claim, KeyState, Notice, Renewal, Renewed, Sharing, Store, StoreError, StoreFuture,
+};
+
+/// After a majority granted, how long at least to wait for the other masters.
+const MIN_GRACE: Duration = Duration::from_millis(2);
+
+/// How many notices the merged channel buffers before a slow task resyncs.
+const NOTICE_BUFFER: usize = 4096;
+
+/// The Redlock store.
+pub struct RedlockStore {
+    masters: Vec<Arc<RedisStore>>,
+    quorum: usize,
+    notices: broadcast::Sender<Notice>,
+    forwarders: Vec<JoinHandle<()>>,
+}
+
+impl Drop for RedlockStore {
+    fn drop(&mut self) {
+        for forwarder in &self.forwarders {
+            forwarder.abort();
+        }
+    }
+}
+
+impl std::fmt::Debug for RedlockStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedlockStore")
+            .field("masters", &self.masters.len())
+            .field("quorum", &self.quorum)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedlockStore {
+    /// Connects lazily to every master of `url` (see [`master_urls`]); every call to one
+    /// master gives up after `timeout`. Must be called inside a tokio runtime.
+    pub fn new(url: &str, namespace: &str, timeout: Duration) -> Result<Self, StoreError> {
+        let masters = master_urls(url)?
+            .iter()
+            .map(|u| RedisStore::new(u, namespace, timeout).map(Arc::new))
+            .collect::<Result<Vec<_>, _>>()?;
+        let notices = broadcast::channel(NOTICE_BUFFER).0;
+        let forwarders = masters
+            .iter()
+            .map(|m| tokio::spawn(forward(m.notices(), notices.clone())))
+            .collect();
+        Ok(Self {
+            quorum: masters.len() / 2 + 1,
+            masters,
+            notices,
+            forwarders,
+        })
+    }
+
+    /// Runs `call` on every master at once and waits for all.
+    async fn everywhere<'a, T, F>(&'a self, call: F) -> Vec<Result<T, StoreError>>
+    where
+        F: Fn(&'a RedisStore) -> StoreFuture<'a, T>,
+    {
+        join_all(self.masters.iter().map(|m| call(m))).await
+    }
+
+    /// Runs `call` on every master at once; returns the answers (in arrival order) as
+    /// soon as `enough` says they decide the matter, or once all have come. A frozen
+    /// master then costs nothing while a majority answers.
+    async fn gather<'a, T, F, E>(&'a self, call: F, enough: E) -> Vec<Result<T, StoreError>>
+    where
+        F: Fn(&'a RedisStore) -> StoreFuture<'a, T>,
+        E: Fn(&[Result<T, StoreError>]) -> bool,
+    {
+        let mut calls: FuturesUnordered<_> = self.masters.iter().map(|m| call(m)).collect();
+        let mut answers = Vec::with_capacity(self.masters.len());
+        while let Some(answer) = calls.next().await {
+            answers.push(answer);
+            if enough(&answers) {
+                break;
+            }
+        }
+        answers
+    }
+
+    /// Too few masters answered to decide anything.
+    fn no_quorum(&self, answered: usize) -> StoreError {
+        StoreError::Unavailable(format!(
+            "{answered} of {} Redlock masters answered; {} are needed",
+            self.masters.len(),
+            self.quorum
+        ))
+    }
+
+    /// Runs a hold or release of one grant (`call`) on every master and answers once
+    /// the [`vote`] is decided; the calls still out finish in the background (safe: the
+    /// owner token of a grant is never reused for a new acquire). When the vote says
+    /// the grant is gone, every master that answered a count for it, before the vote or
+    /// after, gets a release to 0 in the background: left there, it would keep the key
+    /// from a new majority until its TTL. A master that did not answer is left alone
+    /// (nothing says it has the grant); its copy expires at its TTL.
+    async fn settle<F>(&self, key: &str, owner: &str, call: F) -> Result<Option<u32>, StoreError>
+    where
+        F: Fn(Arc<RedisStore>) -> StoreFuture<'static, Option<u32>>,
+    {
+        let mut calls: FuturesUnordered<_> = (self.masters.iter().enumerate())
+            .map(|(i, m)| {
+                let call = call(m.clone());
+                async move { (i, call.await) }
+            })
+            .collect();
+        let (n, quorum) = (self.masters.len(), self.quorum);
+        let mut answers = Vec::with_capacity(n);
+        let mut holding = Vec::new();
+        let decided = loop {
+            let Some((i, answer)) = calls.next().await else {
+                break vote(&answers, n, quorum);
+            };
+            if matches!(answer, Ok(Some(c)) if c > 0) {
+                holding.push(i);
+            }
+            answers.push(answer);
+            match vote(&answers, n, quorum) {
+                Vote::Open => continue,
+                decided => break decided,
+            }
+        };
+        let gone = matches!(decided, Vote::Decided(None | Some(0)));
+        let left = Leftovers {
+            masters: self.masters.clone(),
+            key: key.to_owned(),
+            owner: owner.to_owned(),
+        };
+        if gone {
+            holding.iter().for_each(|&i| left.release(i));
+        }
+        if !calls.is_empty() {
+            tokio::spawn(async move {
+                while let Some((i, answer)) = calls.next().await {
+                    if gone && matches!(answer, Ok(Some(c)) if c > 0) {
+                        left.release(i);
+                    }
+                }
+            });
+        }
+        match decided {
+            Vote::Decided(count) => Ok(count),
+            Vote::NoQuorum(answered) => Err(self.no_quorum(answered)),
+            // Cannot happen: every master has answered.
+            Vote::Open => Err(self.no_quorum(answers.iter().flatten().count())),
+        }
+    }
+}
+
+/// Forwards one master's notices to the merged channel.
+async fn forward(mut from: broadcast::Receiver<Notice>, to: broadcast::Sender<Notice>) {
+    loop {
+        match from.recv().await {
+            Ok(notice) => {
+                let _ = to.send(notice);
+            }
+            Err(broadcast::error::RecvError::Lagged(_)) => {
+                let _ = to.send(Notice::Resync);
+            }
+            Err(broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}
+
+/// A grant the vote says is gone, on masters that may still have it.
+struct Leftovers {
+    masters: Vec<Arc<RedisStore>>,
+    key: String,
+    owner: String,
+}
+
+impl Leftovers {
+    /// Releases the grant on master `i` in the background, ignoring the answer.
+    fn release(&self, i: usize) {
+        let Some(master) = self.masters.get(i).cloned() else {
+            return;
+        };
+        let (key, owner) = (self.key.clone(), self.owner.clone());
+        tokio::spawn(async move {
+            if let Err(e) = master.release(&key, &owner, 0, Duration::ZERO).await {
+                tracing::debug!(%key, error = %e, "leftover grant on a Redlock master not released; it expires at its TTL");
+            }
+        });
+    }
+}
+
+impl Store for RedlockStore {
+    fn acquire<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, Acquired> {
+        Box::pin(self.acquire_once(claim))
+    }
+
+    fn hold<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        count: u32,
+        ttl: Duration,
+    ) -> StoreFuture<'a, Option<u32>> {
+        Box::pin(async move {
+            let (k, o) = (key.to_owned(), owner.to_owned());
+            let hold = move |m: Arc<RedisStore>| -> StoreFuture<'static, Option<u32>> {
+                let (k, o) = (k.clone(), o.clone());
+                Box::pin(async move { m.hold(&k, &o, count, ttl).await })
+            };
+            self.settle(key, owner, hold).await
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        count: u32,
+        delay: Duration,
+    ) -> StoreFuture<'a, Option<u32>> {
+        Box::pin(async move {
+            let (k, o) = (key.to_owned(), owner.to_owned());
+            let release = move |m: Arc<RedisStore>| -> StoreFuture<'static, Option<u32>> {
+                let (k, o) = (k.clone(), o.clone());
+                Box::pin(async move { m.release(&k, &o, count, delay).await })
+            };
+            self.settle(key, owner, release).await
+        })
+    }
+
+    fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<Renewed>> {
+        Box::pin(async move {
+            let (n, quorum) = (self.masters.len(), self.quorum);
+            // Enough when every grant's fate is settled: renewed by a majority, or the
+            // masters that did not refuse it could not make one.
+            let settled = |answers: &[Result<Vec<Renewed>, StoreError>]| {
+                (0..batch.len()).all(|i| renewal_vote(answers, n, quorum, i).is_some())
+            };
+            let answers = self.gather(|m| m.renew(batch), settled).await;
+            // One error shared by every grant whose fate is open: a master that did not
+            // answer in time may still hold it, so it is neither renewed nor lost yet.
+            let undecided = Arc::new(StoreError::Unavailable(format!(
+                "too few of the {n} Redlock masters renewed or refused the grant to tell; \
+                 {quorum} are needed"
+            )));
+            Ok((0..batch.len())
+                .map(|i| match renewal_vote(&answers, n, quorum, i) {
+                    Some(true) => Renewed::Extended,
+                    Some(false) => Renewed::NotHeld,
+                    None => Renewed::Failed(undecided.clone()),
+                })
+                .collect())
+        })
+    }
+
+    fn unwait<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let answers = self.everywhere(|m| m.unwait(claim)).await;
+            let answered = answers.iter().filter(|a| a.is_ok()).count();
+            if answered == 0 {
+                return Err(self.no_quorum(0));
+            }
+            Ok(())
+        })
+    }
+
+    fn describe<'a>(&'a self, key: &'a str) -> StoreFuture<'a, KeyState> {
+        Box::pin(async move {
+            let states: Vec<KeyState> = self
+                .everywhere(|m| m.describe(key))
+                .await
+                .into_iter()
+                .flatten()
+                .collect();
+            if states.len() < self.quorum {
+                return Err(self.no_quorum(states.len()));
+            }
+            Ok(merge(states, self.quorum))
+        })
+    }
+
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let quorum = self.quorum;
+            let enough = |a: &[Result<(), StoreError>]| a.iter().flatten().count() >= quorum;
+            let answers = self.gather(|m| m.ping(), enough).await;
+            let answered = answers.iter().filter(|a| a.is_ok()).count();
+            if answered < self.quorum {
+                return Err(self.no_quorum(answered));
+            }
+            Ok(())
+        })
+    }
+
+    fn notices(&self) -> broadcast::Receiver<Notice> {
+        self.notices.subscribe()
+    }
+
+    fn supports(&self, sharing: Sharing, limit: u32, fair: bool) -> Result<(), String> {
+        if limit > 1 {
+            return Err(
+                "semaphores are not supported on Redlock: each master would count \
+                        permits on its own, letting more holders in than the limit"
+                    .into(),
+            );
+        }
+        if fair {
+            return Err(
+                "fair queues are not supported on Redlock: each master would keep \
+                        its own order"
+                    .into(),
+            );
+        }
+        let _ = sharing; // read/write locks are safe: any two majorities share a master
+        Ok(())
+    }
+
+    fn kind(&self) -> &'static str {
+        "redlock"
+    }
+}

@@ -1,0 +1,242 @@
+//! One lock of the memory store: its holders, waiters and fair queue, and the rules
+//! that mirror `lua/common.lua` by name (purge, admit, heads, wake).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+
+use super::{FORGET_AFTER, MAX_HEADS};
+use crate::store::{Acquired, Claim, Notice, Sharing};
+
+#[derive(Debug)]
+pub(super) struct Holder {
+    pub(super) owner: String,
+    pub(super) expires: Instant,
+    pub(super) count: u32,
+    pub(super) fence: u64,
+    pub(super) session_id: String,
+    pub(super) client_name: String,
+}
+
+#[derive(Clone, Debug)]
+pub(super) struct Waiter {
+    pub(super) expires: Instant,
+    pub(super) sharing: Sharing,
+    pub(super) limit: u32,
+    pub(super) owner: String,
+    pub(super) session_id: String,
+    pub(super) client_name: String,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Lock {
+    pub(super) holders: Vec<Holder>,
+    /// The holders' mode and limit; meaningful while there are holders.
+    pub(super) sharing: Option<Sharing>,
+    pub(super) limit: u32,
+    /// Waiter name (see [`Claim::waiter`]) -> registration.
+    pub(super) waiters: HashMap<String, Waiter>,
+    /// Fair queue: arrival number -> waiter name.
+    pub(super) queue: BTreeMap<u64, String>,
+    pub(super) next_arrival: u64,
+    pub(super) delay_until: Option<Instant>,
+    pub(super) fence: u64,
+    /// Since when the lock has had no holder (`None` while held).
+    pub(super) unheld_since: Option<Instant>,
+    /// The time this lock was last put in the forget queue for.
+    pub(super) queued_for: Option<Instant>,
+}
+
+pub(super) enum Admit {
+    Free,
+    Ok,
+    Busy,
+    Conflict(u32),
+}
+
+impl Lock {
+    pub(super) fn purge(&mut self, now: Instant) {
+        self.holders.retain(|h| h.expires > now);
+        if self.holders.is_empty() {
+            self.sharing = None;
+            self.limit = 0;
+        }
+        self.waiters.retain(|_, w| w.expires > now);
+        let waiters = &self.waiters;
+        self.queue.retain(|_, name| waiters.contains_key(name));
+        if self.delay_until.is_some_and(|t| t <= now) {
+            self.delay_until = None;
+        }
+        self.settle(now);
+    }
+
+    /// Notes when the lock lost its last holder. A held lock is not in the forget
+    /// queue: the engine releases every grant it drops, and that release (or any later
+    /// call on the key, which purges an expired holder) queues it.
+    pub(super) fn settle(&mut self, now: Instant) {
+        if self.holders.is_empty() {
+            self.unheld_since.get_or_insert(now);
+        } else {
+            self.unheld_since = None;
+        }
+    }
+
+    /// Nobody holds or waits for the lock and no lock-delay runs.
+    pub(super) fn idle(&self) -> bool {
+        self.holders.is_empty()
+            && self.waiters.is_empty()
+            && self.queue.is_empty()
+            && self.delay_until.is_none()
+    }
+
+    /// When the lock may be forgotten unless it is used again: [`FORGET_AFTER`] after
+    /// its last holder left, its lock-delay ended and its last waiter registration
+    /// expired. `None` while held.
+    pub(super) fn forget_at(&self) -> Option<Instant> {
+        let mut quiet = self.unheld_since?;
+        if let Some(delay) = self.delay_until {
+            quiet = quiet.max(delay);
+        }
+        for waiter in self.waiters.values() {
+            quiet = quiet.max(waiter.expires);
+        }
+        Some(quiet + FORGET_AFTER)
+    }
+
+    pub(super) fn holder(&mut self, owner: &str) -> Option<&mut Holder> {
+        self.holders.iter_mut().find(|h| h.owner == owner)
+    }
+
+    pub(super) fn admit(&self, sharing: Sharing, limit: u32) -> Admit {
+        let n = self.holders.len() as u32;
+        if n == 0 {
+            return Admit::Free;
+        }
+        if self.limit != limit {
+            return Admit::Conflict(self.limit);
+        }
+        if limit > 1 {
+            return if n < limit { Admit::Ok } else { Admit::Busy };
+        }
+        if sharing == Sharing::Shared && self.sharing == Some(Sharing::Shared) {
+            return Admit::Ok;
+        }
+        Admit::Busy
+    }
+
+    /// Whether nobody queued ahead of `name` could be granted instead.
+    pub(super) fn first_in_line(&self, name: &str, sharing: Sharing, limit: u32) -> bool {
+        let ahead: Vec<&String> = self.queue.values().take_while(|n| *n != name).collect();
+        if ahead.is_empty() {
+            return true;
+        }
+        if limit > 1 {
+            return (ahead.len() as u32) < limit - self.holders.len() as u32;
+        }
+        sharing == Sharing::Shared
+            && ahead.iter().all(|n| {
+                self.waiters
+                    .get(*n)
+                    .is_some_and(|w| w.sharing == Sharing::Shared)
+            })
+    }
+
+    /// The fair waiters the lock would admit now (see `heads` in `lua/common.lua`).
+    pub(super) fn heads(&self) -> Vec<String> {
+        let first: Vec<&Waiter> = self
+            .queue
+            .values()
+            .take(MAX_HEADS)
+            .filter_map(|n| self.waiters.get(n))
+            .collect();
+        let Some(head) = first.first() else {
+            return Vec::new();
+        };
+        let n = self.holders.len();
+        let (room, readers_only) = if n == 0 {
+            match (head.limit, head.sharing) {
+                (l, _) if l > 1 => (l as usize, false),
+                (_, Sharing::Shared) => (first.len(), true),
+                _ => (1, false),
+            }
+        } else if self.limit > 1 {
+            ((self.limit as usize).saturating_sub(n), false)
+        } else if self.sharing == Some(Sharing::Shared) {
+            (first.len(), true)
+        } else {
+            (0, false)
+        };
+        first
+            .iter()
+            .take(room)
+            .take_while(|w| !readers_only || w.sharing == Sharing::Shared)
+            .map(|w| w.owner.clone())
+            .collect()
+    }
+
+    pub(super) fn wake(&self, key: &str, notices: &broadcast::Sender<Notice>) {
+        if self.waiters.is_empty() {
+            return;
+        }
+        let owners = if self.queue.is_empty() {
+            Vec::new()
+        } else {
+            self.heads()
+        };
+        if !owners.is_empty() || self.waiters.len() > self.queue.len() {
+            // No receiver is fine: no sidecar task listens yet.
+            let _ = notices.send(Notice::Released {
+                key: key.to_owned(),
+                owners,
+            });
+        }
+    }
+}
+
+/// Registers (and queues) a waiter that may not go yet; says when to look again.
+pub(super) fn busy(lock: &mut Lock, claim: &Claim, name: String, now: Instant) -> Acquired {
+    if claim.wait {
+        if claim.fair && !lock.queue.values().any(|n| *n == name) {
+            lock.next_arrival += 1;
+            lock.queue.insert(lock.next_arrival, name.clone());
+        }
+        lock.waiters.insert(
+            name.clone(),
+            Waiter {
+                expires: now + claim.ttl,
+                sharing: claim.sharing,
+                limit: claim.limit,
+                owner: claim.owner.clone(),
+                session_id: claim.session_id.clone(),
+                client_name: claim.client_name.clone(),
+            },
+        );
+    }
+    let mut look = now + claim.ttl;
+    if let Some(first) = lock.holders.iter().map(|h| h.expires).min() {
+        look = look.min(first);
+    }
+    if let Some(delay) = lock.delay_until {
+        look = look.min(delay);
+    }
+    let mut position = 0;
+    if claim.fair {
+        if let Some(oldest) = lock
+            .waiters
+            .iter()
+            .filter(|(n, _)| **n != name)
+            .map(|(_, w)| w.expires)
+            .min()
+        {
+            look = look.min(oldest);
+        }
+        let rank = lock.queue.values().position(|n| *n == name);
+        position = rank.unwrap_or(lock.queue.len()) as u32 + 1;
+    }
+    Acquired::Busy {
+        expires_in: (look - now).max(Duration::from_millis(1)),
+        position,
+    }
+}

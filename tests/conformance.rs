@@ -103,6 +103,7 @@ fn claim(key: &str, owner: &str, ttl_ms: u64) -> Claim {
         sharing: Sharing::Exclusive,
         limit: 1,
         fair: false,
+        value: Vec::new(),
     }
 }
 
@@ -491,7 +492,7 @@ async fn position(s: &Subject, c: &Claim) -> u32 {
 fn names(notice: Notice) -> Vec<String> {
     match notice {
         Notice::Released { owners, .. } => owners,
-        Notice::Resync => panic!("expected a release notice"),
+        other => panic!("expected a release notice, got {other:?}"),
     }
 }
 

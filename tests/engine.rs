@@ -140,6 +140,20 @@ impl Store for Switchable {
     fn ping(&self) -> StoreFuture<'_, ()> {
         guarded!(self, self.inner.ping())
     }
+    fn proclaim<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        value: &'a [u8],
+    ) -> StoreFuture<'a, bool> {
+        guarded!(self, self.inner.proclaim(key, owner, value))
+    }
+    fn listen<'a>(&'a self, key: &'a str, watch: bool) -> StoreFuture<'a, ()> {
+        self.inner.listen(key, watch)
+    }
+    fn unlisten(&self, key: &str, watch: bool) {
+        self.inner.unlisten(key, watch)
+    }
     fn notices(&self) -> broadcast::Receiver<Notice> {
         self.inner.notices()
     }
@@ -408,6 +422,7 @@ async fn a_waiter_is_woken_by_the_holders_expiry() {
         sharing: lockside::store::Sharing::Exclusive,
         limit: 1,
         fair: false,
+        value: Vec::new(),
     };
     assert!(matches!(
         store.acquire(&claim).await,

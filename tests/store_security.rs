@@ -81,6 +81,7 @@ fn claim(owner: &str) -> Claim {
         sharing: Sharing::Exclusive,
         limit: 1,
         fair: false,
+        value: Vec::new(),
     }
 }
 

@@ -375,6 +375,7 @@ async fn direct_cycles(
             sharing: Sharing::Exclusive,
             limit: 1,
             fair: false,
+            value: Vec::new(),
         };
         let start = Instant::now();
         match store.acquire(&claim).await {

@@ -295,6 +295,8 @@ async fn dispatch_notices(
         };
         match notice {
             Ok(Notice::Released { key, owners }) => wakers.wake(&key, &owners),
+            // A change that frees nothing: nobody waiting can go (watchers: issue 14).
+            Ok(Notice::Changed { .. }) => {}
             Ok(Notice::Resync) | Err(RecvError::Lagged(_)) => wakers.wake_all(),
             Err(RecvError::Closed) => return,
         }

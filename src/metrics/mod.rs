@@ -109,11 +109,13 @@ pub enum Operation {
     Describe,
     /// `ping` (the health check, every second).
     Ping,
+    /// `proclaim` (a holder's new value).
+    Proclaim,
 }
 
 impl Operation {
-    const LABELS: [&'static str; 7] = [
-        "acquire", "hold", "release", "renew", "unwait", "describe", "ping",
+    const LABELS: [&'static str; 8] = [
+        "acquire", "hold", "release", "renew", "unwait", "describe", "ping", "proclaim",
     ];
 }
 

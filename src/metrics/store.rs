@@ -100,6 +100,23 @@ impl Store for MeteredStore {
         self.meter(Operation::Ping, self.inner.ping())
     }
 
+    fn proclaim<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        value: &'a [u8],
+    ) -> StoreFuture<'a, bool> {
+        self.meter(Operation::Proclaim, self.inner.proclaim(key, owner, value))
+    }
+
+    fn listen<'a>(&'a self, key: &'a str, watch: bool) -> StoreFuture<'a, ()> {
+        self.inner.listen(key, watch)
+    }
+
+    fn unlisten(&self, key: &str, watch: bool) {
+        self.inner.unlisten(key, watch);
+    }
+
     fn notices(&self) -> broadcast::Receiver<Notice> {
         self.inner.notices()
     }

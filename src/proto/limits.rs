@@ -23,3 +23,6 @@ pub const DEFAULT_ADDR: &str = "127.0.0.1:7420";
 
 /// The request metadata header a client names itself with on `Lease`.
 pub const CLIENT_NAME_HEADER: &str = "lockside-client-name";
+
+/// Longest holder value (`Acquire.value`, `Proclaim.value`), in bytes.
+pub const MAX_VALUE_BYTES: usize = 4 * 1024;

@@ -19,226 +19,21 @@
 pub mod memory;
 pub mod redis;
 pub mod redlock;
+mod types;
+
+pub use types::{
+    Acquired, CHANGED, Claim, HolderState, KeyState, Notice, QueuedState, Renewal, Renewed,
+    Sharing, StoreError,
+};
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::broadcast;
 
 /// A future returned by a [`Store`] method.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
-
-/// What can go wrong talking to a store. Busy, not held and the like are outcomes, not
-/// errors: an error means the store could not be asked.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// The store could not be reached or did not answer in time.
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
-    /// The store's address or settings are wrong.
-    #[error("bad store configuration: {0}")]
-    Config(String),
-    /// The store answered something this sidecar does not understand.
-    #[error("unexpected store reply: {0}")]
-    Protocol(String),
-}
-
-/// How a grant shares its lock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Sharing {
-    /// Excludes every other holder (or, with a limit N > 1, all but N − 1 others).
-    Exclusive,
-    /// Coexists with other shared holders; excludes exclusive ones.
-    Shared,
-}
-
-impl Sharing {
-    /// The one-letter form stored in Redis.
-    pub fn letter(self) -> &'static str {
-        match self {
-            Self::Exclusive => "x",
-            Self::Shared => "s",
-        }
-    }
-}
-
-impl StoreError {
-    /// A short label for metrics.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Unavailable(_) => "unavailable",
-            Self::Config(_) => "config",
-            Self::Protocol(_) => "protocol",
-        }
-    }
-}
-
-/// Who asks for a lock: the owner token and what `Describe` may show of it.
-#[derive(Clone, Debug)]
-pub struct Claim {
-    /// The lock's name, as the client gave it.
-    pub key: String,
-    /// The per-grant secret that the store value carries (never shown by `Describe`).
-    pub owner: String,
-    /// How long the store keeps the grant, or the waiter registration, without a renewal.
-    pub ttl: Duration,
-    /// Register as a waiter when busy, so a release notifies this sidecar.
-    pub wait: bool,
-    /// The public session id, shown by `Describe`.
-    pub session_id: String,
-    /// The client's self-chosen name, shown by `Describe`.
-    pub client_name: String,
-    /// Exclusive or shared.
-    pub sharing: Sharing,
-    /// 1 for a lock, N > 1 for a counting semaphore of N permits.
-    pub limit: u32,
-    /// Granted in arrival order among fair waiters, across sidecars.
-    pub fair: bool,
-}
-
-impl Claim {
-    /// The name of this claim as a waiter: `mode|limit|owner|session_id|client_name`.
-    /// One string in the store's waiter set and fair queue; `Describe` shows all but
-    /// the owner.
-    pub fn waiter(&self) -> String {
-        format!(
-            "{}|{}|{}|{}|{}",
-            self.sharing.letter(),
-            self.limit,
-            self.owner,
-            self.session_id,
-            self.client_name
-        )
-    }
-}
-
-/// The answer to an acquire attempt.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Acquired {
-    /// Granted with a fresh fencing token.
-    Granted {
-        /// The grant's fencing token.
-        fence: u64,
-    },
-    /// Not now.
-    Busy {
-        /// When a waiter should look again even without a wake-up: the first holder's
-        /// expiry, the end of a lock-delay, or (fair) the first waiter's expiry.
-        expires_in: Duration,
-        /// Fair: 1 = next in line. Unfair: 0.
-        position: u32,
-    },
-    /// The current holders use another limit (a lock and a semaphore, or two
-    /// semaphores of different sizes, cannot share a key).
-    Conflict {
-        /// The holders' limit.
-        limit: u32,
-    },
-}
-
-/// One grant to renew, in a batch. Borrowed: a batch of 10,000 renewals is built
-/// every few seconds and should not copy every key.
-#[derive(Clone, Copy, Debug)]
-pub struct Renewal<'a> {
-    /// The lock's name.
-    pub key: &'a str,
-    /// The grant's owner token.
-    pub owner: &'a str,
-    /// The new validity from now, in store time.
-    pub ttl: Duration,
-}
-
-/// What a renewal batch found for one of its grants.
-#[derive(Clone, Debug)]
-pub enum Renewed {
-    /// Still held, and extended by its TTL from now.
-    Extended,
-    /// The store no longer holds the grant (expired, released, or lost by the store).
-    NotHeld,
-    /// The store could not be asked about this grant (its node or master did not answer
-    /// in time, or too few Redlock masters did): nothing is known, try again. Shared by
-    /// every grant of the part of the batch that failed.
-    Failed(Arc<StoreError>),
-}
-
-impl Renewed {
-    /// Whether the grant was extended.
-    pub fn is_extended(&self) -> bool {
-        matches!(self, Self::Extended)
-    }
-}
-
-/// One holder as `Describe` reports it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HolderState {
-    /// Public session id of the holder.
-    pub session_id: String,
-    /// The client name the holder gave.
-    pub client_name: String,
-    /// Holds of this grant.
-    pub hold_count: u32,
-    /// Time until the store lets the grant go if it is not renewed.
-    pub ttl_remaining: Duration,
-    /// The fencing token of the grant.
-    pub fence: u64,
-}
-
-/// A fair waiter as `Describe` reports it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct QueuedState {
-    /// Public session id of the waiter.
-    pub session_id: String,
-    /// The client name the waiter gave.
-    pub client_name: String,
-    /// The mode it waits for.
-    pub sharing: Sharing,
-}
-
-/// The state of one lock.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct KeyState {
-    /// Current holders.
-    pub holders: Vec<HolderState>,
-    /// The holders' mode (`None` when nobody holds the key).
-    pub sharing: Option<Sharing>,
-    /// The holders' limit (0 when nobody holds the key).
-    pub limit: u32,
-    /// Live waiter registrations, fair or not, across sidecars.
-    pub waiters: u32,
-    /// Fair waiters, oldest first.
-    pub queue: Vec<QueuedState>,
-    /// The last fencing token issued for the key (0 if none).
-    pub fence: u64,
-}
-
-/// A notice from the store to every sidecar.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Notice {
-    /// `key` may now be granted to a waiter: to the fair waiters named by their owner
-    /// tokens, or, when none is named, to any one unfair waiter.
-    Released {
-        /// The lock's name.
-        key: String,
-        /// Owner tokens of the fair waiters to wake.
-        owners: Vec<String>,
-    },
-    /// Notices may have been missed (reconnect, lag): every waiter should look again.
-    Resync,
-}
-
-impl Notice {
-    /// Parses a release notice's payload: the key, then one owner per line.
-    pub fn parse(payload: &str) -> Self {
-        let mut lines = payload.split('\n');
-        let key = lines.next().unwrap_or_default().to_owned();
-        Self::Released {
-            key,
-            owners: lines.map(str::to_owned).collect(),
-        }
-    }
-}
 
 /// A place where locks live. Implementations must pass the conformance suite in
 /// `tests/conformance.rs`. Every method is one atomic step.
@@ -293,10 +88,36 @@ pub trait Store: Send + Sync + 'static {
     /// The state of one lock.
     fn describe<'a>(&'a self, key: &'a str) -> StoreFuture<'a, KeyState>;
 
+    /// Replaces the value of `owner`'s grant of `key` (leader election: who leads, and
+    /// where) and tells the key's watchers. `true` when `owner` holds `key`, `false`
+    /// (nothing changed) when not.
+    fn proclaim<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        value: &'a [u8],
+    ) -> StoreFuture<'a, bool>;
+
+    /// Delivers the notices of `key` to this sidecar from now on, until as many
+    /// [`Store::unlisten`]s: a local waiter needs its release notices, a watcher every
+    /// change. With `watch`, this sidecar also registers in the store as a listener of
+    /// `key`, so that its changes are published while nobody waits for it (a store
+    /// publishes a key's notices only while someone listens; waiters register with their
+    /// acquire). Completes once notices flow (on Redis: the subscription is confirmed);
+    /// a failure is logged, not returned: waiters and watchers also look again at the
+    /// times the store gives them (a holder's expiry).
+    fn listen<'a>(&'a self, _key: &'a str, _watch: bool) -> StoreFuture<'a, ()> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// Ends one [`Store::listen`] of `key` (with the same `watch`).
+    fn unlisten(&self, _key: &str, _watch: bool) {}
+
     /// Checks that the store answers.
     fn ping(&self) -> StoreFuture<'_, ()>;
 
-    /// Subscribes to release notices. Every sidecar on the store sees every notice.
+    /// The notices of the keys this sidecar listens to (see [`Store::listen`]), and
+    /// `Resync` when some may have been missed.
     fn notices(&self) -> broadcast::Receiver<Notice>;
 
     /// Whether this store can keep locks of this kind safely; `Err` says why not (for

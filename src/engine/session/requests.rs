@@ -234,6 +234,7 @@ impl Session {
                     sharing,
                     limit,
                     fair: request.fair,
+                    value: Vec::new(),
                 };
                 let cancel = CancellationToken::new();
                 let span = acquire_span(&request, sharing, limit);

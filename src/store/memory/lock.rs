@@ -18,6 +18,8 @@ pub(super) struct Holder {
     pub(super) fence: u64,
     pub(super) session_id: String,
     pub(super) client_name: String,
+    /// The holder's value (empty for none).
+    pub(super) value: Vec<u8>,
 }
 
 #[derive(Clone, Debug)]
@@ -176,9 +178,11 @@ impl Lock {
             .collect()
     }
 
-    pub(super) fn wake(&self, key: &str, notices: &broadcast::Sender<Notice>) {
+    /// Wakes the waiters that can now have the lock, when there are any; whether a
+    /// notice went out.
+    pub(super) fn wake(&self, key: &str, notices: &broadcast::Sender<Notice>) -> bool {
         if self.waiters.is_empty() {
-            return;
+            return false;
         }
         let owners = if self.queue.is_empty() {
             Vec::new()
@@ -191,7 +195,9 @@ impl Lock {
                 key: key.to_owned(),
                 owners,
             });
+            return true;
         }
+        false
     }
 }
 

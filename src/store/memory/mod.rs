@@ -103,6 +103,8 @@ impl Locks {
 pub struct MemoryStore {
     locks: Mutex<Locks>,
     notices: broadcast::Sender<Notice>,
+    /// Keys with watchers here, and how many ([`Store::listen`] with `watch`).
+    watched: Mutex<HashMap<String, usize>>,
 }
 
 impl Default for MemoryStore {
@@ -117,6 +119,7 @@ impl MemoryStore {
         Self {
             locks: Mutex::new(Locks::default()),
             notices: broadcast::channel(NOTICE_BUFFER).0,
+            watched: Mutex::new(HashMap::new()),
         }
     }
 
@@ -182,16 +185,16 @@ impl MemoryStore {
 
     fn acquire_now(&self, claim: &Claim) -> Acquired {
         let name = claim.waiter();
-        self.with_new_lock(&claim.key, |lock, now| {
+        let answer = self.with_new_lock(&claim.key, |lock, now| {
             let admit = lock.admit(claim.sharing, claim.limit);
             if let Admit::Conflict(limit) = admit {
-                return Acquired::Conflict { limit };
+                return (Acquired::Conflict { limit }, false);
             }
             let go = !matches!(admit, Admit::Busy)
                 && lock.delay_until.is_none()
                 && (!claim.fair || lock.first_in_line(&name, claim.sharing, claim.limit));
             if !go {
-                return busy(lock, claim, name, now);
+                return (busy(lock, claim, name, now), false);
             }
             lock.fence = next_fence(lock.fence, unix_ms());
             if let Admit::Free = admit {
@@ -207,14 +210,37 @@ impl MemoryStore {
                 fence: lock.fence,
                 session_id: claim.session_id.clone(),
                 client_name: claim.client_name.clone(),
+                value: claim.value.clone(),
             });
             let room = (lock.holders.len() as u32) < claim.limit;
-            if claim.sharing == Sharing::Shared || (claim.limit > 1 && room) {
-                // Room is left for more readers or permits: pass the wake on.
-                lock.wake(&claim.key, &self.notices);
+            // Room is left for more readers or permits: pass the wake on.
+            let woke = (claim.sharing == Sharing::Shared || (claim.limit > 1 && room))
+                && lock.wake(&claim.key, &self.notices);
+            (Acquired::Granted { fence: lock.fence }, woke)
+        });
+        match answer {
+            (Acquired::Granted { fence }, woke) => {
+                if !woke {
+                    self.changed(&claim.key);
+                }
+                Acquired::Granted { fence }
             }
-            Acquired::Granted { fence: lock.fence }
-        })
+            (other, _) => other,
+        }
+    }
+
+    /// Tells the watchers of `key`, if it has any, that it changed without freeing
+    /// anything (nobody is told when nobody watches, as on Redis).
+    fn changed(&self, key: &str) {
+        if self.watched().contains_key(key) {
+            let _ = self.notices.send(Notice::Changed {
+                key: key.to_owned(),
+            });
+        }
+    }
+
+    fn watched(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        self.watched.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -237,12 +263,18 @@ impl Store for MemoryStore {
         let answer = self
             .with_lock(key, |lock, now| {
                 let holder = lock.holder(owner)?;
+                let before = holder.count;
                 holder.count = count.max(1);
                 holder.expires = now + ttl;
-                Some(holder.count)
+                Some((holder.count, before))
             })
             .flatten();
-        ready(answer)
+        if let Some((count, before)) = answer
+            && count != before
+        {
+            self.changed(key);
+        }
+        ready(answer.map(|(count, _)| count))
     }
 
     fn release<'a>(
@@ -255,8 +287,9 @@ impl Store for MemoryStore {
         let answer = self.with_lock(key, |lock, now| {
             let holder = lock.holder(owner)?;
             if count > 0 {
+                let changed = holder.count != count;
                 holder.count = count;
-                return Some(count);
+                return Some((count, changed));
             }
             lock.holders.retain(|h| h.owner != owner);
             if lock.holders.is_empty() {
@@ -267,10 +300,14 @@ impl Store for MemoryStore {
                     lock.delay_until = Some(now + delay);
                 }
             }
-            lock.wake(key, &self.notices);
-            Some(0)
+            // Watchers re-read on a release notice too.
+            Some((0, !lock.wake(key, &self.notices)))
         });
-        ready(answer.flatten())
+        let answer = answer.flatten();
+        if let Some((_, true)) = answer {
+            self.changed(key);
+        }
+        ready(answer.map(|(count, _)| count))
     }
 
     fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<Renewed>> {
@@ -315,6 +352,7 @@ impl Store for MemoryStore {
                     hold_count: h.count,
                     ttl_remaining: h.expires - now,
                     fence: h.fence,
+                    value: h.value.clone(),
                 })
                 .collect(),
             sharing: lock.sharing,
@@ -334,6 +372,48 @@ impl Store for MemoryStore {
         });
         // A key the store does not have: nobody holds it, and no token is known.
         ready(state.unwrap_or_default())
+    }
+
+    fn proclaim<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        value: &'a [u8],
+    ) -> StoreFuture<'a, bool> {
+        let held = self
+            .with_lock(key, |lock, _| {
+                let holder = lock.holder(owner)?;
+                holder.value = value.to_vec();
+                Some(())
+            })
+            .flatten()
+            .is_some();
+        if held {
+            self.changed(key);
+        }
+        ready(held)
+    }
+
+    fn listen<'a>(&'a self, key: &'a str, watch: bool) -> StoreFuture<'a, ()> {
+        // Notices reach every listener of this process anyway; only watches count, so
+        // that changes are announced only for watched keys.
+        if watch {
+            *self.watched().entry(key.to_owned()).or_default() += 1;
+        }
+        ready(())
+    }
+
+    fn unlisten(&self, key: &str, watch: bool) {
+        if !watch {
+            return;
+        }
+        let mut watched = self.watched();
+        if let Some(n) = watched.get_mut(key) {
+            *n -= 1;
+            if *n == 0 {
+                watched.remove(key);
+            }
+        }
     }
 
     fn ping(&self) -> StoreFuture<'_, ()> {

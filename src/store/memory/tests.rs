@@ -15,6 +15,7 @@ fn claim(key: &str, owner: &str) -> Claim {
         sharing: Sharing::Exclusive,
         limit: 1,
         fair: false,
+        value: Vec::new(),
     }
 }
 

@@ -331,6 +331,18 @@ impl Store for RedlockStore {
         })
     }
 
+    fn proclaim<'a>(
+        &'a self,
+        _key: &'a str,
+        _owner: &'a str,
+        _value: &'a [u8],
+    ) -> StoreFuture<'a, bool> {
+        // Values come with the store's second data model (issue 14).
+        Box::pin(std::future::ready(Err(StoreError::Unavailable(
+            "holder values are not stored by this store yet".into(),
+        ))))
+    }
+
     fn ping(&self) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             let quorum = self.quorum;

@@ -35,8 +35,8 @@ use shards::Shards;
 macro_rules! script {
     ($file:literal) => {
         Script::new(concat!(
-            include_str!("lua/common.lua"),
-            include_str!(concat!("lua/", $file))
+            include_str!("../lua/common.lua"),
+            include_str!(concat!("../lua/", $file))
         ))
     };
 }
@@ -442,6 +442,7 @@ impl Store for RedisStore {
                         hold_count: int(&h[2])?.max(0) as u32,
                         ttl_remaining: Duration::from_millis(int(&h[3])?.max(0) as u64),
                         fence: int(&h[4])? as u64,
+                        value: Vec::new(),
                     })
                 })
                 .collect::<Result<Vec<_>, StoreError>>()?;
@@ -462,6 +463,18 @@ impl Store for RedisStore {
                 fence: int(fence)? as u64,
             })
         })
+    }
+
+    fn proclaim<'a>(
+        &'a self,
+        _key: &'a str,
+        _owner: &'a str,
+        _value: &'a [u8],
+    ) -> StoreFuture<'a, bool> {
+        // Values come with the store's second data model (issue 14).
+        Box::pin(std::future::ready(Err(StoreError::Unavailable(
+            "holder values are not stored by this store yet".into(),
+        ))))
     }
 
     fn ping(&self) -> StoreFuture<'_, ()> {

@@ -1,0 +1,239 @@
+//! The values that cross the store's interface: claims, answers, states, notices.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What can go wrong talking to a store. Busy, not held and the like are outcomes, not
+/// errors: an error means the store could not be asked.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be reached or did not answer in time.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The store's address or settings are wrong.
+    #[error("bad store configuration: {0}")]
+    Config(String),
+    /// The store answered something this sidecar does not understand.
+    #[error("unexpected store reply: {0}")]
+    Protocol(String),
+}
+
+/// How a grant shares its lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sharing {
+    /// Excludes every other holder (or, with a limit N > 1, all but N − 1 others).
+    Exclusive,
+    /// Coexists with other shared holders; excludes exclusive ones.
+    Shared,
+}
+
+impl Sharing {
+    /// The one-letter form stored in Redis.
+    pub fn letter(self) -> &'static str {
+        match self {
+            Self::Exclusive => "x",
+            Self::Shared => "s",
+        }
+    }
+}
+
+impl StoreError {
+    /// A short label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Unavailable(_) => "unavailable",
+            Self::Config(_) => "config",
+            Self::Protocol(_) => "protocol",
+        }
+    }
+}
+
+/// Who asks for a lock: the owner token and what `Describe` may show of it.
+#[derive(Clone, Debug)]
+pub struct Claim {
+    /// The lock's name, as the client gave it.
+    pub key: String,
+    /// The per-grant secret that the store value carries (never shown by `Describe`).
+    pub owner: String,
+    /// How long the store keeps the grant, or the waiter registration, without a renewal.
+    pub ttl: Duration,
+    /// Register as a waiter when busy, so a release notifies this sidecar.
+    pub wait: bool,
+    /// The public session id, shown by `Describe`.
+    pub session_id: String,
+    /// The client's self-chosen name, shown by `Describe`.
+    pub client_name: String,
+    /// Exclusive or shared.
+    pub sharing: Sharing,
+    /// 1 for a lock, N > 1 for a counting semaphore of N permits.
+    pub limit: u32,
+    /// Granted in arrival order among fair waiters, across sidecars.
+    pub fair: bool,
+    /// The holder's value (leader election: who leads, and where), shown by
+    /// `Describe`; empty for none. At most [`crate::proto::limits::MAX_VALUE_BYTES`].
+    pub value: Vec<u8>,
+}
+
+impl Claim {
+    /// The name of this claim as a waiter: `mode|limit|owner|session_id|client_name`.
+    /// One string in the store's waiter set and fair queue; `Describe` shows all but
+    /// the owner.
+    pub fn waiter(&self) -> String {
+        format!(
+            "{}|{}|{}|{}|{}",
+            self.sharing.letter(),
+            self.limit,
+            self.owner,
+            self.session_id,
+            self.client_name
+        )
+    }
+}
+
+/// The answer to an acquire attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Acquired {
+    /// Granted with a fresh fencing token.
+    Granted {
+        /// The grant's fencing token.
+        fence: u64,
+    },
+    /// Not now.
+    Busy {
+        /// When a waiter should look again even without a wake-up: the first holder's
+        /// expiry, the end of a lock-delay, or (fair) the first waiter's expiry.
+        expires_in: Duration,
+        /// Fair: 1 = next in line. Unfair: 0.
+        position: u32,
+    },
+    /// The current holders use another limit (a lock and a semaphore, or two
+    /// semaphores of different sizes, cannot share a key).
+    Conflict {
+        /// The holders' limit.
+        limit: u32,
+    },
+}
+
+/// One grant to renew, in a batch. Borrowed: a batch of 10,000 renewals is built
+/// every few seconds and should not copy every key.
+#[derive(Clone, Copy, Debug)]
+pub struct Renewal<'a> {
+    /// The lock's name.
+    pub key: &'a str,
+    /// The grant's owner token.
+    pub owner: &'a str,
+    /// The new validity from now, in store time.
+    pub ttl: Duration,
+}
+
+/// What a renewal batch found for one of its grants.
+#[derive(Clone, Debug)]
+pub enum Renewed {
+    /// Still held, and extended by its TTL from now.
+    Extended,
+    /// The store no longer holds the grant (expired, released, or lost by the store).
+    NotHeld,
+    /// The store could not be asked about this grant (its node or master did not answer
+    /// in time, or too few Redlock masters did): nothing is known, try again. Shared by
+    /// every grant of the part of the batch that failed.
+    Failed(Arc<StoreError>),
+}
+
+impl Renewed {
+    /// Whether the grant was extended.
+    pub fn is_extended(&self) -> bool {
+        matches!(self, Self::Extended)
+    }
+}
+
+/// One holder as `Describe` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HolderState {
+    /// Public session id of the holder.
+    pub session_id: String,
+    /// The client name the holder gave.
+    pub client_name: String,
+    /// Holds of this grant.
+    pub hold_count: u32,
+    /// Time until the store lets the grant go if it is not renewed.
+    pub ttl_remaining: Duration,
+    /// The fencing token of the grant.
+    pub fence: u64,
+    /// The holder's value (empty for none).
+    pub value: Vec<u8>,
+}
+
+/// A fair waiter as `Describe` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueuedState {
+    /// Public session id of the waiter.
+    pub session_id: String,
+    /// The client name the waiter gave.
+    pub client_name: String,
+    /// The mode it waits for.
+    pub sharing: Sharing,
+}
+
+/// The state of one lock.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeyState {
+    /// Current holders.
+    pub holders: Vec<HolderState>,
+    /// The holders' mode (`None` when nobody holds the key).
+    pub sharing: Option<Sharing>,
+    /// The holders' limit (0 when nobody holds the key).
+    pub limit: u32,
+    /// Live waiter registrations, fair or not, across sidecars.
+    pub waiters: u32,
+    /// Fair waiters, oldest first.
+    pub queue: Vec<QueuedState>,
+    /// The last fencing token issued for the key (0 if none).
+    pub fence: u64,
+}
+
+/// A notice from the store to every sidecar.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notice {
+    /// `key` may now be granted to a waiter: to the fair waiters named by their owner
+    /// tokens, or, when none is named, to any one unfair waiter.
+    Released {
+        /// The lock's name.
+        key: String,
+        /// Owner tokens of the fair waiters to wake.
+        owners: Vec<String>,
+    },
+    /// `key` changed in a way that frees nothing (a grant, a hold count, a value): its
+    /// watchers read it again; no waiter is woken.
+    Changed {
+        /// The lock's name.
+        key: String,
+    },
+    /// Notices may have been missed (reconnect, lag): every waiter and watcher should
+    /// look again.
+    Resync,
+}
+
+/// The second line of a [`Notice::Changed`] payload.
+pub const CHANGED: &str = "=";
+
+impl Notice {
+    /// Parses a notice's payload: the key, then `=` for a change, or one fair waiter's
+    /// owner per line for a release.
+    pub fn parse(payload: &str) -> Self {
+        let mut lines = payload.split('\n');
+        let key = lines.next().unwrap_or_default().to_owned();
+        let owners: Vec<String> = lines.map(str::to_owned).collect();
+        if owners.len() == 1 && owners[0] == CHANGED {
+            return Self::Changed { key };
+        }
+        Self::Released { key, owners }
+    }
+
+    /// The key the notice is about, if one.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            Self::Released { key, .. } | Self::Changed { key } => Some(key),
+            Self::Resync => None,
+        }
+    }
+}

@@ -12,7 +12,11 @@
 //! indexed by the label's enum), so a count is one atomic add, with no label set built,
 //! hashed or allocated per call. `store.rs` meters every store call the same way.
 
+mod labels;
 pub mod store;
+
+use labels::CALL_RESULTS;
+pub use labels::{Loss, Operation, Outcome, Renewed};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,101 +31,6 @@ use tokio::sync::Semaphore;
 /// A label set of `N` fixed labels; keys and values are static strings, so a handle is
 /// looked up once and never allocates.
 type Labels<const N: usize> = [(&'static str, &'static str); N];
-
-/// How an acquire ended (`lockside_acquires_total{outcome}`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// Granted (first grant or reentrant).
-    Granted,
-    /// Busy and not waiting.
-    Busy,
-    /// The wait timed out.
-    Timeout,
-    /// The wait was cancelled.
-    Cancelled,
-    /// Refused (bad input, limits, a conflict). Counted for every `Rejected` a session
-    /// sends, a refused `Release` included.
-    Rejected,
-    /// The store could not be reached.
-    Unavailable,
-}
-
-impl Outcome {
-    const LABELS: [&'static str; 6] = [
-        "granted",
-        "busy",
-        "timeout",
-        "cancelled",
-        "rejected",
-        "unavailable",
-    ];
-}
-
-/// What a renewal found (`lockside_renewals_total{result}`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Renewed {
-    /// Extended.
-    Ok,
-    /// The store no longer held the grant.
-    NotHeld,
-    /// The store call failed.
-    Failed,
-}
-
-impl Renewed {
-    const LABELS: [&'static str; 3] = ["ok", "not_held", "failed"];
-}
-
-/// Why a held lock was lost (`lockside_lost_total{reason}`). The first two are
-/// incidents (the store failed the lock); a shutdown is routine when the app left
-/// locks held.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Loss {
-    /// No renewal was confirmed before the safe deadline (the store unreachable or
-    /// too slow).
-    Deadline,
-    /// The store said the grant was gone (expired there, or lost by a failover, a
-    /// restart or an eviction).
-    NotHeld,
-    /// The sidecar shut down while the session held it.
-    Shutdown,
-}
-
-impl Loss {
-    const LABELS: [&'static str; 3] = ["deadline", "not_held", "shutdown"];
-}
-
-/// A store operation (`lockside_store_calls_total{operation}`): one per method of the
-/// [`crate::store::Store`] trait that reaches the store.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Operation {
-    /// `acquire`.
-    Acquire,
-    /// `hold` (a reentrant acquire).
-    Hold,
-    /// `release`.
-    Release,
-    /// `renew` (one batch).
-    Renew,
-    /// `unwait` (a wait given up).
-    Unwait,
-    /// `describe`.
-    Describe,
-    /// `ping` (the health check, every second).
-    Ping,
-    /// `proclaim` (a holder's new value).
-    Proclaim,
-}
-
-impl Operation {
-    const LABELS: [&'static str; 8] = [
-        "acquire", "hold", "release", "renew", "unwait", "describe", "ping", "proclaim",
-    ];
-}
-
-/// The result of a store call (`lockside_store_calls_total{result}`): `ok`, or the
-/// error's kind ([`crate::store::StoreError::kind`]).
-const CALL_RESULTS: [&str; 4] = ["ok", "unavailable", "config", "protocol"];
 
 /// One counter per value of a label, in the order of `values`. Creating them here makes
 /// every series exist from the first scrape.
@@ -424,95 +333,4 @@ impl Metrics {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn render() -> String {
-        let metrics = Metrics::new(Sidecar {
-            store_kind: "memory",
-            default_ttl: Duration::from_secs(10),
-            max_sessions: 10,
-        });
-        metrics.render(true).expect("render")
-    }
-
-    #[test]
-    fn every_metric_has_help_and_every_label_value_is_snake_case() {
-        let text = render();
-        for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
-            let name = line.split(' ').nth(2).expect("a name");
-            assert!(
-                text.contains(&format!("# HELP {name} ")),
-                "{name} has no HELP"
-            );
-        }
-        for line in text.lines().filter(|l| !l.starts_with('#')) {
-            let Some((_, labels)) = line.split_once('{') else {
-                continue;
-            };
-            let labels = labels.split('}').next().unwrap_or_default();
-            for pair in labels.split(',') {
-                let (key, value) = pair.split_once('=').expect("key=value");
-                let value = value.trim_matches('"');
-                if key == "le" || key == "version" {
-                    continue;
-                }
-                assert!(
-                    value
-                        .chars()
-                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
-                    "{line}"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn labelled_series_exist_at_zero_from_the_start() {
-        let text = render();
-        for series in [
-            "lockside_acquires_total{outcome=\"timeout\"} 0",
-            "lockside_renewals_total{result=\"not_held\"} 0",
-            "lockside_lost_total{reason=\"deadline\"} 0",
-            "lockside_store_calls_total{operation=\"unwait\",result=\"protocol\"} 0",
-            "lockside_store_call_seconds_count{operation=\"ping\"} 0",
-            "lockside_build_info{version=\"",
-            "lockside_default_ttl_seconds 10.0",
-            "lockside_sessions_limit 10",
-            "lockside_ready 1",
-            "# UNIT lockside_acquire_wait_seconds seconds",
-        ] {
-            assert!(text.contains(series), "no {series} in\n{text}");
-        }
-    }
-
-    #[test]
-    fn a_store_call_is_counted_by_operation_and_result() {
-        let metrics = Metrics::new(Sidecar {
-            store_kind: "memory",
-            default_ttl: Duration::from_secs(10),
-            max_sessions: 10,
-        });
-        let calls = metrics.store_calls();
-        calls.record(Operation::Renew, Duration::from_millis(3), None);
-        calls.record(
-            Operation::Renew,
-            Duration::from_millis(3),
-            Some("unavailable"),
-        );
-        calls.record(
-            Operation::Renew,
-            Duration::from_millis(3),
-            Some("something new"),
-        );
-        let text = metrics.render(false).expect("render");
-        for series in [
-            "lockside_store_calls_total{operation=\"renew\",result=\"ok\"} 1",
-            "lockside_store_calls_total{operation=\"renew\",result=\"unavailable\"} 2",
-            "lockside_store_call_seconds_count{operation=\"renew\"} 3",
-            "lockside_ready 0",
-        ] {
-            assert!(text.contains(series), "no {series} in\n{text}");
-        }
-    }
-}
+mod tests;

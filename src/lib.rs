@@ -4,44 +4,20 @@
 //!
 //! # Layout
 //!
-//! Data flows one way: `api` → `engine` → `store`.
+//! Data flows one way: [`api`] → [`engine`] → [`store`]. `ARCHITECTURE.md` at the
+//! repository's root has the code map (what each folder owns and never imports), the
+//! invariants and where each kind of test lives; `tests/architecture.rs` keeps the
+//! import rules.
 //!
-//! - [`proto`]: the generated gRPC types of `proto/lockside/v1/lockside.proto`.
-//! - [`api`]: the tonic service; protobuf in, engine calls, protobuf out. The only place
-//!   where outcomes become gRPC codes.
-//! - [`engine`]: sessions (`engine/session/`, one task per `Lease` stream), the
-//!   sidecar-wide batched renewer (`engine/renewer.rs`), local waiters woken by release
-//!   notices (`engine/wakers.rs`). Knows no Redis and no protobuf.
-//! - [`store`]: the [`store::Store`] trait and its implementations: `store/memory.rs`
-//!   (embedded) and `store/redis.rs` with one Lua script per state change in
-//!   `store/lua/`; `store/redis/options.rs` (URLs, topologies, TLS files),
-//!   `store/redis/link.rs` (the shared connection; on a Cluster, redis-rs' cluster
-//!   connection), `store/redis/notices.rs` (the release-notice subscription),
-//!   `store/redis/shards.rs` (Cluster: hash slots, sharded notices per waited-on key),
-//!   `store/redis/renew.rs` (batched renewals, per node on a Cluster, answered per
-//!   grant),
-//!   `store/redis/acked.rs` (replica acknowledgement, `WAIT`); `store/redlock.rs`
-//!   (Redlock over independent masters).
-//! - [`admin`]: gRPC health (SERVING while the store answers) and the admin listener
-//!   (`/livez`, `/readyz`, `/metrics`); [`metrics`]: the Prometheus metrics, with
-//!   `metrics/store.rs` wrapping the engine's store to count and time every call.
-//!   Alert rules and a dashboard for them: `deploy/observability/`.
-//! - [`server`]: listeners, HTTP/2 keepalive, and the shutdown sequence; [`server::run`]
-//!   is the entry point tests call on port 0.
-//! - [`telemetry`]: logs (text or JSON) and OTLP traces, with the caller's W3C trace
-//!   context as parent.
-//! - [`config`]: the command line (`lockside serve`, `hold`, `describe`, `bench`,
-//!   `webhook`).
-//! - [`client`]: a Rust client: `Client::connect`, `lock(key)` → a guard with the
-//!   fencing token and a `lost()` future.
-//! - [`hold`]: `lockside hold KEY -- CMD` and `lockside describe KEY`, on that client.
-//! - [`bench`]: the benchmark, sidecar against direct Redis in one run.
-//! - [`webhook`]: `lockside webhook`, the Kubernetes admission webhook that injects the
-//!   sidecar: `webhook/patch.rs` (Pod JSON → JSONPatch, pure), `webhook/sidecar.rs`
-//!   (the injected container), `webhook/review.rs`
-//!   (the `AdmissionReview` v1 envelope), `webhook/tls.rs` (certificate, reloaded),
-//!   `webhook/mod.rs` (flags and the HTTPS server; [`webhook::run`] for tests).
-//! - `main.rs`: a thin `main` that parses flags (exit 64 on bad ones) and runs.
+//! - [`proto`]: the contract: generated gRPC types and [`proto::limits`].
+//! - [`api`]: the gRPC service; protobuf ⇄ engine, the only place for gRPC codes.
+//! - [`engine`]: sessions, renewals, waiters, deadlines; no Redis, no protobuf.
+//! - [`store`]: the [`store::Store`] trait; memory, Redis (Lua in `store/lua/`), Redlock.
+//! - [`server`], [`admin`], [`metrics`], [`telemetry`]: listeners and shutdown, health
+//!   and `/metrics`, logs and traces.
+//! - [`cli`]: the command line, one file per subcommand; [`parse`]: leaf parsers.
+//! - [`client`]: the Rust client (contract only).
+//! - [`webhook`]: the Kubernetes sidecar injector.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

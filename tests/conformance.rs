@@ -420,7 +420,8 @@ async fn describe_shows_holders_but_no_secrets(s: Subject) {
     let empty = s.store.describe("k").await.expect("answer");
     assert!(empty.holders.is_empty());
     assert_eq!((empty.waiters, empty.fence), (0, 0));
-    let mut c = claim("k", "0wner-secret", 10_000);
+    // An owner token starts with its session id and a '.'; the rest is secret.
+    let mut c = claim("k", "public-id.0wner-secret.1", 10_000);
     c.session_id = "public-id".into();
     c.client_name = "name|with|bars".into();
     let token = fence(&s, &c).await;
@@ -439,7 +440,7 @@ async fn describe_shows_holders_but_no_secrets(s: Subject) {
         "owner tokens stay secret"
     );
     s.store
-        .release("k", "0wner-secret", 0, NO_DELAY)
+        .release("k", "public-id.0wner-secret.1", 0, NO_DELAY)
         .await
         .expect("answer");
     let after = s.store.describe("k").await.expect("answer");

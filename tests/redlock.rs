@@ -51,9 +51,21 @@ impl Masters {
     }
 
     /// The fencing counter of `key` on master `i`.
+    /// The last token master `i` keeps for `key`: the second field of the lock's
+    /// string (`x|count|fence|...` held, `f|fence|...` released), or the hash's `f`.
     fn counter(&self, i: usize, key: &str) -> String {
-        let counter = format!("{{{}:{key}}}:f", self.namespace);
-        self.redis[i].cli(&["GET", &counter])
+        let lock = format!("{{{}:{key}}}:h", self.namespace);
+        match self.redis[i].cli(&["TYPE", &lock]).as_str() {
+            "hash" => self.redis[i].cli(&["HGET", &lock, "f"]),
+            _ => {
+                let value = self.redis[i].cli(&["GET", &lock]);
+                value
+                    .split('|')
+                    .nth(2 - usize::from(value.starts_with('f')))
+                    .unwrap_or_default()
+                    .to_owned()
+            }
+        }
     }
 }
 
@@ -249,8 +261,9 @@ async fn tokens_increase_when_the_masters_counters_disagree() {
     let mut masters = Masters::start(3);
     // Master 0's counter runs far ahead of the others' (and of any clock).
     let far = (u64::from(u32::MAX) * 1_000_000).to_string();
-    let counter = format!("{{{}:k}}:f", masters.namespace);
-    masters.redis[0].cli(&["SET", &counter, &far]);
+    // A released lock keeps its last token in a string, here for 10 minutes.
+    let lock = format!("{{{}:k}}:h", masters.namespace);
+    masters.redis[0].cli(&["SET", &lock, &format!("f|{far}|0"), "PX", "600000"]);
     let sidecar = masters.sidecar().await;
     let mut lease = sidecar.client().await.lease().await;
     masters.redis[2].kill();

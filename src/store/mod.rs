@@ -166,6 +166,16 @@ pub fn next_fence(last: u64, unix_ms: u64) -> u64 {
         .max(unix_ms.saturating_mul(FENCE_PER_MS))
 }
 
+/// A random id for this process's registrations in a store (16 hex digits; not a
+/// secret). Falls back to the clock should the OS have no randomness for it.
+pub(crate) fn random_id() -> String {
+    let mut bytes = [0u8; 8];
+    if getrandom::fill(&mut bytes).is_err() {
+        bytes = unix_ms().to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// The wall clock in milliseconds since the Unix epoch, for fencing tokens only.
 pub(crate) fn unix_ms() -> u64 {
     SystemTime::now()

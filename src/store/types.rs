@@ -53,7 +53,9 @@ impl StoreError {
 pub struct Claim {
     /// The lock's name, as the client gave it.
     pub key: String,
-    /// The per-grant secret that the store value carries (never shown by `Describe`).
+    /// The per-grant secret that the store value carries: `session_id.secret.grant`,
+    /// unique per grant. Stores show the part before the first `.` (the session id)
+    /// and never the rest.
     pub owner: String,
     /// How long the store keeps the grant, or the waiter registration, without a renewal.
     pub ttl: Duration,

@@ -140,6 +140,15 @@ fn random_hex(bytes: usize) -> Result<String, EngineError> {
     super::random_hex(bytes).map_err(|e| EngineError::Random(e.to_string()))
 }
 
+/// 128 random bits in URL-safe base64 (22 characters): a secret as strong as 32 hex
+/// digits in two thirds of the bytes, which every held lock carries in the store.
+fn random_secret() -> Result<String, EngineError> {
+    use base64::Engine as _;
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| EngineError::Random(e.to_string()))?;
+    Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
+}
+
 impl Session {
     pub(crate) fn new(
         shared: Arc<Shared>,
@@ -153,7 +162,7 @@ impl Session {
             // Public: shown by Describe. 64 bits tell sessions apart in logs.
             id: random_hex(8)?,
             // Secret: 128 bits make owner tokens unguessable.
-            secret: random_hex(16)?,
+            secret: random_secret()?,
             client_name,
             grants: 0,
             out,

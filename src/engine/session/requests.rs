@@ -202,7 +202,9 @@ impl Session {
                     .filter(|w| !w.is_zero())
                     .map(|w| Instant::now() + w);
                 self.grants += 1;
-                let owner = format!("{}.{}", self.secret, self.grants);
+                // `session id.secret.grant`: unique per grant; the store shows the part
+                // before the first '.' (the public session id) and never the rest.
+                let owner = format!("{}.{}.{}", self.id, self.secret, self.grants);
                 let guard = match wait_until {
                     None => None,
                     Some(_) => match self

@@ -1,28 +1,68 @@
+--#include core
 -- Grants the lock to ARGV[1] when the lock admits its mode and limit, no lock-delay
 -- runs, and (fair) nobody queued ahead of it could be granted instead. Otherwise
--- answers busy and, when ARGV[3] is '1', registers the waiter ARGV[9] for ARGV[2] ms
+-- answers busy and, when ARGV[3] is '1', registers the waiter ARGV[7] for ARGV[2] ms
 -- (and queues it, when fair).
--- ARGV: owner ttl_ms wait session_id client_name mode limit fair waiter channel key sharded
+-- ARGV: owner ttl_ms wait mode limit fair waiter tail again channel key sharded
+--   tail: 'owner|name length|name' then the value, as the lock's string keeps them.
+--   again = '1': this claim may have registered as a waiter before (not its first try).
 -- Returns {1, fence} granted; {0, ms until something may change, queue position}
 -- busy; {2, the holders' limit} when the holders use another limit.
-local h, d, f, w, q, x = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local owner, ttl, mode, limit = ARGV[1], tonumber(ARGV[2]), ARGV[6], tonumber(ARGV[7])
-local fair, waiter = ARGV[8] == '1', ARGV[9]
-local now = now_ms()
-purge(h, d, w, q, now)
+local h, w, q, l = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local owner, ttl, waiter, tail = ARGV[1], ARGV[2], ARGV[7], ARGV[8]
+local fair, again = ARGV[6] == '1', ARGV[9] == '1'
+local channel, key, sharded = ARGV[10], ARGV[11], ARGV[12]
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
 
-local state, n = admit(h, d, mode, limit)
-if state == 'conflict' then
-  return {2, redis.call('HGET', d, '~limit') or '1'}
+-- The common case: an exclusive lock nobody holds (no key, or only its last token kept
+-- after a release) and no lock-delay runs, for a fair claim with nobody queued: one
+-- GET and one SET, the token max(last + 1, now * 1024).
+if ARGV[4] == 'x' and ARGV[5] == '1' and not (fair and redis.call('EXISTS', q) == 1) then
+  local ok, v = pcall(redis.call, 'GET', h)
+  local fence = now * 1024
+  if ok and v then
+    local last, until_ms = string.match(v, '^f|(%d+)|(%d+)$')
+    if last and tonumber(until_ms) <= now then
+      fence = math.max(last + 1, fence)
+    else
+      ok = false
+    end
+  end
+  if ok then
+    redis.call('SET', h, single('1', int(fence), tail), 'PX', ttl)
+    if again then
+      redis.call('ZREM', w, waiter)
+    end
+    changed(l, channel, key, sharded)
+    return {1, fence}
+  end
 end
-local delay = redis.call('PTTL', x)
-local go = state ~= 'busy' and delay < 0
+
+--#include lock
+
+local mode, limit = ARGV[4], tonumber(ARGV[5])
+ttl = tonumber(ttl)
+local lock = load(h, now)
+if not lock then
+  -- A v1 lock: held by a sidecar of the previous version until it expires.
+  return {0, math.max(redis.call('PTTL', h), 1), 0}
+end
+purge(h, lock, now)
+local state = admit(lock, mode, limit)
+if state == 'conflict' then
+  return {2, lock.limit}
+end
+local delayed = lock.delay and lock.delay > now
+local go = state ~= 'busy' and not delayed
 if go and fair then
+  -- A dead sidecar's waiter must not hold the queue up.
+  purge_waiters(w, q, now)
   local rank = redis.call('ZRANK', q, waiter)
   local ahead = rank or redis.call('ZCARD', q)
   if ahead > 0 then
     if limit > 1 then
-      go = ahead < limit - n
+      go = ahead < limit - lock.n
     elseif mode == 'x' then
       go = false
     else
@@ -43,16 +83,20 @@ if not go then
       local last = redis.call('ZRANGE', q, -1, -1, 'WITHSCORES')
       redis.call('ZADD', q, int((tonumber(last[2]) or 0) + 1), waiter)
     end
-    expire_at_last(w, q)
+    -- Both live until their last registration expires.
+    local latest = redis.call('ZRANGE', w, -1, -1, 'WITHSCORES')
+    redis.call('PEXPIREAT', w, latest[2])
+    if fair then
+      redis.call('PEXPIREAT', q, latest[2])
+    end
   end
   -- Look again when the first holder, the delay, or (fair) the first waiter may be gone.
   local look = now + ttl
-  local first = redis.call('ZRANGE', h, 0, 0, 'WITHSCORES')
-  if #first > 0 then
-    look = math.min(look, tonumber(first[2]))
+  for _, holder in pairs(lock.holders) do
+    look = math.min(look, holder.expiry)
   end
-  if delay > 0 then
-    look = math.min(look, now + delay)
+  if delayed then
+    look = math.min(look, lock.delay)
   end
   local position = 0
   if fair then
@@ -67,19 +111,18 @@ if not go then
 end
 
 -- Fencing token: max(last + 1, store ms * 1024). See next_fence in src/store/mod.rs.
-local last = tonumber(redis.call('GET', f) or '0')
-local fence = int(math.max(last + 1, now * 1024))
-redis.call('SET', f, fence)
-redis.call('ZADD', h, int(now + ttl), owner)
-redis.call('HSET', d, owner, holder_value(1, fence, ARGV[4], ARGV[5]))
-if state == 'free' then
-  redis.call('HSET', d, '~mode', mode, '~limit', int(limit))
+local fence = math.max(lock.fence + 1, now * 1024)
+grant(h, lock, owner, int(fence), now, ttl, mode, limit, tail)
+if ARGV[3] == '1' or again then
+  redis.call('ZREM', w, waiter)
+  if fair then
+    redis.call('ZREM', q, waiter)
+  end
 end
-redis.call('ZREM', w, waiter)
-redis.call('ZREM', q, waiter)
-expire_at_last(h, d)
-if mode == 's' or (limit > 1 and n + 1 < limit) then
+if mode == 's' or (limit > 1 and lock.n < limit) then
   -- Room is left for more readers or permits: pass the wake on.
-  wake(h, d, w, q, ARGV[10], ARGV[11], ARGV[12])
+  wake(w, q, l, lock, channel, key, sharded, now)
+else
+  changed(l, channel, key, sharded)
 end
 return {1, fence}

@@ -1,24 +1,30 @@
+--#include core
+--#include lock
 -- Reads one lock without changing it.
 -- Returns {last fence, live waiters, holders' mode or '', holders' limit or '0',
---          number of live holders, then per holder: session_id, client_name,
---          hold count, ms left, fence; then per fair waiter, oldest first:
---          mode, session_id, client_name}.
-local h, d, f, w, q = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+--          number of live holders, then per holder: session_id, client_name, hold
+--          count, ms left, fence, value; then per fair waiter, oldest first: mode,
+--          session_id, client_name}.
+local h, w, q = KEYS[1], KEYS[2], KEYS[3]
 local now = now_ms()
-local live = redis.call('ZRANGEBYSCORE', h, '(' .. int(now), '+inf', 'WITHSCORES')
+local lock = load(h, now)
+if not lock then
+  -- A v1 lock: shown as held by an unnamed holder until it expires.
+  return {'0', '0', 'x', '1', '1', '', '', '1', int(math.max(redis.call('PTTL', h), 0)), '0', ''}
+end
 local holders = {}
-for i = 1, #live, 2 do
-  local v = redis.call('HGET', d, live[i])
-  if v then
-    local count, fence, sid, name = parse(v)
-    holders[#holders + 1] = {sid, name, int(count), int(tonumber(live[i + 1]) - now), fence}
+for owner, holder in pairs(lock.holders) do
+  if holder.expiry > now then
+    -- The session id is the owner's part before the first '.'; the rest is secret.
+    holders[#holders + 1] = {string.match(owner, '^([^.]*)'), holder.name, int(holder.count),
+      int(holder.expiry - now), holder.fence, holder.value}
   end
 end
 local out = {
-  redis.call('GET', f) or '0',
+  int(lock.fence),
   int(redis.call('ZCOUNT', w, '(' .. int(now), '+inf')),
-  #holders > 0 and (redis.call('HGET', d, '~mode') or 'x') or '',
-  #holders > 0 and (redis.call('HGET', d, '~limit') or '1') or '0',
+  #holders > 0 and lock.mode or '',
+  #holders > 0 and int(lock.limit) or '0',
   int(#holders),
 }
 for _, holder in ipairs(holders) do

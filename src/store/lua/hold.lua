@@ -1,18 +1,43 @@
--- Sets ARGV[1]'s hold count to ARGV[2] (at least 1) and extends its grant by ARGV[3] ms.
--- The count is the one the session wants, not "one more": a retried or timed-out hold
--- that ran leaves the same count (the session is the authority; the store mirrors it).
+--#include core
+-- Sets ARGV[1]'s hold count to ARGV[2] (at least 1) and extends its grant to ARGV[3] ms
+-- from now (never shortens it). The count is the one the session wants, not "one
+-- more": a retried or timed-out hold that ran leaves the same count (the session is the
+-- authority; the store mirrors it).
+-- ARGV: owner count ttl_ms channel key sharded
 -- Returns the count set, or -1 when ARGV[1] does not hold the lock.
-local h, d, w, q = KEYS[1], KEYS[2], KEYS[4], KEYS[5]
-local owner, want, ttl = ARGV[1], math.max(tonumber(ARGV[2]), 1), tonumber(ARGV[3])
-local now = now_ms()
-purge(h, d, w, q, now)
-
-local v = redis.call('HGET', d, owner)
-if not v then
-  return -1
+local h, l = KEYS[1], KEYS[4]
+local owner, want, ttl = ARGV[1], string.format('%d', math.max(tonumber(ARGV[2]), 1)), ARGV[3]
+local before
+local ok, v = pcall(redis.call, 'GET', h)
+if ok then
+  if not v or string.sub(v, 1, 1) ~= 'x' then
+    return -1
+  end
+  local count, fence, tail, holder = parse_single(v)
+  if holder ~= owner then
+    return -1
+  end
+  if count ~= want then
+    redis.call('SET', h, single(want, fence, tail), 'KEEPTTL')
+  end
+  redis.call('PEXPIRE', h, ttl, 'GT')
+  before = count
+else
+  local okh, r = pcall(redis.call, 'HGET', h, owner)
+  if not okh or not r then
+    return -1
+  end
+  local count, fence, expiry = string.match(r, '^(%d+)|(%d+)|(%d+)$')
+  local now = now_ms()
+  if not expiry or tonumber(expiry) <= now then
+    return -1
+  end
+  local until_ms = math.max(tonumber(expiry), now + tonumber(ttl))
+  redis.call('HSET', h, owner, want .. '|' .. fence .. '|' .. int(until_ms))
+  redis.call('PEXPIREAT', h, until_ms, 'GT')
+  before = count
 end
-local _, fence, sid, name = parse(v)
-redis.call('HSET', d, owner, holder_value(want, fence, sid, name))
-redis.call('ZADD', h, int(now + ttl), owner)
-expire_at_last(h, d)
-return want
+if before ~= want then
+  changed(l, ARGV[4], ARGV[5], ARGV[6])
+end
+return tonumber(want)

@@ -1,34 +1,84 @@
+--#include core
 -- Leaves ARGV[2] holds on ARGV[1]'s grant: N > 0 sets the hold count to N (the count the
 -- session keeps, so a retried release that ran leaves the same count); 0 releases the
 -- grant. When the grant goes, wakes the waiters that can now have the lock (see wake in
--- common.lua); with ARGV[5] > 0 ms and an exclusive lock now free, starts a lock-delay
--- first.
--- ARGV: owner count channel key delay_ms sharded
+-- lock.lua); with ARGV[3] > 0 ms and an exclusive lock now free, starts a lock-delay.
+-- A lock nobody holds keeps only its last token, until the released grant's expiry (or
+-- longer, while a lock-delay runs); then no key is left.
+-- ARGV: owner count delay_ms channel key sharded
 -- Returns the holds left (0: released), or -1 when ARGV[1] does not hold the lock.
-local h, d, w, q, x = KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6]
-local owner = ARGV[1]
-local now = now_ms()
-purge(h, d, w, q, now)
+local h, w, q, l = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local owner, left = ARGV[1], ARGV[2]
+local channel, key, sharded = ARGV[4], ARGV[5], ARGV[6]
+local gone
 
-local v = redis.call('HGET', d, owner)
-if not v then
-  return -1
-end
-local left = tonumber(ARGV[2])
-if left > 0 then
-  local _, fence, sid, name = parse(v)
-  redis.call('HSET', d, owner, holder_value(left, fence, sid, name))
-  return left
-end
-redis.call('HDEL', d, owner)
-redis.call('ZREM', h, owner)
-if redis.call('ZCARD', h) == 0 then
-  local exclusive = redis.call('HGET', d, '~mode') == 'x' and redis.call('HGET', d, '~limit') == '1'
-  redis.call('DEL', d)
-  local delay = tonumber(ARGV[5])
-  if exclusive and delay > 0 then
-    redis.call('SET', x, '1', 'PX', int(delay))
+-- The common case: an exclusive lock. Its key's TTL is the grant's: a key that exists
+-- holds a live grant.
+local ok, v = pcall(redis.call, 'GET', h)
+if ok then
+  if not v or string.sub(v, 1, 1) ~= 'x' then
+    return -1
   end
+  local count, fence, tail, holder = parse_single(v)
+  if holder ~= owner then
+    return -1
+  end
+  if left ~= '0' then
+    if left ~= count then
+      redis.call('SET', h, single(left, fence, tail), 'KEEPTTL')
+      changed(l, channel, key, sharded)
+    end
+    return tonumber(left)
+  end
+  -- The token stays until the grant's expiry, when the clock has long passed it (1024
+  -- tokens a millisecond would be needed to outrun a TTL of a second), so Describe
+  -- still shows it and a next grant still goes beyond it; then nothing is left.
+  if ARGV[3] == '0' then
+    redis.call('SET', h, 'f|' .. fence .. '|0', 'KEEPTTL')
+  else
+    local t = redis.call('TIME')
+    local until_ms = t[1] * 1000 + math.floor(t[2] / 1000) + tonumber(ARGV[3])
+    redis.call('SET', h, 'f|' .. fence .. '|' .. string.format('%d', until_ms), 'PXAT',
+      math.max(until_ms, redis.call('PEXPIRETIME', h)))
+  end
+  if redis.call('EXISTS', w, l) == 0 then
+    return 0
+  end
+  gone = {holders = {}, n = 0, fence = tonumber(fence), limit = 0}
 end
-wake(h, d, w, q, ARGV[3], ARGV[4], ARGV[6])
+
+--#include lock
+
+local now = now_ms()
+if not gone then
+  -- A shared lock or a semaphore (a hash), or a v1 lock (not ours).
+  local lock = load(h, now)
+  if not lock or not lock.holders[owner] then
+    return -1
+  end
+  local mine = lock.holders[owner]
+  if mine.expiry <= now then
+    purge(h, lock, now)
+    return -1
+  end
+  left = tonumber(left)
+  if left > 0 then
+    if left ~= mine.count then
+      redis.call('HSET', h, owner, record(left, mine.fence, mine.expiry))
+      changed(l, channel, key, sharded)
+    end
+    return left
+  end
+  local latest = last_expiry(lock)
+  lock.holders[owner] = nil
+  lock.n = lock.n - 1
+  redis.call('HDEL', h, owner, 'n:' .. owner, 'v:' .. owner)
+  purge(h, lock, now)
+  if lock.n == 0 and lock.hash then
+    -- Lock-delay is for exclusive locks only.
+    rest(h, lock, now, 0, latest)
+  end
+  gone = lock
+end
+wake(w, q, l, gone, channel, key, sharded, now)
 return 0

@@ -11,9 +11,9 @@
 //! on that node's one connection, so `WAIT` still follows the script there; a pipeline
 //! that meets a MOVED fails as a whole (the grant is then not handed out).
 
-use deadpool_redis::redis::{self, Script, Value};
+use deadpool_redis::redis::{self, Value};
 
-use super::RedisStore;
+use super::{Lua, RedisStore};
 use crate::store::StoreError;
 
 impl RedisStore {
@@ -21,17 +21,17 @@ impl RedisStore {
     /// whether enough replicas acknowledged it.
     pub(super) async fn invoke_acked(
         &self,
-        script: &Script,
+        lua: &Lua,
         keys: &[String],
-        args: &[&str],
+        args: &[&[u8]],
     ) -> Result<(Value, bool), StoreError> {
         let mut evalsha = redis::cmd("EVALSHA");
         evalsha
-            .arg(script.get_hash())
+            .arg(lua.script.get_hash())
             .arg(keys.len())
             .arg(keys)
             .arg(args);
-        self.pipelined_with_wait(script, vec![evalsha])
+        self.pipelined_with_wait(lua, vec![evalsha])
             .await
             .map(|(mut replies, acked)| (replies.pop().unwrap_or(Value::Nil), acked))
     }
@@ -41,7 +41,7 @@ impl RedisStore {
     /// replicas acknowledged them.
     pub(super) async fn pipelined_with_wait(
         &self,
-        script: &Script,
+        lua: &Lua,
         calls: Vec<redis::Cmd>,
     ) -> Result<(Vec<Value>, bool), StoreError> {
         let wanted = self.acks.min;
@@ -57,7 +57,7 @@ impl RedisStore {
             .run(|mut conn| async move {
                 match pipe.query_async::<Vec<Value>>(&mut conn).await {
                     Err(e) if e.code() == Some("NOSCRIPT") => {
-                        script.prepare_invoke().load_async(&mut conn).await?;
+                        lua.script.prepare_invoke().load_async(&mut conn).await?;
                         pipe.query_async(&mut conn).await
                     }
                     other => other,

@@ -13,49 +13,30 @@ mod link;
 mod notices;
 mod options;
 mod renew;
+mod replies;
+mod scripts;
 mod shards;
+mod watchers;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis::{self, Script, Value};
+use deadpool_redis::redis::{self, Value};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
 pub use options::RedisOptions;
 
-use super::{
-    Acquired, Claim, HolderState, KeyState, Notice, QueuedState, Renewal, Renewed, Sharing, Store,
-    StoreError, StoreFuture,
-};
+use super::{Acquired, Claim, KeyState, Notice, Renewal, Renewed, Store, StoreError, StoreFuture};
 use link::{Conn, Link};
 use options::Topology;
+use replies::{acquired, held_count, key_state, ms};
+use scripts::{Lua, Scripts};
 use shards::Shards;
-
-macro_rules! script {
-    ($file:literal) => {
-        Script::new(concat!(
-            include_str!("../lua/common.lua"),
-            include_str!(concat!("../lua/", $file))
-        ))
-    };
-}
+use watchers::Watchers;
 
 /// How many notices a slow sidecar task may fall behind before it resyncs.
 const NOTICE_BUFFER: usize = 4096;
-
-struct Scripts {
-    acquire: Script,
-    hold: Script,
-    release: Script,
-    renew: Script,
-    /// `renew_across.lua`, flagged `allow-cross-slot-keys` (Redis 7): on a Cluster, one
-    /// call renews the grants of many slots served by one node.
-    renew_across_slots: Script,
-    unwait: Script,
-    describe: Script,
-    fence: Script,
-}
 
 /// Replica acknowledgement settings (see `redis/acked.rs`).
 struct Acks {
@@ -81,11 +62,15 @@ pub struct RedisStore {
     scripts: Scripts,
     notices: broadcast::Sender<Notice>,
     listener: JoinHandle<()>,
+    /// The keys watched here, registered in the store (`redis/watchers.rs`).
+    watchers: Arc<Watchers>,
+    refresher: JoinHandle<()>,
 }
 
 impl Drop for RedisStore {
     fn drop(&mut self) {
         self.listener.abort();
+        self.refresher.abort();
     }
 }
 
@@ -159,6 +144,14 @@ impl RedisStore {
                 (None, listener)
             }
         };
+        let scripts = Scripts::new();
+        let watchers = Arc::new(Watchers::new(
+            link.clone(),
+            namespace,
+            scripts.watch.clone(),
+            options.timeout,
+        ));
+        let refresher = tokio::spawn(watchers.clone().refresh());
         Ok(Self {
             kind,
             acks: Acks {
@@ -171,18 +164,11 @@ impl RedisStore {
             shards,
             slot_map: Arc::default(),
             timeout: options.timeout,
-            scripts: Scripts {
-                acquire: script!("acquire.lua"),
-                hold: script!("hold.lua"),
-                release: script!("release.lua"),
-                renew: Script::new(renew::RENEW_LUA),
-                renew_across_slots: Script::new(renew::RENEW_ACROSS_LUA),
-                unwait: script!("unwait.lua"),
-                describe: script!("describe.lua"),
-                fence: script!("fence.lua"),
-            },
+            scripts,
             notices,
             listener,
+            watchers,
+            refresher,
         })
     }
 
@@ -190,7 +176,9 @@ impl RedisStore {
     /// a majority's token back this way; see `redlock.rs`).
     pub async fn raise_fence(&self, key: &str, fence: u64) -> Result<(), StoreError> {
         let fence = fence.to_string();
-        let _: i64 = self.invoke(&self.scripts.fence, key, &[&fence]).await?;
+        let _: i64 = self
+            .invoke(&self.scripts.fence, key, &[fence.as_bytes()])
+            .await?;
         Ok(())
     }
 
@@ -208,8 +196,10 @@ impl RedisStore {
         }
     }
 
-    fn keys(&self, key: &str) -> [String; 6] {
-        ["h", "d", "f", "w", "q", "x"].map(|part| self.key(key, part))
+    /// The keys of one lock, in the order the scripts take them: its hash, its
+    /// waiters, its fair queue, its watchers (see `lua/common.lua`).
+    fn keys(&self, key: &str) -> [String; 4] {
+        ["h", "w", "q", "l"].map(|part| self.key(key, part))
     }
 
     /// Runs `f` on the shared connection within the timeout. On a broken connection, a
@@ -241,13 +231,13 @@ impl RedisStore {
 
     async fn invoke<T: redis::FromRedisValue>(
         &self,
-        script: &Script,
+        lua: &Lua,
         key: &str,
-        args: &[&str],
+        args: &[&[u8]],
     ) -> Result<T, StoreError> {
         let keys = self.keys(key);
         self.run(|mut conn| async move {
-            let mut call = script.prepare_invoke();
+            let mut call = lua.script.prepare_invoke();
             for k in &keys {
                 call.key(k);
             }
@@ -260,42 +250,18 @@ impl RedisStore {
     }
 }
 
-fn ms(d: Duration) -> String {
-    d.as_millis().to_string()
-}
-
-fn int(v: &Value) -> Result<i64, StoreError> {
-    match v {
-        Value::Int(n) => Ok(*n),
-        Value::BulkString(b) => std::str::from_utf8(b)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| StoreError::Protocol("expected a number".into())),
-        other => Err(StoreError::Protocol(format!(
-            "expected a number, got {other:?}"
-        ))),
-    }
-}
-
-fn text(v: &Value) -> String {
-    match v {
-        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-        Value::SimpleString(s) => s.clone(),
-        Value::Int(n) => n.to_string(),
-        _ => String::new(),
-    }
-}
-
-fn sharing(letter: &str) -> Option<Sharing> {
-    match letter {
-        "x" => Some(Sharing::Exclusive),
-        "s" => Some(Sharing::Shared),
-        _ => None,
-    }
-}
-
-fn held_count(n: i64) -> Option<u32> {
-    u32::try_from(n).ok()
+/// The end of an exclusive lock's string (see `lua/core.lua`): `owner|name length|name`,
+/// then the value. Made here, once per acquire, rather than in Lua.
+fn tail(claim: &Claim) -> Vec<u8> {
+    let name = claim.client_name.as_bytes();
+    let mut tail = Vec::with_capacity(claim.owner.len() + name.len() + claim.value.len() + 8);
+    tail.extend_from_slice(claim.owner.as_bytes());
+    tail.push(b'|');
+    tail.extend_from_slice(name.len().to_string().as_bytes());
+    tail.push(b'|');
+    tail.extend_from_slice(name);
+    tail.extend_from_slice(&claim.value);
+    tail
 }
 
 impl Store for RedisStore {
@@ -312,19 +278,23 @@ impl Store for RedisStore {
                     .want(&claim.key, &claim.owner, claim.ttl, self.timeout)
                     .await;
             }
-            let args = [
-                claim.owner.as_str(),
-                &ttl,
-                flag(claim.wait),
-                &claim.session_id,
-                &claim.client_name,
-                claim.sharing.letter(),
-                &limit,
-                flag(claim.fair),
-                &waiter,
-                &channel,
-                &claim.key,
-                sharded,
+            // A waiting claim may have registered before (an earlier try): a grant
+            // removes that registration.
+            let again = flag(claim.wait);
+            let tail = tail(claim);
+            let args: [&[u8]; 12] = [
+                claim.owner.as_bytes(),
+                ttl.as_bytes(),
+                flag(claim.wait).as_bytes(),
+                claim.sharing.letter().as_bytes(),
+                limit.as_bytes(),
+                flag(claim.fair).as_bytes(),
+                waiter.as_bytes(),
+                &tail,
+                again.as_bytes(),
+                channel.as_bytes(),
+                claim.key.as_bytes(),
+                sharded.as_bytes(),
             ];
             let reply: Vec<Value> = if self.acks.min == 0 {
                 self.invoke(&self.scripts.acquire, &claim.key, &args)
@@ -354,19 +324,7 @@ impl Store for RedisStore {
             {
                 shards.unwant(&claim.key, &claim.owner);
             }
-            match reply.as_slice() {
-                [code, fence] if int(code)? == 1 => Ok(Acquired::Granted {
-                    fence: int(fence)? as u64,
-                }),
-                [code, limit] if int(code)? == 2 => Ok(Acquired::Conflict {
-                    limit: int(limit)?.max(0) as u32,
-                }),
-                [_, look, position] => Ok(Acquired::Busy {
-                    expires_in: Duration::from_millis(int(look)?.max(0) as u64),
-                    position: int(position)?.max(0) as u32,
-                }),
-                _ => Err(StoreError::Protocol("acquire: bad reply".into())),
-            }
+            acquired(&reply)
         })
     }
 
@@ -378,10 +336,17 @@ impl Store for RedisStore {
         ttl: Duration,
     ) -> StoreFuture<'a, Option<u32>> {
         Box::pin(async move {
-            let count = count.to_string();
-            let n: i64 = self
-                .invoke(&self.scripts.hold, key, &[owner, &count, &ms(ttl)])
-                .await?;
+            let (count, ttl) = (count.to_string(), ms(ttl));
+            let (channel, sharded) = self.notice_channel(key);
+            let args: [&[u8]; 6] = [
+                owner.as_bytes(),
+                count.as_bytes(),
+                ttl.as_bytes(),
+                channel.as_bytes(),
+                key.as_bytes(),
+                sharded.as_bytes(),
+            ];
+            let n: i64 = self.invoke(&self.scripts.hold, key, &args).await?;
             Ok(held_count(n))
         })
     }
@@ -394,9 +359,16 @@ impl Store for RedisStore {
         delay: Duration,
     ) -> StoreFuture<'a, Option<u32>> {
         Box::pin(async move {
-            let count = count.to_string();
+            let (count, delay) = (count.to_string(), ms(delay));
             let (channel, sharded) = self.notice_channel(key);
-            let args = [owner, &count, &channel, key, &ms(delay), sharded];
+            let args: [&[u8]; 6] = [
+                owner.as_bytes(),
+                count.as_bytes(),
+                delay.as_bytes(),
+                channel.as_bytes(),
+                key.as_bytes(),
+                sharded.as_bytes(),
+            ];
             let n: i64 = self.invoke(&self.scripts.release, key, &args).await?;
             Ok(held_count(n))
         })
@@ -410,7 +382,12 @@ impl Store for RedisStore {
         Box::pin(async move {
             let waiter = claim.waiter();
             let (channel, sharded) = self.notice_channel(&claim.key);
-            let args = [waiter.as_str(), &channel, &claim.key, sharded];
+            let args: [&[u8]; 4] = [
+                waiter.as_bytes(),
+                channel.as_bytes(),
+                claim.key.as_bytes(),
+                sharded.as_bytes(),
+            ];
             let result = self
                 .invoke::<i64>(&self.scripts.unwait, &claim.key, &args)
                 .await;
@@ -424,57 +401,28 @@ impl Store for RedisStore {
     fn describe<'a>(&'a self, key: &'a str) -> StoreFuture<'a, KeyState> {
         Box::pin(async move {
             let reply: Vec<Value> = self.invoke(&self.scripts.describe, key, &[]).await?;
-            let bad = || StoreError::Protocol("describe: bad reply".into());
-            let [fence, waiters, mode, limit, count, rest @ ..] = reply.as_slice() else {
-                return Err(bad());
-            };
-            let count = usize::try_from(int(count)?).map_err(|_| bad())?;
-            if rest.len() < count * 5 {
-                return Err(bad());
-            }
-            let (holders, queue) = rest.split_at(count * 5);
-            let holders = holders
-                .chunks_exact(5)
-                .map(|h| {
-                    Ok(HolderState {
-                        session_id: text(&h[0]),
-                        client_name: text(&h[1]),
-                        hold_count: int(&h[2])?.max(0) as u32,
-                        ttl_remaining: Duration::from_millis(int(&h[3])?.max(0) as u64),
-                        fence: int(&h[4])? as u64,
-                        value: Vec::new(),
-                    })
-                })
-                .collect::<Result<Vec<_>, StoreError>>()?;
-            let queue = queue
-                .chunks_exact(3)
-                .map(|w| QueuedState {
-                    sharing: sharing(&text(&w[0])).unwrap_or(Sharing::Exclusive),
-                    session_id: text(&w[1]),
-                    client_name: text(&w[2]),
-                })
-                .collect();
-            Ok(KeyState {
-                holders,
-                sharing: sharing(&text(mode)),
-                limit: int(limit)?.max(0) as u32,
-                waiters: int(waiters)?.max(0) as u32,
-                queue,
-                fence: int(fence)? as u64,
-            })
+            key_state(&reply)
         })
     }
 
     fn proclaim<'a>(
         &'a self,
-        _key: &'a str,
-        _owner: &'a str,
-        _value: &'a [u8],
+        key: &'a str,
+        owner: &'a str,
+        value: &'a [u8],
     ) -> StoreFuture<'a, bool> {
-        // Values come with the store's second data model (issue 14).
-        Box::pin(std::future::ready(Err(StoreError::Unavailable(
-            "holder values are not stored by this store yet".into(),
-        ))))
+        Box::pin(async move {
+            let (channel, sharded) = self.notice_channel(key);
+            let args: [&[u8]; 5] = [
+                owner.as_bytes(),
+                value,
+                channel.as_bytes(),
+                key.as_bytes(),
+                sharded.as_bytes(),
+            ];
+            let held: i64 = self.invoke(&self.scripts.proclaim, key, &args).await?;
+            Ok(held == 1)
+        })
     }
 
     fn ping(&self) -> StoreFuture<'_, ()> {
@@ -489,6 +437,23 @@ impl Store for RedisStore {
 
     fn notices(&self) -> broadcast::Receiver<Notice> {
         self.notices.subscribe()
+    }
+
+    fn listen<'a>(&'a self, key: &'a str, watch: bool) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            if watch && let Err(e) = self.watchers.add(key).await {
+                // Not fatal: the watchers also read the key again at its holders'
+                // expiry, and the registration is retried at the next refresh.
+                tracing::warn!(%key, error = %e, "registering a watch in the store failed");
+            }
+            Ok(())
+        })
+    }
+
+    fn unlisten(&self, key: &str, watch: bool) {
+        if watch {
+            self.watchers.remove(key);
+        }
     }
 
     fn kind(&self) -> &'static str {

@@ -32,7 +32,7 @@ use futures_util::future::join_all;
 use tokio::time::Instant;
 
 use super::link::Link;
-use super::{Conn, RedisStore, shards};
+use super::{Conn, Lua, RedisStore, shards};
 use crate::store::{Renewal, Renewed, StoreError};
 
 /// Grants per script call in a renewal batch: large enough that 10,000 locks take ten
@@ -41,19 +41,6 @@ use crate::store::{Renewal, Renewed, StoreError};
 pub(super) const RENEW_CHUNK: usize = 1000;
 
 /// `renew.lua`, as sent with `EVAL` when a node does not have it yet.
-pub(super) const RENEW_LUA: &str = concat!(
-    include_str!("../lua/common.lua"),
-    include_str!("../lua/renew.lua")
-);
-
-/// `renew_across.lua`, flagged `allow-cross-slot-keys` (Redis 7): on a Cluster, one call
-/// renews the grants of many slots served by one node.
-pub(super) const RENEW_ACROSS_LUA: &str = concat!(
-    "#!lua flags=allow-cross-slot-keys\n",
-    include_str!("../lua/common.lua"),
-    include_str!("../lua/renew_across.lua")
-);
-
 /// Slots in a Cluster.
 const SLOTS: usize = 16384;
 
@@ -320,44 +307,40 @@ impl RedisStore {
     }
 
     /// `EVALSHA hash`, or `EVAL source` when the node lacks the script.
-    fn script_call(script: &redis::Script, text: &str, source: bool) -> redis::Cmd {
+    fn script_call(lua: &Lua, source: bool) -> redis::Cmd {
         if source {
             let mut call = redis::cmd("EVAL");
-            call.arg(text);
+            call.arg(&lua.source);
             call
         } else {
             let mut call = redis::cmd("EVALSHA");
-            call.arg(script.get_hash());
+            call.arg(lua.script.get_hash());
             call
         }
     }
 
-    /// `renew_across.lua`: the first grant's keys route the call, every grant's keys
-    /// and owner go in ARGV.
+    /// `renew_across.lua`: the first grant's lock routes the call, every grant's lock,
+    /// owner and TTL go in ARGV.
     fn across_call(&self, batch: &[Renewal<'_>], chunk: &[usize], source: bool) -> redis::Cmd {
-        let mut call =
-            Self::script_call(&self.scripts.renew_across_slots, RENEW_ACROSS_LUA, source);
-        call.arg(2);
+        let mut call = Self::script_call(&self.scripts.renew_across_slots, source);
+        call.arg(1);
         if let Some(&first) = chunk.first() {
-            call.arg(self.key(batch[first].key, "h"))
-                .arg(self.key(batch[first].key, "d"));
+            call.arg(self.key(batch[first].key, "h"));
         }
         for &i in chunk {
             call.arg(self.key(batch[i].key, "h"))
-                .arg(self.key(batch[i].key, "d"))
                 .arg(batch[i].owner)
                 .arg(batch[i].ttl.as_millis() as u64);
         }
         call
     }
 
-    /// `renew.lua`: every grant's keys in KEYS, owners and TTLs in ARGV.
+    /// `renew.lua`: every grant's lock in KEYS, owners and TTLs in ARGV.
     fn renew_call(&self, batch: &[Renewal<'_>], chunk: &[usize], source: bool) -> redis::Cmd {
-        let mut call = Self::script_call(&self.scripts.renew, RENEW_LUA, source);
-        call.arg(chunk.len() * 2);
+        let mut call = Self::script_call(&self.scripts.renew, source);
+        call.arg(chunk.len());
         for &i in chunk {
-            call.arg(self.key(batch[i].key, "h"))
-                .arg(self.key(batch[i].key, "d"));
+            call.arg(self.key(batch[i].key, "h"));
         }
         for &i in chunk {
             call.arg(batch[i].owner)

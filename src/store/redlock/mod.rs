@@ -333,14 +333,33 @@ impl Store for RedlockStore {
 
     fn proclaim<'a>(
         &'a self,
-        _key: &'a str,
-        _owner: &'a str,
-        _value: &'a [u8],
+        key: &'a str,
+        owner: &'a str,
+        value: &'a [u8],
     ) -> StoreFuture<'a, bool> {
-        // Values come with the store's second data model (issue 14).
-        Box::pin(std::future::ready(Err(StoreError::Unavailable(
-            "holder values are not stored by this store yet".into(),
-        ))))
+        Box::pin(async move {
+            // The value is the granting majority's: held where a majority holds the
+            // grant, as a hold is. Decided as soon as the masters still out cannot
+            // change the answer.
+            let (n, quorum) = (self.masters.len(), self.quorum);
+            let decided = |answers: &[Result<bool, StoreError>]| {
+                let yes = answers.iter().filter(|a| matches!(a, Ok(true))).count();
+                let answered = answers.iter().filter(|a| a.is_ok()).count();
+                yes >= quorum || (answered >= quorum && yes + (n - answers.len()) < quorum)
+            };
+            let answers = self
+                .gather(|m| m.proclaim(key, owner, value), decided)
+                .await;
+            let yes = answers.iter().filter(|a| matches!(a, Ok(true))).count();
+            let answered = answers.iter().filter(|a| a.is_ok()).count();
+            if yes >= quorum {
+                Ok(true)
+            } else if answered >= quorum {
+                Ok(false)
+            } else {
+                Err(self.no_quorum(answered))
+            }
+        })
     }
 
     fn ping(&self) -> StoreFuture<'_, ()> {
@@ -358,6 +377,20 @@ impl Store for RedlockStore {
 
     fn notices(&self) -> broadcast::Receiver<Notice> {
         self.notices.subscribe()
+    }
+
+    fn listen<'a>(&'a self, key: &'a str, watch: bool) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            // Every master publishes its own changes: listen to all of them.
+            self.everywhere(|m| m.listen(key, watch)).await;
+            Ok(())
+        })
+    }
+
+    fn unlisten(&self, key: &str, watch: bool) {
+        for master in &self.masters {
+            master.unlisten(key, watch);
+        }
     }
 
     fn supports(&self, sharing: Sharing, limit: u32, fair: bool) -> Result<(), String> {

@@ -1,0 +1,249 @@
+//! The Redis data model (`src/store/lua/common.lua`) as an operator sees it: nothing is
+//! left behind once a lock is released and its TTL has passed, fencing tokens keep
+//! increasing when a key's state is gone (expired, or Redis restarted empty), and a lock
+//! of the previous data model (a sidecar not yet upgraded) is respected, never granted
+//! over. Counts and keys, read with `redis-cli`, not timings.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Redis, namespace};
+use lockside::store::redis::RedisStore;
+use lockside::store::{Acquired, Claim, Sharing, Store};
+
+fn claim(key: &str, owner: &str, ttl: Duration) -> Claim {
+    Claim {
+        key: key.into(),
+        owner: format!("sid{owner}.secret.1"),
+        ttl,
+        wait: false,
+        session_id: format!("sid{owner}"),
+        client_name: String::new(),
+        sharing: Sharing::Exclusive,
+        limit: 1,
+        fair: false,
+        value: Vec::new(),
+    }
+}
+
+async fn granted(store: &RedisStore, c: &Claim) -> u64 {
+    match store.acquire(c).await.expect("redis answers") {
+        Acquired::Granted { fence } => fence,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+/// Every key of namespace `ns`, with its time to live in ms (-1: none).
+fn keys_of(redis: &Redis, ns: &str) -> Vec<(String, i64)> {
+    let listed = redis.cli(&["--scan", "--pattern", &format!("{{{ns}:*")]);
+    listed
+        .lines()
+        .filter(|k| !k.is_empty())
+        .map(|k| {
+            let ttl = redis.cli(&["PTTL", k]).parse().expect("a number");
+            (k.to_owned(), ttl)
+        })
+        .collect()
+}
+
+/// Issue 13: once released and past its TTL, a lock leaves nothing. Checked without
+/// waiting for the TTL: every key a released or expired lock keeps carries an expiry
+/// within its TTL (v1 kept a token counter per key forever).
+#[tokio::test]
+async fn nothing_is_kept_beyond_a_locks_ttl() {
+    let redis = Redis::start();
+    let ns = namespace();
+    let store = RedisStore::new(&redis.url(), &ns, Duration::from_secs(1)).expect("store");
+    let ttl = Duration::from_secs(5);
+    for i in 0..200 {
+        let c = claim(&format!("order-{i}"), "a", ttl);
+        granted(&store, &c).await;
+        if i % 2 == 0 {
+            // Released; the odd ones are left to expire, as after a sidecar's death.
+            let left = store
+                .release(&c.key, &c.owner, 0, Duration::ZERO)
+                .await
+                .expect("redis answers");
+            assert_eq!(left, Some(0));
+        }
+    }
+    let kept = keys_of(&redis, &ns);
+    assert!(
+        kept.len() <= 200,
+        "at most one key per lock: {}",
+        kept.len()
+    );
+    for (key, pttl) in &kept {
+        assert!(
+            *pttl > 0 && *pttl <= ttl.as_millis() as i64,
+            "{key} lives {pttl} ms, beyond the lock's TTL"
+        );
+    }
+    // And they do go: shorten what is left (as the TTL passing would) and look again.
+    for (key, _) in &kept {
+        redis.cli(&["PEXPIRE", key, "1"]);
+    }
+    let deadline = std::time::Instant::now() + common::PATIENCE;
+    while !keys_of(&redis, &ns).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "keys were left");
+        // Redis expires keys lazily on access (the scan) and actively every 100 ms.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A held exclusive lock is one key (v1 used three, one of them kept forever).
+#[tokio::test]
+async fn a_held_lock_is_one_key() {
+    let redis = Redis::start();
+    let ns = namespace();
+    let store = RedisStore::new(&redis.url(), &ns, Duration::from_secs(1)).expect("store");
+    for i in 0..50 {
+        granted(
+            &store,
+            &claim(&format!("k{i}"), "a", Duration::from_secs(30)),
+        )
+        .await;
+    }
+    assert_eq!(keys_of(&redis, &ns).len(), 50);
+}
+
+/// Tokens keep increasing once a key's state is gone: after its keys expired (faked by
+/// shortening their TTL, as TESTING.md advises) and after Redis restarted empty. They
+/// rest on the store's clock (`max(last + 1, TIME ms × 1024)`).
+#[tokio::test]
+async fn tokens_increase_after_the_state_is_gone() {
+    let mut redis = Redis::start();
+    let ns = namespace();
+    let store = RedisStore::new(&redis.url(), &ns, Duration::from_secs(1)).expect("store");
+    let ttl = Duration::from_secs(30);
+    let c = claim("k", "a", ttl);
+    let first = granted(&store, &c).await;
+    // Expired without a release (the holder's sidecar died).
+    for (key, _) in keys_of(&redis, &ns) {
+        redis.cli(&["PEXPIRE", &key, "1"]);
+    }
+    let deadline = std::time::Instant::now() + common::PATIENCE;
+    while !keys_of(&redis, &ns).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lock did not expire"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let second = granted(&store, &claim("k", "b", ttl)).await;
+    assert!(second > first, "after expiry: {second} <= {first}");
+    // Redis restarted with an empty dataset.
+    redis.restart();
+    let third = loop {
+        match store.acquire(&claim("k", "c", ttl)).await {
+            Ok(Acquired::Granted { fence }) => break fence,
+            Ok(other) => panic!("a restarted Redis holds nothing: {other:?}"),
+            // The store reconnects on its next call.
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
+    assert!(third > second, "after a restart: {third} <= {second}");
+}
+
+/// A rolling upgrade: a lock held by a sidecar of the previous data model (a sorted set
+/// of holders at `{ns:KEY}:h`) reads as busy until it expires; the upgraded sidecar
+/// never grants it, and says when to look again (its expiry).
+#[tokio::test]
+async fn a_lock_of_the_previous_data_model_is_busy() {
+    let redis = Redis::start();
+    let ns = namespace();
+    let store = RedisStore::new(&redis.url(), &ns, Duration::from_secs(1)).expect("store");
+    let old = format!("{{{ns}:k}}:h");
+    redis.cli(&["ZADD", &old, "99999999999999", "old-owner.7"]);
+    redis.cli(&["PEXPIRE", &old, "20000"]);
+    match store
+        .acquire(&claim("k", "a", Duration::from_secs(10)))
+        .await
+        .expect("redis answers")
+    {
+        Acquired::Busy { expires_in, .. } => {
+            assert!(expires_in <= Duration::from_secs(20), "{expires_in:?}");
+            assert!(expires_in > Duration::from_secs(15), "{expires_in:?}");
+        }
+        other => panic!("an old lock must read as busy: {other:?}"),
+    }
+    let state = store.describe("k").await.expect("redis answers");
+    assert_eq!(state.holders.len(), 1, "shown as held: {state:?}");
+    let c = claim("k", "a", Duration::from_secs(10));
+    assert_eq!(
+        store
+            .release(&c.key, &c.owner, 0, Duration::ZERO)
+            .await
+            .expect("redis answers"),
+        None
+    );
+    assert_eq!(
+        redis.cli(&["TYPE", &old]),
+        "zset",
+        "the old lock is untouched"
+    );
+}
+
+/// A holder's value (leader election) lives in the lock's one key and changes with
+/// `proclaim`; a watching sidecar registers in the key's watcher set, with an expiry,
+/// and hears every change while it watches.
+#[tokio::test]
+async fn values_proclaims_and_watch_registrations() {
+    use lockside::store::Notice;
+    let redis = Redis::start();
+    let ns = namespace();
+    let store = RedisStore::new(&redis.url(), &ns, Duration::from_secs(1)).expect("store");
+    let mut notices = store.notices();
+    store.listen("k", true).await.expect("listen");
+    let watchers = format!("{{{ns}:k}}:l");
+    let pttl: i64 = redis.cli(&["PTTL", &watchers]).parse().expect("a number");
+    assert!(
+        pttl > 0 && pttl <= 60_000,
+        "a registration that expires: {pttl}"
+    );
+
+    let mut c = claim("k", "a", Duration::from_secs(10));
+    c.client_name = "name|with|bars".into();
+    c.value = b"10.0.0.1:8080|\x00binary".to_vec();
+    granted(&store, &c).await;
+    let changed = Notice::Changed { key: "k".into() };
+    let mut seen = Vec::new();
+    while seen.is_empty() {
+        match tokio::time::timeout(common::PATIENCE, notices.recv()).await {
+            Ok(Ok(Notice::Resync)) => {}
+            Ok(Ok(notice)) => seen.push(notice),
+            other => panic!("no notice of the grant: {other:?}"),
+        }
+    }
+    assert_eq!(seen[0], changed, "a grant is announced to watchers");
+    let holder = store.describe("k").await.expect("describe").holders[0].clone();
+    assert_eq!(holder.value, c.value);
+    assert_eq!(holder.client_name, "name|with|bars");
+
+    assert!(
+        store
+            .proclaim("k", &c.owner, b"v2")
+            .await
+            .expect("proclaim")
+    );
+    assert!(
+        !store
+            .proclaim("k", "sidb.secret.1", b"x")
+            .await
+            .expect("proclaim")
+    );
+    let state = store.describe("k").await.expect("describe");
+    assert_eq!(state.holders[0].value, b"v2");
+    assert_eq!(state.holders[0].client_name, "name|with|bars");
+
+    store.unlisten("k", true);
+    let deadline = std::time::Instant::now() + common::PATIENCE;
+    while redis.cli(&["EXISTS", &watchers]) != "0" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the registration stayed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

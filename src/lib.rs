@@ -16,8 +16,9 @@
 //!   (embedded) and `store/redis.rs` with one Lua script per state change in
 //!   `store/lua/`; `store/redis/options.rs` (URLs, topologies, TLS files),
 //!   `store/redis/link.rs` (the shared connection; on a Cluster, redis-rs' cluster
-//!   connection), `store/redis/notices.rs` (the release-notice subscription),
-//!   `store/redis/shards.rs` (Cluster: hash slots, sharded notices per waited-on key),
+//!   connection), `store/redis/subscriptions.rs` (a notice channel per key, subscribed
+//!   while something here listens to the key), `store/redis/slots.rs` (Cluster hash
+//!   slots),
 //!   `store/redis/renew.rs` (batched renewals, per node on a Cluster, answered per
 //!   grant),
 //!   `store/redis/acked.rs` (replica acknowledgement, `WAIT`); `store/redlock.rs`

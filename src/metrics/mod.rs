@@ -119,6 +119,23 @@ impl Operation {
     ];
 }
 
+/// A notice the sidecar received from its store
+/// (`lockside_store_notices_received_total{kind}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Heard {
+    /// A lock was released (or a permit freed): local waiters may go.
+    Released,
+    /// A lock changed in a way that frees nothing (its watchers read it again).
+    Changed,
+    /// Notices may have been missed (a reconnection, or this sidecar fell behind):
+    /// every local waiter looks again.
+    Resync,
+}
+
+impl Heard {
+    const LABELS: [&'static str; 3] = ["released", "changed", "resync"];
+}
+
 /// The result of a store call (`lockside_store_calls_total{result}`): `ok`, or the
 /// error's kind ([`crate::store::StoreError::kind`]).
 const CALL_RESULTS: [&str; 4] = ["ok", "unavailable", "config", "protocol"];
@@ -193,6 +210,7 @@ pub struct Metrics {
     lost: [Counter; Loss::LABELS.len()],
     store_calls: StoreCalls,
     store_calls_in_flight: Gauge,
+    notices: [Counter; Heard::LABELS.len()],
     ready: Gauge,
     /// The engine's limit on concurrent store calls and its semaphore, read at scrape
     /// time (a gauge kept up to date on every call would cost every call).
@@ -358,6 +376,14 @@ impl Metrics {
             "Sessions' store calls under way (at most 256 at once, more wait)",
             store_calls_in_flight.clone(),
         );
+        let family = Family::<Labels<1>, Counter>::default();
+        let notices = counters(&family, "kind", Heard::LABELS);
+        r.register(
+            "store_notices_received",
+            "Notices this sidecar received from the store, by kind: a store sends a key's \
+             notices only to sidecars that wait on or watch it",
+            family,
+        );
         Self {
             registry,
             sessions,
@@ -373,6 +399,7 @@ impl Metrics {
             lost,
             store_calls,
             store_calls_in_flight,
+            notices,
             ready,
             store_calls_source: std::sync::OnceLock::new(),
         }
@@ -397,6 +424,11 @@ impl Metrics {
     /// Counts a lock lost while held.
     pub fn lost(&self, why: Loss) {
         self.lost[why as usize].inc();
+    }
+
+    /// Counts a notice received from the store.
+    pub fn heard(&self, kind: Heard) {
+        self.notices[kind as usize].inc();
     }
 
     /// The handles [`store::MeteredStore`] records with.

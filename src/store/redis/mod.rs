@@ -3,17 +3,17 @@
 //! again on NOSCRIPT). The key layout is documented at the top of `lua/common.lua`; all
 //! keys of one lock share the hash tag `{ns:KEY}`, so every script touches one slot.
 //!
-//! Requests share one connection (`redis/link.rs`); release notices come from one
-//! pub/sub subscription per sidecar (`redis/notices.rs`), or on a Cluster from sharded
-//! subscriptions to the keys this sidecar waits on (`redis/shards.rs`). Batched
-//! renewals are in `redis/renew.rs`, replica acknowledgement in `redis/acked.rs`.
+//! Requests share one connection (`redis/link.rs`); notices come on the same connection,
+//! from subscriptions to the channels of the keys this sidecar listens to
+//! (`redis/subscriptions.rs`). Batched renewals are in `redis/renew.rs` (grouped by
+//! Cluster slot, `redis/slots.rs`), replica acknowledgement in `redis/acked.rs`.
 
 mod acked;
 mod link;
-mod notices;
 mod options;
 mod renew;
-mod shards;
+mod slots;
+mod subscriptions;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +30,7 @@ use super::{
 };
 use link::{Conn, Link};
 use options::Topology;
-use shards::Shards;
+use subscriptions::Subscriptions;
 
 macro_rules! script {
     ($file:literal) => {
@@ -71,21 +71,22 @@ pub struct RedisStore {
     acks: Acks,
     link: Arc<Link>,
     namespace: String,
-    /// Standalone and Sentinel: the one channel of every release notice.
-    channel: String,
-    /// Cluster: a shard channel per key, subscribed while waited on.
-    shards: Option<Arc<Shards>>,
+    /// A notice channel per key, subscribed while listened to.
+    subscriptions: Arc<Subscriptions>,
     /// Cluster: which node serves each slot, for grouping renewals (`redis/renew.rs`).
     slot_map: Arc<renew::SlotMap>,
     timeout: Duration,
     scripts: Scripts,
     notices: broadcast::Sender<Notice>,
-    listener: JoinHandle<()>,
+    /// The tasks of the subscriptions.
+    tasks: Vec<JoinHandle<()>>,
 }
 
 impl Drop for RedisStore {
     fn drop(&mut self) {
-        self.listener.abort();
+        for task in &self.tasks {
+            task.abort();
+        }
     }
 }
 
@@ -126,39 +127,15 @@ impl RedisStore {
                 "the replica acknowledgement timeout must be shorter than the store timeout".into(),
             ));
         }
-        let sentinel = matches!(topology, Topology::Sentinel { .. });
         let kind = match topology {
             Topology::Standalone(_) => "redis",
             Topology::Sentinel { .. } => "redis_sentinel",
             Topology::Cluster { .. } => "redis_cluster",
         };
         let link = Arc::new(Link::new(topology, options.timeout)?);
-        if sentinel {
-            // The notice listener learns the master from the first connection: make it
-            // now rather than at the first request.
-            let link = link.clone();
-            tokio::spawn(async move {
-                let _ = link.connection().await;
-            });
-        }
-        let channel = format!("{namespace}:released");
         let notices = broadcast::channel(NOTICE_BUFFER).0;
-        let (shards, listener) = match link.take_pushes() {
-            Some(pushes) => {
-                let shards = Arc::new(Shards::new(link.clone(), namespace));
-                let listener =
-                    tokio::spawn(shards::listen(pushes, shards.clone(), notices.clone()));
-                (Some(shards), listener)
-            }
-            None => {
-                let listener = tokio::spawn(notices::listen(
-                    link.server(),
-                    channel.clone(),
-                    notices.clone(),
-                ));
-                (None, listener)
-            }
-        };
+        let (subscriptions, tasks) =
+            Subscriptions::start(link.clone(), namespace, options.timeout, notices.clone());
         Ok(Self {
             kind,
             acks: Acks {
@@ -167,8 +144,7 @@ impl RedisStore {
             },
             link,
             namespace: namespace.to_owned(),
-            channel,
-            shards,
+            subscriptions,
             slot_map: Arc::default(),
             timeout: options.timeout,
             scripts: Scripts {
@@ -182,7 +158,7 @@ impl RedisStore {
                 fence: script!("fence.lua"),
             },
             notices,
-            listener,
+            tasks,
         })
     }
 
@@ -199,13 +175,24 @@ impl RedisStore {
         format!("{{{}:{}}}:{}", self.namespace, key, part)
     }
 
-    /// Where the scripts publish release notices of `key`, and whether with `SPUBLISH`
-    /// ("1": a shard channel, Cluster) or `PUBLISH` ("0").
+    /// Where the scripts publish the notices of `key` (its own channel `{ns:KEY}:n`),
+    /// and whether with `SPUBLISH` ("1": a shard channel, Cluster) or `PUBLISH` ("0").
     fn notice_channel(&self, key: &str) -> (String, &'static str) {
-        match &self.shards {
-            Some(shards) => (shards.channel(key), "1"),
-            None => (self.channel.clone(), "0"),
-        }
+        let sharded = if self.subscriptions.sharded() {
+            "1"
+        } else {
+            "0"
+        };
+        (self.subscriptions.channel(key), sharded)
+    }
+
+    /// Registers this sidecar in the store as a watcher of `key` ('@<sidecar id>' in
+    /// `{ns:KEY}:w`, with an expiry, refreshed while it watches), so that the key's
+    /// changes are published while nobody waits for it. The lead fills this in with
+    /// the data model's v2 scripts (`/work/notes/DATAMODEL.md`); until then a watch
+    /// subscribes only, and hears the notices that waiters make the scripts publish.
+    async fn register_watcher(&self, _key: &str) -> Result<(), StoreError> {
+        Ok(())
     }
 
     fn keys(&self, key: &str) -> [String; 6] {
@@ -306,12 +293,6 @@ impl Store for RedisStore {
             let limit = claim.limit.to_string();
             let waiter = claim.waiter();
             let (channel, sharded) = self.notice_channel(&claim.key);
-            if let (Some(shards), true) = (&self.shards, claim.wait) {
-                // Subscribed before asking, so no release after the busy answer is missed.
-                shards
-                    .want(&claim.key, &claim.owner, claim.ttl, self.timeout)
-                    .await;
-            }
             let args = [
                 claim.owner.as_str(),
                 &ttl,
@@ -349,11 +330,6 @@ impl Store for RedisStore {
                 }
                 reply
             };
-            if let (Some(shards), true) = (&self.shards, claim.wait)
-                && matches!(reply.first(), Some(Value::Int(1)) | Some(Value::Int(2)))
-            {
-                shards.unwant(&claim.key, &claim.owner);
-            }
             match reply.as_slice() {
                 [code, fence] if int(code)? == 1 => Ok(Acquired::Granted {
                     fence: int(fence)? as u64,
@@ -411,13 +387,9 @@ impl Store for RedisStore {
             let waiter = claim.waiter();
             let (channel, sharded) = self.notice_channel(&claim.key);
             let args = [waiter.as_str(), &channel, &claim.key, sharded];
-            let result = self
-                .invoke::<i64>(&self.scripts.unwait, &claim.key, &args)
-                .await;
-            if let Some(shards) = &self.shards {
-                shards.unwant(&claim.key, &claim.owner);
-            }
-            result.map(drop)
+            self.invoke::<i64>(&self.scripts.unwait, &claim.key, &args)
+                .await
+                .map(drop)
         })
     }
 
@@ -475,6 +447,22 @@ impl Store for RedisStore {
         Box::pin(std::future::ready(Err(StoreError::Unavailable(
             "holder values are not stored by this store yet".into(),
         ))))
+    }
+
+    fn listen<'a>(&'a self, key: &'a str, watch: bool) -> StoreFuture<'a, ()> {
+        // Counted now, so that an unlisten matches it even if this future is dropped.
+        let subscribed = self.subscriptions.listen(key);
+        Box::pin(async move {
+            if watch && let Err(e) = self.register_watcher(key).await {
+                tracing::warn!(%key, error = %e, "registering as the key's watcher failed");
+            }
+            subscribed.await;
+            Ok(())
+        })
+    }
+
+    fn unlisten(&self, key: &str, _watch: bool) {
+        self.subscriptions.unlisten(key);
     }
 
     fn ping(&self) -> StoreFuture<'_, ()> {

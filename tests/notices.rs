@@ -18,7 +18,8 @@ use std::time::Duration;
 use common::proxy::Proxy;
 use common::topology::{ClusterSetup, SentinelSetup, cli, wait_until};
 use common::{
-    Lease, PATIENCE, Redis, Sidecar, StoreKind, acquire, make_store, namespace, secs, waiting_for,
+    Lease, PATIENCE, Redis, Sidecar, StoreKind, acquire, handoff, make_store, namespace, secs,
+    waiting_for,
 };
 use lockside::proto::{self, lease_response::Event};
 use lockside::store::Store;
@@ -76,27 +77,6 @@ async fn hand_around(sidecar: &Sidecar, key: &str, rounds: usize) {
         pending[holder] = leases[holder].send_acquire(fair_wait(key)).await;
         leases[holder].expect_waiting(pending[holder]).await;
     }
-}
-
-/// `holder` (on one sidecar) holds `key`; `waiter` (on another) waits for it and is
-/// granted within a second of the release: woken by the notice, not by its next look.
-async fn handoff(holder: &mut Lease, waiter: &mut Lease, key: &str) {
-    let id = holder
-        .send_acquire(proto::Acquire {
-            ttl: Some(secs(LONG_TTL)),
-            ..acquire(key)
-        })
-        .await;
-    let first = holder.expect_granted(id).await;
-    let id = waiter.send_acquire(waiting_for(key, 30.0)).await;
-    waiter.expect_waiting(id).await;
-    let released = Instant::now();
-    assert_eq!(holder.release(key).await, 0);
-    let next = waiter.expect_granted(id).await;
-    let took = released.elapsed();
-    assert!(next.fencing_token > first.fencing_token);
-    assert!(took < Duration::from_secs(1), "{key}: woken after {took:?}");
-    assert_eq!(waiter.release(key).await, 0);
 }
 
 /// The channels of namespace `ns` subscribed on the server at `port` (`sharded`: shard
@@ -255,6 +235,26 @@ async fn a_waiter_is_woken_across_sidecars_on_redlock() {
     assert!(no_channels_left(&ports, &ns, false).await);
 }
 
+/// `holder` holds "k" and `waiter` waits for it, both with a TTL whose fallback look
+/// is 10 s away; returns the waiter's request id.
+async fn hold_and_wait(holder: &mut Lease, waiter: &mut Lease) -> u64 {
+    let id = holder
+        .send_acquire(proto::Acquire {
+            ttl: Some(secs(LONG_TTL)),
+            ..acquire("k")
+        })
+        .await;
+    holder.expect_granted(id).await;
+    let id = waiter
+        .send_acquire(proto::Acquire {
+            ttl: Some(secs(LONG_TTL)),
+            ..waiting_for("k", 30.0)
+        })
+        .await;
+    waiter.expect_waiting(id).await;
+    id
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_is_not_stranded_by_a_lost_connection() {
     let redis = Redis::start();
@@ -268,15 +268,7 @@ async fn a_waiter_is_not_stranded_by_a_lost_connection() {
     .await;
     let mut holder = a.client().await.lease().await;
     let mut waiter = b.client().await.lease().await;
-    let id = holder
-        .send_acquire(proto::Acquire {
-            ttl: Some(secs(LONG_TTL)),
-            ..acquire("k")
-        })
-        .await;
-    holder.expect_granted(id).await;
-    let id = waiter.send_acquire(waiting_for("k", 30.0)).await;
-    waiter.expect_waiting(id).await;
+    let id = hold_and_wait(&mut holder, &mut waiter).await;
     let channel = format!("{{{ns}:k}}:n");
     let subscribed = || {
         cli(redis.port, &["pubsub", "numsub", &channel])
@@ -315,20 +307,7 @@ async fn a_waiter_is_not_stranded_by_a_redis_restart() {
     let b = Sidecar::start(make_store(&StoreKind::Redis(redis.url()), &ns)).await;
     let mut holder = a.client().await.lease().await;
     let mut waiter = b.client().await.lease().await;
-    let id = holder
-        .send_acquire(proto::Acquire {
-            ttl: Some(secs(LONG_TTL)),
-            ..acquire("k")
-        })
-        .await;
-    holder.expect_granted(id).await;
-    let id = waiter
-        .send_acquire(proto::Acquire {
-            ttl: Some(secs(LONG_TTL)),
-            ..waiting_for("k", 30.0)
-        })
-        .await;
-    waiter.expect_waiting(id).await;
+    let id = hold_and_wait(&mut holder, &mut waiter).await;
     // Restarted empty: the lock is gone, and so is every subscription, and nobody
     // published a release.
     let restarted = Instant::now();

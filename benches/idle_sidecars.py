@@ -14,7 +14,8 @@ processes on it, all in one namespace. Then, for `--seconds` each:
   2. handoffs: `--sessions` sessions of the one busy sidecar hand one key around
      (acquire with a wait, release, again), so every release has waiters.
 It prints the CPU time (user + system, from /proc/PID/stat) of the idle sidecars
-together, of the busy one and of redis-server in each period, and the handoffs made.
+together, of the busy one and of redis-server in each period, the handoffs made, and
+how many PUBLISH, SUBSCRIBE and UNSUBSCRIBE calls Redis served (INFO commandstats).
 Every process it starts is stopped at the end, also after an error.
 """
 
@@ -58,6 +59,20 @@ def wait_for_port(port: int, limit: float = 10.0) -> None:
         except OSError:
             time.sleep(0.05)
     raise RuntimeError(f"nothing listens on port {port}")
+
+
+def command_calls(port: int) -> dict:
+    """Calls per command name from redis-server's INFO commandstats."""
+    out = subprocess.run(
+        ["redis-cli", "-p", str(port), "info", "commandstats"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    calls = {}
+    for line in out.splitlines():
+        if line.startswith("cmdstat_"):
+            name, stats = line[len("cmdstat_"):].split(":", 1)
+            calls[name] = int(stats.split(",")[0].split("=")[1])
+    return calls
 
 
 def stubs(out: str):
@@ -197,6 +212,10 @@ def main() -> int:
         print(f"{'CPU (user + system)':<28} {'idle (all)':>10} {'busy':>10} {'redis':>10}")
         print(row("quiet", before, quiet))
         print(row(f"handoffs ({grants} grants)", quiet, loaded))
+        calls = command_calls(redis_port)
+        print("redis calls: " + ", ".join(
+            f"{calls.get(c, 0)} {c.upper()}" for c in ("publish", "subscribe", "unsubscribe")
+        ))
         return 0
     finally:
         for proc in reversed(procs):

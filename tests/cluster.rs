@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::topology::{ClusterSetup, wait_until};
-use common::{Lease, PATIENCE, Sidecar, acquire, namespace, secs, waiting_for};
+use common::{Lease, PATIENCE, Sidecar, acquire, handoff, namespace, secs, waiting_for};
 use lockside::proto::{self, lease_response::Event};
 use lockside::store::Store;
 use lockside::store::redis::{RedisOptions, RedisStore};
@@ -43,28 +43,6 @@ fn keys_per_master(cluster: &ClusterSetup, ns: &str, per_master: usize) -> Vec<(
         }
         found
     })
-}
-
-/// `key` held by `holder` with a 30 s TTL; `waiter` (on another sidecar) waits, and
-/// gets it within a second of the release: woken by the notice, not the TTL.
-async fn handoff(holder: &mut Lease, waiter: &mut Lease, key: &str) -> Duration {
-    let id = holder
-        .send_acquire(proto::Acquire {
-            ttl: Some(secs(30.0)),
-            ..acquire(key)
-        })
-        .await;
-    let first = holder.expect_granted(id).await;
-    let id = waiter.send_acquire(waiting_for(key, 10.0)).await;
-    waiter.expect_waiting(id).await;
-    let released = Instant::now();
-    assert_eq!(holder.release(key).await, 0);
-    let next = waiter.expect_granted(id).await;
-    let took = released.elapsed();
-    assert!(next.fencing_token > first.fencing_token);
-    assert!(took < Duration::from_secs(1), "{key}: woken after {took:?}");
-    assert_eq!(waiter.release(key).await, 0);
-    took
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -44,6 +44,16 @@ struct Switchable {
     frozen_node: AtomicBool,
     renew_calls: AtomicUsize,
     renew_items: AtomicUsize,
+    /// Listens started, and listens not yet ended (without `watch`).
+    listen_calls: AtomicUsize,
+    listens: AtomicUsize,
+    /// A listen says it started on `listening`, then waits for `proceed` (a slow
+    /// subscription, during which the test acts).
+    gated_listens: AtomicBool,
+    listening: tokio::sync::Notify,
+    proceed: tokio::sync::Notify,
+    /// Its notices never arrive: waiters wake only by trying again.
+    deaf: bool,
 }
 
 impl Switchable {
@@ -149,12 +159,27 @@ impl Store for Switchable {
         guarded!(self, self.inner.proclaim(key, owner, value))
     }
     fn listen<'a>(&'a self, key: &'a str, watch: bool) -> StoreFuture<'a, ()> {
-        self.inner.listen(key, watch)
+        // Counted at the call, as the trait asks.
+        self.listen_calls.fetch_add(1, Ordering::SeqCst);
+        self.listens.fetch_add(1, Ordering::SeqCst);
+        let listen = self.inner.listen(key, watch);
+        Box::pin(async move {
+            if self.gated_listens.load(Ordering::SeqCst) {
+                self.listening.notify_one();
+                self.proceed.notified().await;
+            }
+            listen.await
+        })
     }
     fn unlisten(&self, key: &str, watch: bool) {
+        self.listens.fetch_sub(1, Ordering::SeqCst);
         self.inner.unlisten(key, watch)
     }
     fn notices(&self) -> broadcast::Receiver<Notice> {
+        if self.deaf {
+            // A closed channel: the engine hears nothing, ever.
+            return broadcast::channel(1).1;
+        }
         self.inner.notices()
     }
 }
@@ -683,4 +708,105 @@ async fn a_wake_the_first_semaphore_waiter_cannot_use_reaches_the_second() {
     assert_eq!(took, SLOW_GRANT);
     let took = second.granted_within(two, released).await;
     assert!(took < PROMPTLY, "the second waiter slept {took:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_release_before_the_subscription_is_not_missed() {
+    let store = Arc::new(Switchable {
+        deaf: true,
+        ..Switchable::default()
+    });
+    store.gated_listens.store(true, Ordering::SeqCst);
+    let engine = Engine::new(store.clone(), EngineConfig::default());
+    let mut holder = start(&engine);
+    let mut waiter = start(&engine);
+    holder.granted("k", 30).await;
+    let id = waiter.send(request("k", 30, Some(60))).await;
+    // Busy: the waiter subscribes; the lock is released before the subscription is
+    // made, so its notice is not heard (here no notice is ever heard).
+    store.listening.notified().await;
+    assert_eq!(holder.release("k").await, 0);
+    let released = Instant::now();
+    store.proceed.notify_one();
+    loop {
+        match waiter.next().await {
+            Event::Started { .. } => continue,
+            Event::Granted { request_id, .. } if request_id == id => break,
+            other => panic!("expected the grant at once, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        released.elapsed(),
+        Duration::ZERO,
+        "tried again as soon as it listened, not at its next look (TTL/3 later)"
+    );
+}
+
+/// Waits (on the paused clock) until the store has `n` listens.
+async fn listens(store: &Switchable, n: usize) {
+    for _ in 0..100 {
+        if store.listens.load(Ordering::SeqCst) == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!(
+        "{} listens, expected {n}",
+        store.listens.load(Ordering::SeqCst)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_waiting_acquires_listen_and_only_while_they_wait() {
+    let (store, engine) = setup();
+    let mut a = start(&engine);
+    let mut b = start(&engine);
+    a.granted("k", 30).await;
+    let id = b.send(request("k", 30, None)).await;
+    assert!(matches!(b.next().await, Event::Started { .. }));
+    assert!(matches!(b.next().await, Event::NotAcquired { request_id, .. } if request_id == id));
+    assert_eq!(
+        store.listen_calls.load(Ordering::SeqCst),
+        0,
+        "a grant and a busy answer without waiting listen to nothing"
+    );
+    let waiting = async |s: &mut Session, wait: u64| {
+        let id = s.send(request("k", 30, Some(wait))).await;
+        assert!(matches!(s.next().await, Event::Waiting { request_id, .. } if request_id == id));
+        id
+    };
+    // Granted after waiting.
+    let id = waiting(&mut b, 60).await;
+    listens(&store, 1).await;
+    assert_eq!(a.release("k").await, 0);
+    assert!(matches!(b.next().await, Event::Granted { request_id, .. } if request_id == id));
+    listens(&store, 0).await;
+    // Timed out.
+    let id = waiting(&mut a, 5).await;
+    listens(&store, 1).await;
+    assert!(matches!(
+        a.next().await,
+        Event::NotAcquired { request_id, reason: NotAcquiredReason::Timeout, .. } if request_id == id
+    ));
+    listens(&store, 0).await;
+    // Cancelled by a Release of the key.
+    let id = waiting(&mut a, 60).await;
+    listens(&store, 1).await;
+    a.tx.send(Inbound::Command(Command::Release {
+        request_id: 99,
+        key: "k".into(),
+    }))
+    .await
+    .expect("send");
+    assert!(matches!(
+        a.next().await,
+        Event::NotAcquired { request_id, reason: NotAcquiredReason::Cancelled, .. } if request_id == id
+    ));
+    listens(&store, 0).await;
+    // The session ends while it waits.
+    waiting(&mut a, 60).await;
+    listens(&store, 1).await;
+    drop(a);
+    listens(&store, 0).await;
+    assert_eq!(store.listen_calls.load(Ordering::SeqCst), 4);
 }

@@ -177,6 +177,7 @@ impl Engine {
         tokio::spawn(dispatch_notices(
             store.notices(),
             wakers.clone(),
+            metrics.clone(),
             shutdown.clone(),
         ));
         let renewer = Renewer::spawn(
@@ -285,14 +286,22 @@ impl Engine {
 async fn dispatch_notices(
     mut notices: tokio::sync::broadcast::Receiver<Notice>,
     wakers: Arc<Wakers>,
+    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
+    use crate::metrics::Heard;
     use tokio::sync::broadcast::error::RecvError;
     loop {
         let notice = tokio::select! {
             _ = shutdown.cancelled() => return,
             notice = notices.recv() => notice,
         };
+        metrics.heard(match &notice {
+            Ok(Notice::Released { .. }) => Heard::Released,
+            Ok(Notice::Changed { .. }) => Heard::Changed,
+            Ok(Notice::Resync) | Err(RecvError::Lagged(_)) => Heard::Resync,
+            Err(RecvError::Closed) => return,
+        });
         match notice {
             Ok(Notice::Released { key, owners }) => wakers.wake(&key, &owners),
             // A change that frees nothing: nobody waiting can go (watchers: issue 14).

@@ -92,6 +92,23 @@ impl Operation {
     ];
 }
 
+/// A notice the sidecar received from its store
+/// (`lockside_store_notices_received_total{kind}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Heard {
+    /// A lock was released (or a permit freed): local waiters may go.
+    Released,
+    /// A lock changed in a way that frees nothing (its watchers read it again).
+    Changed,
+    /// Notices may have been missed (a reconnection, or this sidecar fell behind):
+    /// every local waiter looks again.
+    Resync,
+}
+
+impl Heard {
+    pub(super) const LABELS: [&'static str; 3] = ["released", "changed", "resync"];
+}
+
 /// The result of a store call (`lockside_store_calls_total{result}`): `ok`, or the
 /// error's kind ([`crate::store::StoreError::kind`]).
 pub(super) const CALL_RESULTS: [&str; 4] = ["ok", "unavailable", "config", "protocol"];

@@ -16,7 +16,7 @@ mod labels;
 pub mod store;
 
 use labels::CALL_RESULTS;
-pub use labels::{Loss, Operation, Outcome, Renewed};
+pub use labels::{Heard, Loss, Operation, Outcome, Renewed};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -102,6 +102,7 @@ pub struct Metrics {
     lost: [Counter; Loss::LABELS.len()],
     store_calls: StoreCalls,
     store_calls_in_flight: Gauge,
+    notices: [Counter; Heard::LABELS.len()],
     ready: Gauge,
     /// The engine's limit on concurrent store calls and its semaphore, read at scrape
     /// time (a gauge kept up to date on every call would cost every call).
@@ -267,6 +268,14 @@ impl Metrics {
             "Sessions' store calls under way (at most 256 at once, more wait)",
             store_calls_in_flight.clone(),
         );
+        let family = Family::<Labels<1>, Counter>::default();
+        let notices = counters(&family, "kind", Heard::LABELS);
+        r.register(
+            "store_notices_received",
+            "Notices this sidecar received from the store, by kind: a store sends a key's \
+             notices only to sidecars that wait on or watch it",
+            family,
+        );
         Self {
             registry,
             sessions,
@@ -282,6 +291,7 @@ impl Metrics {
             lost,
             store_calls,
             store_calls_in_flight,
+            notices,
             ready,
             store_calls_source: std::sync::OnceLock::new(),
         }
@@ -306,6 +316,11 @@ impl Metrics {
     /// Counts a lock lost while held.
     pub fn lost(&self, why: Loss) {
         self.lost[why as usize].inc();
+    }
+
+    /// Counts a notice received from the store.
+    pub fn heard(&self, kind: Heard) {
+        self.notices[kind as usize].inc();
     }
 
     /// The handles [`store::MeteredStore`] records with.

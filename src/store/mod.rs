@@ -105,7 +105,9 @@ pub trait Store: Send + Sync + 'static {
     /// publishes a key's notices only while someone listens; waiters register with their
     /// acquire). Completes once notices flow (on Redis: the subscription is confirmed);
     /// a failure is logged, not returned: waiters and watchers also look again at the
-    /// times the store gives them (a holder's expiry).
+    /// times the store gives them (a holder's expiry). The listen counts from the call,
+    /// not from the future's first poll: its `unlisten` is due even if the future is
+    /// dropped unfinished.
     fn listen<'a>(&'a self, _key: &'a str, _watch: bool) -> StoreFuture<'a, ()> {
         Box::pin(std::future::ready(Ok(())))
     }

@@ -866,6 +866,29 @@ pub fn waiting_for(key: &str, seconds: f64) -> proto::Acquire {
     }
 }
 
+/// `key` held by `holder` with a 30 s TTL; `waiter` (on another sidecar) waits, and gets
+/// it within a second of the release: woken by the release notice, not by its next
+/// look (at TTL/3). Both hold nothing after. Returns the time from release to grant.
+pub async fn handoff(holder: &mut Lease, waiter: &mut Lease, key: &str) -> Duration {
+    let id = holder
+        .send_acquire(proto::Acquire {
+            ttl: Some(secs(30.0)),
+            ..acquire(key)
+        })
+        .await;
+    let first = holder.expect_granted(id).await;
+    let id = waiter.send_acquire(waiting_for(key, 10.0)).await;
+    waiter.expect_waiting(id).await;
+    let released = tokio::time::Instant::now();
+    assert_eq!(holder.release(key).await, 0);
+    let next = waiter.expect_granted(id).await;
+    let took = released.elapsed();
+    assert!(next.fencing_token > first.fencing_token);
+    assert!(took < Duration::from_secs(1), "{key}: woken after {took:?}");
+    assert_eq!(waiter.release(key).await, 0);
+    took
+}
+
 /// Runs each `async fn NAME(Setup)` of the calling file once on the memory store and
 /// once on a real Redis, as `memory::NAME` and `redis::NAME`.
 #[macro_export]

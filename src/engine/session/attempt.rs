@@ -1,4 +1,10 @@
 //! One acquire: try, and while busy and allowed to, wait for a wake-up and try again.
+//!
+//! A waiting acquire listens to its key's notices ([`Store::listen`]) from its first
+//! busy answer until it ends, however it ends; an acquire that is granted at once, or
+//! does not wait, never listens (no subscription, no round trip). The first busy answer
+//! comes before the subscription, so a release in between would be missed: right after
+//! listening, the acquire tries once more before it waits.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,11 +46,40 @@ pub(super) async fn acquire(op: AcquireOp) -> Done {
     }
 }
 
+/// One [`Store::listen`] of a key without `watch`, ended when dropped.
+struct Listening {
+    store: Arc<dyn Store>,
+    key: String,
+}
+
+impl Listening {
+    /// Listens to `key` until the returned guard is dropped; completes once notices
+    /// flow. The listen counts from the call, so the guard is taken before waiting.
+    async fn start(store: &Arc<dyn Store>, key: &str) -> Self {
+        let listen = store.listen(key, false);
+        let guard = Self {
+            store: store.clone(),
+            key: key.to_owned(),
+        };
+        // A failure is logged by the store: the waiter still looks again at its times.
+        let _ = listen.await;
+        guard
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        self.store.unlisten(&self.key, false);
+    }
+}
+
 /// Tries to acquire; while busy and allowed to wait, sleeps until a release notice, the
 /// time the store said to look again (a holder's expiry, the end of a lock-delay, a
 /// fair waiter ahead expiring), or a refresh of the waiter registration at TTL/3.
 async fn attempts(op: &AcquireOp) -> Outcome {
     let mut told = false;
+    // Held until this function returns: granted, timed out, cancelled or failed.
+    let mut listening: Option<Listening> = None;
     loop {
         let sent_at = Instant::now();
         let turn = op.turns.acquire().await;
@@ -64,6 +99,16 @@ async fn attempts(op: &AcquireOp) -> Outcome {
         };
         if Instant::now() >= until {
             return Outcome::Timeout;
+        }
+        if listening.is_none() {
+            let listen = Listening::start(&op.store, &op.claim.key);
+            tokio::select! {
+                listened = listen => listening = Some(listened),
+                _ = op.cancel.cancelled() => return Outcome::Cancelled,
+                _ = tokio::time::sleep_until(until) => return Outcome::Timeout,
+            }
+            // Notices flow now; a release since the busy answer freed the key unheard.
+            continue;
         }
         if !told {
             told = true;

@@ -6,16 +6,22 @@
 //! their own (10,000 acquires in flight after a reconnect open one connection, not
 //! 10,000).
 //!
+//! Every connection speaks RESP3 with a push sender, so that the same connection also
+//! carries the notices of the keys this sidecar listens to, as push messages (see
+//! `redis/subscriptions.rs`): no second connection, and none of it while nothing
+//! listens. Each connection to one server has an id, and its pushes come tagged with
+//! it, so a disconnection is matched to the connection it ended.
+//!
 //! A Cluster connection (redis-rs' cluster client) is one multiplexed connection per
 //! node; it follows MOVED/ASK, refreshes the slot map and reconnects by itself, so it is
 //! made once and never dropped after an error (dropping it would also drop the sharded
-//! subscriptions it keeps, see `redis/shards.rs`). It speaks RESP3, so that the same
-//! connection carries the release notices as push messages.
+//! subscriptions it keeps).
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
+use deadpool_redis::redis::aio::{AsyncPushSender, ConnectionLike, MultiplexedConnection};
 use deadpool_redis::redis::cluster::{ClusterClient, ClusterClientBuilder};
 use deadpool_redis::redis::cluster_async::ClusterConnection;
 use deadpool_redis::redis::io::tcp::TcpSettings;
@@ -68,20 +74,32 @@ impl ConnectionLike for Conn {
     }
 }
 
+/// A push message (a notice, a subscription's confirmation, a disconnection) and the id
+/// of the connection it came on (on a Cluster always 0: one connection, repaired by
+/// redis-rs).
+pub(crate) type Push = (u64, PushInfo);
+
 /// The store's way to its data: the topology, the shared connection, and the address
-/// of the server it last connected to (the listener follows it).
+/// of the server it last connected to.
 pub(crate) struct Link {
     topology: Topology,
     timeout: Duration,
-    conn: Mutex<Option<Conn>>,
+    /// The shared connection and its id.
+    conn: Mutex<Option<(Conn, u64)>>,
     connecting: tokio::sync::Mutex<()>,
+    /// The id of the next connection to one server.
+    next_id: AtomicU64,
+    /// Bumped whenever the shared connection is made or forgotten: subscriptions made on
+    /// a forgotten connection went with it.
+    changes: watch::Sender<u64>,
     /// The server the shared connection goes to, as `host:port`; changes on failover.
     server: watch::Sender<Option<ConnectionInfo>>,
     /// Cluster: the client, made once with the sender of its push messages.
     cluster: Option<ClusterClient>,
-    /// Cluster: where the push messages (sharded notices, reconnections) arrive, until
-    /// the notice listener takes it.
-    pushes: Mutex<Option<mpsc::UnboundedReceiver<PushInfo>>>,
+    /// Where every connection sends its push messages.
+    push_sender: mpsc::UnboundedSender<Push>,
+    /// Where the push messages arrive, until the notice listener takes them.
+    pushes: Mutex<Option<mpsc::UnboundedReceiver<Push>>>,
 }
 
 impl Link {
@@ -90,25 +108,33 @@ impl Link {
             Topology::Standalone(info) => Some(info.clone()),
             Topology::Sentinel { .. } | Topology::Cluster { .. } => None,
         };
-        let (cluster, pushes) = match &topology {
+        let (push_sender, pushes) = mpsc::unbounded_channel();
+        let cluster = match &topology {
             Topology::Cluster {
                 nodes,
                 certificates,
             } => {
-                let (sender, receiver) = mpsc::unbounded_channel();
-                let client = cluster_client(nodes, certificates.as_ref(), timeout, sender)?;
-                (Some(client), Some(receiver))
+                let sender = tagged(push_sender.clone(), 0);
+                Some(cluster_client(
+                    nodes,
+                    certificates.as_ref(),
+                    timeout,
+                    sender,
+                )?)
             }
-            _ => (None, None),
+            _ => None,
         };
         Ok(Self {
             topology,
             timeout,
             conn: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
+            next_id: AtomicU64::new(1),
+            changes: watch::channel(0).0,
             server: watch::channel(server).0,
             cluster,
-            pushes: Mutex::new(pushes),
+            push_sender,
+            pushes: Mutex::new(Some(pushes)),
         })
     }
 
@@ -117,22 +143,32 @@ impl Link {
         self.cluster.is_some()
     }
 
-    /// Cluster: the push messages of the connection (taken once, by the listener).
-    pub(crate) fn take_pushes(&self) -> Option<mpsc::UnboundedReceiver<PushInfo>> {
+    /// The push messages of every connection (taken once, by the notice listener).
+    pub(crate) fn take_pushes(&self) -> Option<mpsc::UnboundedReceiver<Push>> {
         self.pushes.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
-    /// The server data goes to, and its changes (for the pub/sub listener).
-    pub(crate) fn server(&self) -> watch::Receiver<Option<ConnectionInfo>> {
-        self.server.subscribe()
+    /// Changes when the shared connection is made or forgotten.
+    pub(crate) fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
-    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Conn>> {
+    /// The id of the shared connection, if there is one now.
+    pub(crate) fn current(&self) -> Option<u64> {
+        self.slot().as_ref().map(|(_, id)| *id)
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<(Conn, u64)>> {
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The shared connection, made if there is none.
     pub(crate) async fn connection(&self) -> Result<Conn, StoreError> {
+        self.connection_with_id().await.map(|(conn, _)| conn)
+    }
+
+    /// The shared connection and its id, made if there is none.
+    pub(crate) async fn connection_with_id(&self) -> Result<(Conn, u64), StoreError> {
         if let Some(conn) = self.slot().as_ref() {
             return Ok(conn.clone());
         }
@@ -142,20 +178,25 @@ impl Link {
         Box::pin(self.reconnect()).await
     }
 
-    async fn reconnect(&self) -> Result<Conn, StoreError> {
+    async fn reconnect(&self) -> Result<(Conn, u64), StoreError> {
         let _turn = self.connecting.lock().await;
         if let Some(conn) = self.slot().as_ref() {
             return Ok(conn.clone());
         }
+        let id = match self.cluster {
+            Some(_) => 0,
+            None => self.next_id.fetch_add(1, Ordering::Relaxed),
+        };
+        let pushes = || Some(tagged(self.push_sender.clone(), id));
         let conn = match &self.topology {
-            Topology::Standalone(info) => Conn::Single(single(info, self.timeout).await?),
+            Topology::Standalone(info) => Conn::Single(single(info, self.timeout, pushes()).await?),
             Topology::Sentinel {
                 sentinels,
                 master,
                 template,
             } => {
                 let info = resolve(sentinels, master, template, self.timeout).await?;
-                let conn = master_connection(&info, self.timeout).await?;
+                let conn = master_connection(&info, self.timeout, pushes()).await?;
                 self.server.send_if_modified(|server| {
                     let moved = server.as_ref().map(|s| s.addr()) != Some(info.addr());
                     if moved {
@@ -176,8 +217,9 @@ impl Link {
                 None => return Err(StoreError::Config("no cluster client".into())),
             },
         };
-        *self.slot() = Some(conn.clone());
-        Ok(conn)
+        *self.slot() = Some((conn.clone(), id));
+        self.changes.send_modify(|n| *n += 1);
+        Ok((conn, id))
     }
 
     /// Forgets the shared connection after `error` when it may be broken or point at
@@ -201,10 +243,26 @@ impl Link {
     /// timeout there may concern one frozen node, and the connection reroutes by itself
     /// once the cluster has failed over.
     pub(crate) fn forget(&self) {
-        if !self.is_cluster() {
-            self.slot().take();
+        if !self.is_cluster() && self.slot().take().is_some() {
+            self.changes.send_modify(|n| *n += 1);
         }
     }
+
+    /// Forgets the shared connection if it is connection `id` (which ended: a
+    /// disconnection push); a newer one is kept.
+    pub(crate) fn forget_ended(&self, id: u64) {
+        if self.current() == Some(id) {
+            self.forget();
+        }
+    }
+}
+
+/// A push sender that tags each push with the id of its connection.
+fn tagged(
+    sender: mpsc::UnboundedSender<Push>,
+    id: u64,
+) -> impl Fn(PushInfo) -> Result<(), mpsc::error::SendError<Push>> + Send + Sync + 'static {
+    move |info| sender.send((id, info))
 }
 
 /// A server that is no longer (or not yet) the master: READONLY on a write, or
@@ -220,7 +278,7 @@ fn cluster_client(
     nodes: &[ConnectionInfo],
     certificates: Option<&redis::TlsCertificates>,
     timeout: Duration,
-    pushes: mpsc::UnboundedSender<PushInfo>,
+    pushes: impl AsyncPushSender,
 ) -> Result<ClusterClient, StoreError> {
     let mut builder = ClusterClientBuilder::new(nodes.to_vec())
         .use_protocol(ProtocolVersion::RESP3)
@@ -236,16 +294,25 @@ fn cluster_client(
         .map_err(|e| StoreError::Config(format!("cluster: {e}")))
 }
 
-/// A multiplexed connection to one server, within `timeout`.
+/// A multiplexed connection to one server, within `timeout`. With `pushes`, it speaks
+/// RESP3 (Redis 6 or later) and sends its push messages there: it can subscribe.
 pub(crate) async fn single(
     info: &ConnectionInfo,
     timeout: Duration,
+    pushes: Option<impl AsyncPushSender>,
 ) -> Result<MultiplexedConnection, StoreError> {
-    let client =
-        redis::Client::open(info.clone()).map_err(|e| StoreError::Config(e.to_string()))?;
-    let config = AsyncConnectionConfig::new()
+    let mut info = info.clone();
+    if pushes.is_some() {
+        let settings = info.redis_settings().clone();
+        info = info.set_redis_settings(settings.set_protocol(ProtocolVersion::RESP3));
+    }
+    let client = redis::Client::open(info).map_err(|e| StoreError::Config(e.to_string()))?;
+    let mut config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(timeout))
         .set_response_timeout(Some(timeout));
+    if let Some(pushes) = pushes {
+        config = config.set_push_sender(pushes);
+    }
     client
         .get_multiplexed_async_connection_with_config(&config)
         .await
@@ -263,7 +330,7 @@ async fn resolve(
 ) -> Result<ConnectionInfo, StoreError> {
     for sentinel in sentinels {
         let ask = async {
-            let mut conn = single(sentinel, timeout).await?;
+            let mut conn = single(sentinel, timeout, None::<Unused>).await?;
             redis::cmd("SENTINEL")
                 .arg("get-master-addr-by-name")
                 .arg(master)
@@ -303,8 +370,9 @@ async fn resolve(
 async fn master_connection(
     info: &ConnectionInfo,
     timeout: Duration,
+    pushes: Option<impl AsyncPushSender>,
 ) -> Result<MultiplexedConnection, StoreError> {
-    let mut conn = single(info, timeout).await?;
+    let mut conn = single(info, timeout, pushes).await?;
     let role: Vec<redis::Value> = redis::cmd("ROLE")
         .query_async(&mut conn)
         .await
@@ -317,3 +385,6 @@ async fn master_connection(
         ))),
     }
 }
+
+/// The push sender type of a connection that has none (a sentinel's).
+type Unused = mpsc::UnboundedSender<PushInfo>;

@@ -3,19 +3,19 @@
 //! again on NOSCRIPT). The key layout is documented at the top of `lua/common.lua`; all
 //! keys of one lock share the hash tag `{ns:KEY}`, so every script touches one slot.
 //!
-//! Requests share one connection (`redis/link.rs`); release notices come from one
-//! pub/sub subscription per sidecar (`redis/notices.rs`), or on a Cluster from sharded
-//! subscriptions to the keys this sidecar waits on (`redis/shards.rs`). Batched
-//! renewals are in `redis/renew.rs`, replica acknowledgement in `redis/acked.rs`.
+//! Requests share one connection (`redis/link.rs`); notices come on the same connection,
+//! from subscriptions to the channels of the keys this sidecar listens to
+//! (`redis/subscriptions.rs`). Batched renewals are in `redis/renew.rs` (grouped by
+//! Cluster slot, `redis/slots.rs`), replica acknowledgement in `redis/acked.rs`.
 
 mod acked;
 mod link;
-mod notices;
 mod options;
 mod renew;
 mod replies;
 mod scripts;
-mod shards;
+mod slots;
+mod subscriptions;
 mod watchers;
 
 use std::sync::Arc;
@@ -32,7 +32,7 @@ use link::{Conn, Link};
 use options::Topology;
 use replies::{acquired, held_count, key_state, ms};
 use scripts::{Lua, Scripts};
-use shards::Shards;
+use subscriptions::Subscriptions;
 use watchers::Watchers;
 
 /// How many notices a slow sidecar task may fall behind before it resyncs.
@@ -52,25 +52,24 @@ pub struct RedisStore {
     acks: Acks,
     link: Arc<Link>,
     namespace: String,
-    /// Standalone and Sentinel: the one channel of every release notice.
-    channel: String,
-    /// Cluster: a shard channel per key, subscribed while waited on.
-    shards: Option<Arc<Shards>>,
+    /// A notice channel per key, subscribed while listened to.
+    subscriptions: Arc<Subscriptions>,
     /// Cluster: which node serves each slot, for grouping renewals (`redis/renew.rs`).
     slot_map: Arc<renew::SlotMap>,
     timeout: Duration,
     scripts: Scripts,
     notices: broadcast::Sender<Notice>,
-    listener: JoinHandle<()>,
+    /// The tasks of the subscriptions, and the refresh of the watch registrations.
+    tasks: Vec<JoinHandle<()>>,
     /// The keys watched here, registered in the store (`redis/watchers.rs`).
     watchers: Arc<Watchers>,
-    refresher: JoinHandle<()>,
 }
 
 impl Drop for RedisStore {
     fn drop(&mut self) {
-        self.listener.abort();
-        self.refresher.abort();
+        for task in &self.tasks {
+            task.abort();
+        }
     }
 }
 
@@ -111,39 +110,15 @@ impl RedisStore {
                 "the replica acknowledgement timeout must be shorter than the store timeout".into(),
             ));
         }
-        let sentinel = matches!(topology, Topology::Sentinel { .. });
         let kind = match topology {
             Topology::Standalone(_) => "redis",
             Topology::Sentinel { .. } => "redis_sentinel",
             Topology::Cluster { .. } => "redis_cluster",
         };
         let link = Arc::new(Link::new(topology, options.timeout)?);
-        if sentinel {
-            // The notice listener learns the master from the first connection: make it
-            // now rather than at the first request.
-            let link = link.clone();
-            tokio::spawn(async move {
-                let _ = link.connection().await;
-            });
-        }
-        let channel = format!("{namespace}:released");
         let notices = broadcast::channel(NOTICE_BUFFER).0;
-        let (shards, listener) = match link.take_pushes() {
-            Some(pushes) => {
-                let shards = Arc::new(Shards::new(link.clone(), namespace));
-                let listener =
-                    tokio::spawn(shards::listen(pushes, shards.clone(), notices.clone()));
-                (Some(shards), listener)
-            }
-            None => {
-                let listener = tokio::spawn(notices::listen(
-                    link.server(),
-                    channel.clone(),
-                    notices.clone(),
-                ));
-                (None, listener)
-            }
-        };
+        let (subscriptions, mut tasks) =
+            Subscriptions::start(link.clone(), namespace, options.timeout, notices.clone());
         let scripts = Scripts::new();
         let watchers = Arc::new(Watchers::new(
             link.clone(),
@@ -151,7 +126,7 @@ impl RedisStore {
             scripts.watch.clone(),
             options.timeout,
         ));
-        let refresher = tokio::spawn(watchers.clone().refresh());
+        tasks.push(tokio::spawn(watchers.clone().refresh()));
         Ok(Self {
             kind,
             acks: Acks {
@@ -160,15 +135,13 @@ impl RedisStore {
             },
             link,
             namespace: namespace.to_owned(),
-            channel,
-            shards,
+            subscriptions,
             slot_map: Arc::default(),
             timeout: options.timeout,
             scripts,
             notices,
-            listener,
+            tasks,
             watchers,
-            refresher,
         })
     }
 
@@ -187,13 +160,15 @@ impl RedisStore {
         format!("{{{}:{}}}:{}", self.namespace, key, part)
     }
 
-    /// Where the scripts publish release notices of `key`, and whether with `SPUBLISH`
-    /// ("1": a shard channel, Cluster) or `PUBLISH` ("0").
+    /// Where the scripts publish the notices of `key` (its own channel `{ns:KEY}:n`),
+    /// and whether with `SPUBLISH` ("1": a shard channel, Cluster) or `PUBLISH` ("0").
     fn notice_channel(&self, key: &str) -> (String, &'static str) {
-        match &self.shards {
-            Some(shards) => (shards.channel(key), "1"),
-            None => (self.channel.clone(), "0"),
-        }
+        let sharded = if self.subscriptions.sharded() {
+            "1"
+        } else {
+            "0"
+        };
+        (self.subscriptions.channel(key), sharded)
     }
 
     /// The keys of one lock, in the order the scripts take them: its hash, its
@@ -272,12 +247,6 @@ impl Store for RedisStore {
             let limit = claim.limit.to_string();
             let waiter = claim.waiter();
             let (channel, sharded) = self.notice_channel(&claim.key);
-            if let (Some(shards), true) = (&self.shards, claim.wait) {
-                // Subscribed before asking, so no release after the busy answer is missed.
-                shards
-                    .want(&claim.key, &claim.owner, claim.ttl, self.timeout)
-                    .await;
-            }
             // A waiting claim may have registered before (an earlier try): a grant
             // removes that registration.
             let again = flag(claim.wait);
@@ -319,11 +288,6 @@ impl Store for RedisStore {
                 }
                 reply
             };
-            if let (Some(shards), true) = (&self.shards, claim.wait)
-                && matches!(reply.first(), Some(Value::Int(1)) | Some(Value::Int(2)))
-            {
-                shards.unwant(&claim.key, &claim.owner);
-            }
             acquired(&reply)
         })
     }
@@ -388,13 +352,9 @@ impl Store for RedisStore {
                 claim.key.as_bytes(),
                 sharded.as_bytes(),
             ];
-            let result = self
-                .invoke::<i64>(&self.scripts.unwait, &claim.key, &args)
-                .await;
-            if let Some(shards) = &self.shards {
-                shards.unwant(&claim.key, &claim.owner);
-            }
-            result.map(drop)
+            self.invoke::<i64>(&self.scripts.unwait, &claim.key, &args)
+                .await
+                .map(drop)
         })
     }
 
@@ -440,17 +400,24 @@ impl Store for RedisStore {
     }
 
     fn listen<'a>(&'a self, key: &'a str, watch: bool) -> StoreFuture<'a, ()> {
+        // Counted now, so that an unlisten matches it even if this future is dropped.
+        let subscribed = self.subscriptions.listen(key);
+        let registered = watch.then(|| self.watchers.add(key));
         Box::pin(async move {
-            if watch && let Err(e) = self.watchers.add(key).await {
-                // Not fatal: the watchers also read the key again at its holders'
-                // expiry, and the registration is retried at the next refresh.
+            if let Some(registered) = registered
+                && let Err(e) = registered.await
+            {
+                // Not fatal: watchers also read the key again at its holders' expiry,
+                // and the registration is retried at the next refresh.
                 tracing::warn!(%key, error = %e, "registering a watch in the store failed");
             }
+            subscribed.await;
             Ok(())
         })
     }
 
     fn unlisten(&self, key: &str, watch: bool) {
+        self.subscriptions.unlisten(key);
         if watch {
             self.watchers.remove(key);
         }

@@ -32,7 +32,7 @@ use futures_util::future::join_all;
 use tokio::time::Instant;
 
 use super::link::Link;
-use super::{Conn, Lua, RedisStore, shards};
+use super::{Conn, Lua, RedisStore, slots};
 use crate::store::{Renewal, Renewed, StoreError};
 
 /// Grants per script call in a renewal batch: large enough that 10,000 locks take ten
@@ -193,7 +193,7 @@ impl RedisStore {
         let groups: Vec<Vec<usize>> = if self.link.is_cluster() {
             let mut grouped: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
             for (i, r) in batch.iter().enumerate() {
-                let slot = usize::from(shards::slot(&self.key(r.key, "h")));
+                let slot = usize::from(slots::slot(&self.key(r.key, "h")));
                 let group = owners
                     .and_then(|o| o.get(slot).copied())
                     .filter(|&node| node != usize::MAX)
@@ -256,7 +256,7 @@ impl RedisStore {
                 self.slot_map.refresh(&self.link, self.timeout);
                 let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
                 for &i in chunk {
-                    let slot = shards::slot(&self.key(batch[i].key, "h"));
+                    let slot = slots::slot(&self.key(batch[i].key, "h"));
                     by_slot.entry(slot).or_default().push(i);
                 }
                 let parts = by_slot.values().map(|part| self.renew_slot(batch, part));

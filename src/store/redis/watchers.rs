@@ -6,6 +6,7 @@
 //! by themselves.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -49,18 +50,26 @@ impl Watchers {
         self.keys.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// One more local watcher of `key`; the first registers this sidecar.
-    pub(super) async fn add(&self, key: &str) -> Result<(), StoreError> {
+    /// One more local watcher of `key`, counted at once (so that a `remove` matches
+    /// it even if the returned future is dropped); the first registers this sidecar,
+    /// which the future does.
+    pub(super) fn add(
+        self: &Arc<Self>,
+        key: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
         let first = {
             let mut keys = self.keys();
             let n = keys.entry(key.to_owned()).or_default();
             *n += 1;
             *n == 1
         };
-        if first {
-            self.register(key, REGISTRATION).await?;
+        let (watchers, key) = (self.clone(), key.to_owned());
+        async move {
+            if first {
+                watchers.register(&key, REGISTRATION).await?;
+            }
+            Ok(())
         }
-        Ok(())
     }
 
     /// One local watcher of `key` fewer; the last unregisters this sidecar (in the

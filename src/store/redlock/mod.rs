@@ -27,6 +27,7 @@
 //!   after the vote.
 //! - **Notices** from every master are merged: a release wakes a waiter once per master
 //!   (a woken waiter only tries again; spurious wakes cost an attempt, never safety).
+//!   A listen subscribes on every master.
 //! - **Not supported**: semaphores (N masters each counting permits would let more than
 //!   N holders in) and fair queues (each master would keep its own order); both are
 //!   refused with UNIMPLEMENTED. Read/write locks are safe (any two majorities meet).
@@ -362,6 +363,22 @@ impl Store for RedlockStore {
         })
     }
 
+    fn listen<'a>(&'a self, key: &'a str, watch: bool) -> StoreFuture<'a, ()> {
+        // On every master, counted now: a release reaches a majority, not always the
+        // same one, and a master that lags must not hold up the others' notices.
+        let listens: Vec<_> = self.masters.iter().map(|m| m.listen(key, watch)).collect();
+        Box::pin(async move {
+            join_all(listens).await;
+            Ok(())
+        })
+    }
+
+    fn unlisten(&self, key: &str, watch: bool) {
+        for master in &self.masters {
+            master.unlisten(key, watch);
+        }
+    }
+
     fn ping(&self) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             let quorum = self.quorum;
@@ -377,20 +394,6 @@ impl Store for RedlockStore {
 
     fn notices(&self) -> broadcast::Receiver<Notice> {
         self.notices.subscribe()
-    }
-
-    fn listen<'a>(&'a self, key: &'a str, watch: bool) -> StoreFuture<'a, ()> {
-        Box::pin(async move {
-            // Every master publishes its own changes: listen to all of them.
-            self.everywhere(|m| m.listen(key, watch)).await;
-            Ok(())
-        })
-    }
-
-    fn unlisten(&self, key: &str, watch: bool) {
-        for master in &self.masters {
-            master.unlisten(key, watch);
-        }
     }
 
     fn supports(&self, sharing: Sharing, limit: u32, fair: bool) -> Result<(), String> {

@@ -1,6 +1,7 @@
 //! `lockside watch KEY [--json]`: one line per state of a key, from its state now to
 //! every change (a grant, a release, an expiry, a holder's value), until interrupted.
 
+use std::io::Write;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -28,8 +29,9 @@ pub struct WatchArgs {
     pub json: bool,
 }
 
-/// Runs `lockside watch`: prints each state until SIGINT or SIGTERM (exit 0); 69 when
-/// the sidecar cannot be reached, refuses the watch or ends it.
+/// Runs `lockside watch`: prints each state until SIGINT or SIGTERM, or until stdout
+/// is closed (exit 0); 69 when the sidecar cannot be reached, refuses the watch or
+/// ends it.
 pub async fn watch(args: WatchArgs) -> u8 {
     let fail = |e: &dyn std::fmt::Display| {
         eprintln!("lockside watch: {e}");
@@ -54,7 +56,11 @@ pub async fn watch(args: WatchArgs) -> u8 {
             state = states.next() => match state {
                 Some(Ok(state)) => {
                     let line = if args.json { json_line(&state) } else { text_line(&state) };
-                    println!("{line}");
+                    // Whoever read the lines is gone (`lockside watch K | head -1`):
+                    // done, as a pipeline expects.
+                    if writeln!(std::io::stdout(), "{line}").is_err() {
+                        return 0;
+                    }
                 }
                 Some(Err(e)) => return fail(&e),
                 None => return fail(&"the sidecar ended the watch"),

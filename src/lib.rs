@@ -11,7 +11,8 @@
 //!   where outcomes become gRPC codes.
 //! - [`engine`]: sessions (`engine/session/`, one task per `Lease` stream), the
 //!   sidecar-wide batched renewer (`engine/renewer.rs`), local waiters woken by release
-//!   notices (`engine/wakers.rs`). Knows no Redis and no protobuf.
+//!   notices (`engine/wakers.rs`), watched keys (`engine/watches.rs`: one reader per
+//!   key for all its `Watch` streams). Knows no Redis and no protobuf.
 //! - [`store`]: the [`store::Store`] trait and its implementations: `store/memory.rs`
 //!   (embedded) and `store/redis.rs` with one Lua script per state change in
 //!   `store/lua/`; `store/redis/options.rs` (URLs, topologies, TLS files),
@@ -30,11 +31,11 @@
 //!   is the entry point tests call on port 0.
 //! - [`telemetry`]: logs (text or JSON) and OTLP traces, with the caller's W3C trace
 //!   context as parent.
-//! - [`config`]: the command line (`lockside serve`, `hold`, `describe`, `bench`,
-//!   `webhook`).
+//! - [`cli`]: the command line, a file per subcommand (`serve`, `hold`, `elect`,
+//!   `leader`, `watch`, `describe`, `webhook`); the client commands use [`client`].
 //! - [`client`]: a Rust client: `Client::connect`, `lock(key)` → a guard with the
-//!   fencing token and a `lost()` future.
-//! - [`hold`]: `lockside hold KEY -- CMD` and `lockside describe KEY`, on that client.
+//!   fencing token and a `lost()` future; `campaign(key, value)` → a leader guard with
+//!   `proclaim()`; `watch(key)` → a `Stream` of the key's states.
 //! - [`bench`]: the benchmark, sidecar against direct Redis in one run.
 //! - [`webhook`]: `lockside webhook`, the Kubernetes admission webhook that injects the
 //!   sidecar: `webhook/patch.rs` (Pod JSON → JSONPatch, pure), `webhook/sidecar.rs`

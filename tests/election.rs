@@ -385,6 +385,24 @@ async fn watchers_see_every_state_in_order() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_state_that_did_not_change_is_not_sent_again() {
+    let (_store, engine) = setup();
+    let mut watch = engine.watch("jobs").await.expect("watch");
+    state(&mut watch).await;
+    let mut a = start(&engine);
+    let token = a.granted(campaign("jobs", b"a")).await;
+    assert_eq!(leader(&state(&mut watch).await), (b"a".to_vec(), token));
+    // Time passes (the TTL left changes with it) and the same value is proclaimed: a
+    // notice and a read, but the same state.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    a.proclaimed("jobs", b"a").await;
+    let quiet = tokio::time::timeout(Duration::from_secs(1), watch.next()).await;
+    assert!(quiet.is_err(), "the same state again: {quiet:?}");
+    a.proclaimed("jobs", b"b").await;
+    assert_eq!(leader(&state(&mut watch).await), (b"b".to_vec(), token));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_slow_watcher_gets_the_latest_state_not_a_backlog() {
     let (_store, engine) = setup();
     let mut watch = engine.watch("jobs").await.expect("watch");

@@ -61,6 +61,36 @@ fn contender(program: &str, args: &[&str], out: &Path, addr: &str) -> Command {
     command
 }
 
+/// The client programs, as `clients/prepare.sh` and `examples/go/build.sh` install
+/// them.
+struct Installed {
+    fixtures: PathBuf,
+    venv_python: PathBuf,
+    node_modules: PathBuf,
+    go: PathBuf,
+}
+
+impl Installed {
+    /// Finds them, or fails saying how to build them.
+    fn find() -> Self {
+        let root = repo();
+        let installed = root.join("target/clients");
+        let found = Self {
+            fixtures: root.join("tests/fixtures/clients"),
+            venv_python: installed.join("venv/bin/python"),
+            node_modules: installed.join("node/node_modules"),
+            go: root.join("examples/go/bin/lockside-example"),
+        };
+        require(&found.venv_python, "bash clients/prepare.sh");
+        require(
+            &found.node_modules.join("lockside"),
+            "bash clients/prepare.sh",
+        );
+        require(&found.go, "bash examples/go/build.sh");
+        found
+    }
+}
+
 fn require(path: &Path, how: &str) {
     assert!(
         path.exists(),
@@ -100,15 +130,12 @@ fn read_key(file: &Path, key: &str, base: Instant, base_ns: u128) -> Vec<Interva
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_language_takes_turns_with_increasing_tokens() {
-    let root = repo();
-    let fixtures = root.join("tests/fixtures/clients");
-    let installed = root.join("target/clients");
-    let venv_python = installed.join("venv/bin/python");
-    let node_modules = installed.join("node/node_modules");
-    let go = root.join("examples/go/bin/lockside-example");
-    require(&venv_python, "bash clients/prepare.sh");
-    require(&node_modules.join("lockside"), "bash clients/prepare.sh");
-    require(&go, "bash examples/go/build.sh");
+    let Installed {
+        fixtures,
+        venv_python,
+        node_modules,
+        go,
+    } = Installed::find();
 
     let redis = Redis::start();
     // Six client processes, Redis and the sidecar share two cores here: keep the
@@ -292,15 +319,12 @@ fn check_watcher(who: &str, seen: &[Observed], terms: &HashMap<u64, String>, nam
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_language_elects_one_leader_at_a_time_and_every_watcher_follows() {
-    let root = repo();
-    let fixtures = root.join("tests/fixtures/clients");
-    let installed = root.join("target/clients");
-    let venv_python = installed.join("venv/bin/python");
-    let node_modules = installed.join("node/node_modules");
-    let go = root.join("examples/go/bin/lockside-example");
-    require(&venv_python, "bash clients/prepare.sh");
-    require(&node_modules.join("lockside"), "bash clients/prepare.sh");
-    require(&go, "bash examples/go/build.sh");
+    let Installed {
+        fixtures,
+        venv_python,
+        node_modules,
+        go,
+    } = Installed::find();
 
     // LEAD: on Redis once the store carries values and tells watchers of changes (the
     // data model v2): `make_store(&StoreKind::Redis(redis.url()), &namespace())`.

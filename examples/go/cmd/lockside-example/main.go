@@ -133,7 +133,7 @@ func contend(args []string) error {
 		return errors.New("--out is required")
 	}
 
-	f, err := os.OpenFile(*out, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	f, err := appendTo(*out)
 	if err != nil {
 		return err
 	}
@@ -189,15 +189,11 @@ func elect(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ctx = withName(ctx)
-	var record *os.File
-	if *out != "" {
-		f, err := os.OpenFile(*out, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		record = f
+	record, err := appendTo(*out)
+	if err != nil {
+		return err
 	}
+	defer record.Close()
 
 	c, err := lockside.Dial(*addr)
 	if err != nil {
@@ -280,15 +276,11 @@ func watch(args []string) error {
 		ctx, cancel = context.WithTimeout(ctx, contendTimeout)
 		defer cancel()
 	}
-	var record *os.File
-	if *out != "" {
-		f, err := os.OpenFile(*out, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		record = f
+	record, err := appendTo(*out)
+	if err != nil {
+		return err
 	}
+	defer record.Close()
 
 	c, err := lockside.Dial(*addr)
 	if err != nil {
@@ -323,6 +315,14 @@ func watch(args []string) error {
 			return nil
 		}
 	}
+}
+
+// appendTo opens the record file path for appending (nil, and no error, for "").
+func appendTo(path string) (*os.File, error) {
+	if path == "" {
+		return nil, nil
+	}
+	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 }
 
 func parse(fs *flag.FlagSet, args []string) error {

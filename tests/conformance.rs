@@ -38,6 +38,8 @@ struct Subject {
     _cluster: Option<Arc<ClusterSetup>>,
     /// Redlock: its three masters.
     _masters: Vec<Redis>,
+    /// How many notices one change makes: one per Redlock master, else one.
+    copies: usize,
 }
 
 /// A Redlock store over three fresh masters.
@@ -57,6 +59,7 @@ async fn redlock_subject() -> Subject {
         notices,
         _redis: None,
         _cluster: None,
+        copies: masters.len(),
         _masters: masters,
     }
 }
@@ -88,6 +91,7 @@ async fn subject(kind: &str) -> Subject {
         _redis: redis,
         _cluster: cluster,
         _masters: Vec::new(),
+        copies: 1,
     }
 }
 
@@ -777,6 +781,174 @@ async fn unwait_leaves_the_fair_queue(mut s: Subject) {
     fence(&s, &c).await;
 }
 
+/// A holder's claim with a value.
+fn valued(key: &str, owner: &str, value: &[u8]) -> Claim {
+    Claim {
+        value: value.to_vec(),
+        ..claim(key, owner, 10_000)
+    }
+}
+
+async fn values_are_kept_proclaimed_and_shown(s: Subject) {
+    // Any bytes: separators, NUL, invalid UTF-8, the contract's 4 KiB.
+    let odd = b"10.0.0.7:8080|x\n\0\xff".to_vec();
+    let first = fence(&s, &valued("k", "a", &odd)).await;
+    let state = s.store.describe("k").await.expect("answer");
+    assert_eq!(state.holders.len(), 1);
+    assert_eq!(
+        (&state.holders[0].value, state.holders[0].fence),
+        (&odd, first)
+    );
+    let big = vec![b'v'; lockside::proto::limits::MAX_VALUE_BYTES];
+    assert!(s.store.proclaim("k", "a", &big).await.expect("answer"));
+    assert_eq!(
+        s.store.describe("k").await.expect("answer").holders[0].value,
+        big
+    );
+    assert!(
+        !s.store
+            .proclaim("k", "b", b"usurper")
+            .await
+            .expect("answer"),
+        "only the holder proclaims"
+    );
+    assert!(
+        !s.store
+            .proclaim("nothing", "a", b"x")
+            .await
+            .expect("answer")
+    );
+    assert_eq!(
+        s.store.describe("k").await.expect("answer").holders[0].value,
+        big
+    );
+    assert!(s.store.proclaim("k", "a", b"").await.expect("answer"));
+    assert!(
+        s.store.describe("k").await.expect("answer").holders[0]
+            .value
+            .is_empty()
+    );
+    // The next leader: its own value, a larger token; nothing left of the last one.
+    s.store
+        .release("k", "a", 0, NO_DELAY)
+        .await
+        .expect("answer");
+    assert!(!s.store.proclaim("k", "a", b"late").await.expect("answer"));
+    let second = fence(&s, &valued("k", "b", b"b")).await;
+    assert!(second > first);
+    let state = s.store.describe("k").await.expect("answer");
+    assert_eq!(
+        (&state.holders[0].value[..], state.holders[0].fence),
+        (&b"b"[..], second)
+    );
+    // A hold keeps the value.
+    assert_eq!(
+        s.store
+            .hold("k", "b", 2, Duration::from_secs(10))
+            .await
+            .expect("answer"),
+        Some(2)
+    );
+    assert_eq!(
+        s.store.describe("k").await.expect("answer").holders[0].value,
+        b"b"
+    );
+}
+
+async fn shared_holders_have_their_own_values(s: Subject) {
+    fence(
+        &s,
+        &Claim {
+            value: b"one".to_vec(),
+            ..shared("k", "r1")
+        },
+    )
+    .await;
+    fence(
+        &s,
+        &Claim {
+            value: b"two".to_vec(),
+            ..shared("k", "r2")
+        },
+    )
+    .await;
+    assert!(s.store.proclaim("k", "r2", b"deux").await.expect("answer"));
+    let mut values: Vec<Vec<u8>> = s
+        .store
+        .describe("k")
+        .await
+        .expect("answer")
+        .holders
+        .into_iter()
+        .map(|h| h.value)
+        .collect();
+    values.sort();
+    assert_eq!(values, [b"deux".to_vec(), b"one".to_vec()]);
+}
+
+/// The notice of one change: on Redlock every master sends its own copy, all read here.
+async fn one_change(s: &mut Subject) -> Notice {
+    let first = next_notice(s).await;
+    for _ in 1..s.copies {
+        let copy = next_notice(s).await;
+        assert_eq!(
+            copy.key(),
+            first.key(),
+            "copies of one change: {first:?}, {copy:?}"
+        );
+    }
+    first
+}
+
+/// Whether `notice` says that `key` changed (a release notice counts: watchers read
+/// the key again on either).
+fn about(notice: &Notice, key: &str) -> bool {
+    notice.key() == Some(key)
+}
+
+async fn watched_keys_announce_their_changes_and_others_nothing(mut s: Subject) {
+    s.store.listen("watched", true).await.expect("listen");
+    // Notices arrive in order: the first one proves "quiet" published nothing.
+    fence(&s, &valued("quiet", "a", b"a")).await;
+    fence(&s, &valued("watched", "a", b"a")).await;
+    let notice = one_change(&mut s).await;
+    assert!(about(&notice, "watched"), "a grant: {notice:?}");
+    assert_ne!(
+        notice,
+        released("watched"),
+        "a grant wakes no waiter: it is a change"
+    );
+    assert!(s.store.proclaim("quiet", "a", b"b").await.expect("answer"));
+    assert!(
+        s.store
+            .proclaim("watched", "a", b"b")
+            .await
+            .expect("answer")
+    );
+    assert!(about(&one_change(&mut s).await, "watched"), "a proclaim");
+    s.store
+        .hold("watched", "a", 2, Duration::from_secs(10))
+        .await
+        .expect("answer");
+    assert!(about(&one_change(&mut s).await, "watched"), "a hold count");
+    s.store
+        .release("quiet", "a", 0, NO_DELAY)
+        .await
+        .expect("answer");
+    s.store
+        .release("watched", "a", 0, NO_DELAY)
+        .await
+        .expect("answer");
+    assert!(about(&one_change(&mut s).await, "watched"), "a release");
+    // Unwatched again: quiet again. A probe key proves it, as above.
+    s.store.unlisten("watched", true);
+    s.store.listen("probe", true).await.expect("listen");
+    fence(&s, &valued("watched", "b", b"b")).await;
+    fence(&s, &valued("probe", "b", b"b")).await;
+    let notice = one_change(&mut s).await;
+    assert!(about(&notice, "probe"), "nobody watches: {notice:?}");
+}
+
 async fn pings(s: Subject) {
     s.store.ping().await.expect("ping");
 }
@@ -818,6 +990,34 @@ conformance!(
     lock_delay_keeps_an_abandoned_lock_free_of_holders,
     unwait_leaves_the_fair_queue,
     only_grants_that_leave_room_pass_the_wake_on,
+);
+
+/// Holder values, proclaim and the notices watchers rely on (issue 14), on every store.
+macro_rules! election_conformance {
+    ($($name:ident),* $(,)?) => {
+        mod election {
+            mod memory {
+                $(#[tokio::test] async fn $name() { super::super::$name(super::super::subject("memory").await).await; })*
+            }
+            mod redis {
+                $(#[tokio::test] async fn $name() { super::super::$name(super::super::subject("redis").await).await; })*
+            }
+            mod cluster {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                  async fn $name() { super::super::$name(super::super::subject("cluster").await).await; })*
+            }
+            mod redlock {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                  async fn $name() { super::super::$name(super::super::subject("redlock").await).await; })*
+            }
+        }
+    };
+}
+
+election_conformance!(
+    values_are_kept_proclaimed_and_shown,
+    shared_holders_have_their_own_values,
+    watched_keys_announce_their_changes_and_others_nothing,
 );
 
 /// Redlock runs the checks that fit it: it refuses semaphores and fair queues, and each

@@ -214,6 +214,7 @@ fn request(key: &str, ttl: u64, wait: Option<u64>) -> AcquireRequest {
         fair: false,
         ttl: Some(Duration::from_secs(ttl)),
         trace: Default::default(),
+        value: Vec::new(),
     }
 }
 

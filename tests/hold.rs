@@ -287,8 +287,8 @@ async fn describe_prints_the_holders() {
     assert_eq!(lines[1], "state: held exclusive");
     assert!(
         lines[2].starts_with(&format!(
-            "holder: session {} (unnamed), 1 hold, expires in ",
-            holder.session_id
+            "holder: session {} (unnamed), 1 hold, token {}, expires in ",
+            holder.session_id, holder.fencing_token
         )) && lines[2].ends_with("s unless renewed"),
         "{text}"
     );

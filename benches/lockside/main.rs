@@ -13,7 +13,10 @@
 //! 5. death to grant: a holder's connection closes while another session waits;
 //! 6. `--locks` locks held and renewed: Redis load, sidecar CPU and memory;
 //! 7. the cost of traces and metrics: uncontended cycles on a sidecar exporting spans
-//!    and scraped, against one with neither (`observe.rs`).
+//!    and scraped, against one with neither (`observe.rs`);
+//! 8. leader election across two sidecars: a grant seen by a watcher on the other
+//!    sidecar, and a leader process's death to the next grant and to the watcher
+//!    (`election.rs`).
 //!
 //! It is a bench target, not part of the product: the image neither builds nor ships it.
 //! Without `--sidecar` the bench spawns `lockside serve` (the binary cargo built beside it) on a free loopback port and
@@ -26,6 +29,7 @@
 //! `report.rs` turns samples into the table and the JSON.
 
 mod contend;
+mod election;
 mod many_locks;
 mod observe;
 mod process;
@@ -229,11 +233,11 @@ async fn measure(
     };
     let mut report = Report::default();
     eprintln!(
-        "bench: sidecar at {}; phase 1/7: cycles, 1 session",
+        "bench: sidecar at {}; phase 1/8: cycles, 1 session",
         ctx.addr
     );
     cycle_phase(&ctx, 1, &mut report).await?;
-    eprintln!("bench: phase 2/7: cycles, 64 sessions");
+    eprintln!("bench: phase 2/8: cycles, 64 sessions");
     cycle_phase(&ctx, 64, &mut report).await?;
     // Redlock refuses fair queues and semaphores (UNIMPLEMENTED): those phases are left out.
     let redlock = args
@@ -246,7 +250,7 @@ async fn measure(
         }
         let fair = if run.fair { "fair" } else { "unfair" };
         let waiters = run.waiters;
-        eprintln!("bench: phase 3/7: handoff, {waiters} waiters on one key, {fair}");
+        eprintln!("bench: phase 3/8: handoff, {waiters} waiters on one key, {fair}");
         handoff_phase(&ctx, run, &mut report).await?;
     }
     report.notes.push(
@@ -260,19 +264,35 @@ async fn measure(
             .notes
             .push("Redlock: fair handoffs and the semaphore phase are left out (refused)".into());
     } else {
-        eprintln!("bench: phase 4/7: semaphore, {SEM_SESSIONS} sessions on {PERMITS} permits");
+        eprintln!("bench: phase 4/8: semaphore, {SEM_SESSIONS} sessions on {PERMITS} permits");
         semaphore_phase(&ctx, &mut report).await?;
     }
-    eprintln!("bench: phase 5/7: death to grant, {DEATH_ROUNDS} rounds");
+    eprintln!("bench: phase 5/8: death to grant, {DEATH_ROUNDS} rounds");
     death_phase(&ctx, &mut report).await?;
-    eprintln!("bench: phase 6/7: {} locks held", args.locks);
+    eprintln!("bench: phase 6/8: {} locks held", args.locks);
     hold_phase(&ctx, args.locks, args.hold_ttl, sidecar.pid(), &mut report).await?;
     if args.sidecar.is_none() {
-        eprintln!("bench: phase 7/7: traces and metrics on vs off, uncontended cycles");
+        eprintln!("bench: phase 7/8: traces and metrics on vs off, uncontended cycles");
         observe::observability_phase(args, tag, &mut report).await?;
     } else {
         report.notes.push(
             "phase 7 (observability cost) needs spawned sidecars: skipped with --sidecar".into(),
+        );
+    }
+    if args.sidecar.is_none() {
+        eprintln!(
+            "bench: phase 8/8: election, {} grants and {} leader deaths across two sidecars",
+            election::GRANT_ROUNDS,
+            election::DEATH_ROUNDS
+        );
+        // Not fatal: a store that cannot carry holder values or tell watchers of
+        // changes (the Redis data model before v2) leaves the rest of the run standing.
+        if let Err(e) = election::election_phase(args, &ctx, tag, &mut report).await {
+            report.notes.push(format!("phase 8 (election) failed: {e}"));
+        }
+    } else {
+        report.notes.push(
+            "phase 8 (election) needs a second spawned sidecar: skipped with --sidecar".into(),
         );
     }
     Ok(report)

@@ -63,7 +63,7 @@ pub(super) fn mb(kb: u64) -> f64 {
 /// that 8 and 64 waiters of the same fairness sit on adjacent lines; "N waiters" are
 /// N + 1 sessions on one key, "16 on 1 key" is 15 waiters.
 #[rustfmt::skip]
-const TABLE: [(&str, &str); 54] = [
+const TABLE: [(&str, &str); 60] = [
     ("cycle1_p50_us", "cycle, 1 session: p50 (µs)"),
     ("cycle1_p99_us", "cycle, 1 session: p99 (µs)"),
     ("cycle1_per_s", "cycle, 1 session: cycles/s"),
@@ -118,6 +118,12 @@ const TABLE: [(&str, &str); 54] = [
     ("observe_p99_us", "cycle, traces+metrics on (vs off): p99 (µs)"),
     ("observe_per_s", "cycle, traces+metrics on (vs off): cycles/s"),
     ("observe_spans", "traces on: spans received by the OTLP sink"),
+    ("watch_seen_p50_ms", "election: grant → watcher: p50 (ms)"),
+    ("watch_seen_p99_ms", "election: grant → watcher: p99 (ms)"),
+    ("takeover_p50_ms", "election: leader killed → next grant: p50 (ms)"),
+    ("takeover_max_ms", "election: leader killed → next grant: max (ms)"),
+    ("takeover_seen_p50_ms", "election: leader killed → watcher: p50 (ms)"),
+    ("takeover_seen_max_ms", "election: leader killed → watcher: max (ms)"),
 ];
 
 /// The figure that the target of `id` is relative to, when it is another line's.
@@ -147,6 +153,9 @@ fn target(id: &str, f: Figures, base: Option<f64>) -> Option<(&'static str, Opti
         "hold_cpu_percent" => ("≤ 1% of a core", v.map(|v| v <= 1.0)),
         "hold_rss_mb" => ("≤ 50 MB", v.map(|v| v <= 50.0)),
         "observe_p50_us" => ("≤ 1.10× off", ratio.map(|r| r <= 1.10)),
+        // Milliseconds where etcd and ZooKeeper wait out a session timeout (seconds).
+        "watch_seen_p50_ms" => ("≤ 10 ms", v.map(|v| v <= 10.0)),
+        "takeover_p50_ms" | "takeover_seen_p50_ms" => ("≤ 50 ms", v.map(|v| v <= 50.0)),
         _ => return None,
     })
 }

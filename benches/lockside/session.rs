@@ -115,6 +115,22 @@ impl Session {
             .await
     }
 
+    /// Sends an exclusive `Acquire` of `key` that carries `value` (the holder's value,
+    /// as a leader's), with the default TTL, and returns its request id.
+    pub(super) async fn acquire_valued(
+        &mut self,
+        key: &str,
+        wait: Option<Duration>,
+        ask: Ask,
+        value: &[u8],
+    ) -> Result<u64, String> {
+        let acquire = Acquire {
+            value: value.to_vec(),
+            ..self.request(key, wait, ask, None)
+        };
+        self.send(Cmd::Acquire(acquire)).await
+    }
+
     fn request(
         &self,
         key: &str,

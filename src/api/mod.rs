@@ -46,10 +46,12 @@ impl LockApi {
 }
 
 type LeaseStream = Pin<Box<dyn Stream<Item = Result<proto::LeaseResponse, Status>> + Send>>;
+type WatchStream = Pin<Box<dyn Stream<Item = Result<proto::WatchResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl LockService for LockApi {
     type LeaseStream = LeaseStream;
+    type WatchStream = WatchStream;
 
     async fn lease(
         &self,
@@ -92,5 +94,29 @@ impl LockService for LockApi {
             .await
             .map_err(status)?;
         Ok(Response::new(wire::describe_response(key, state)))
+    }
+
+    async fn watch(
+        &self,
+        request: Request<proto::WatchRequest>,
+    ) -> Result<Response<WatchStream>, Status> {
+        let trace = trace_context(request.metadata());
+        let key = request.into_inner().key;
+        // The span covers the start (the first read); the states after it are not
+        // requests of their own.
+        let span = tracing::info_span!("watch", key = %engine::prefix(&key, 128));
+        crate::telemetry::set_remote_parent(&span, &trace);
+        let states = self
+            .engine
+            .watch(&key)
+            .instrument(span)
+            .await
+            .map_err(status)?;
+        // No buffer between the engine and the transport: the stream is polled only
+        // when HTTP/2 can take another message, so a slow reader skips states (the
+        // engine keeps only the latest) instead of queueing them here.
+        // The engine's stream ends right after an error (shutdown).
+        let responses = states.map(move |state| wire::watch_response(&key, state));
+        Ok(Response::new(Box::pin(responses)))
     }
 }

@@ -90,6 +90,7 @@ pub(super) fn decode(message: proto::LeaseRequest) -> Inbound {
     let (request_id, key) = match &message.command {
         Some(lease_request::Command::Acquire(a)) => (a.request_id, a.key.as_str()),
         Some(lease_request::Command::Release(r)) => (r.request_id, r.key.as_str()),
+        Some(lease_request::Command::Proclaim(p)) => (p.request_id, p.key.as_str()),
         None => (0, ""),
     };
     // Rejection::new keeps only a short prefix of the key: never echo a huge one.
@@ -117,6 +118,11 @@ pub(super) fn decode(message: proto::LeaseRequest) -> Inbound {
         Some(lease_request::Command::Release(r)) => Command::Release {
             request_id: r.request_id,
             key: r.key,
+        },
+        Some(lease_request::Command::Proclaim(p)) => Command::Proclaim {
+            request_id: p.request_id,
+            key: p.key,
+            value: p.value,
         },
         Some(lease_request::Command::Acquire(a)) => {
             let mode = match proto::LockMode::try_from(a.mode) {
@@ -147,6 +153,7 @@ pub(super) fn decode(message: proto::LeaseRequest) -> Inbound {
                     traceparent: a.traceparent,
                     tracestate: None,
                 },
+                value: a.value,
             })
         }
     };
@@ -207,6 +214,9 @@ pub(super) fn encode(event: Event) -> Result<proto::LeaseResponse, Status> {
             key,
             hold_count,
         }),
+        Event::Proclaimed { request_id, key } => {
+            E::Proclaimed(proto::Proclaimed { request_id, key })
+        }
         Event::Lost { key, reason, fence } => E::Lost(proto::Lost {
             key,
             reason,
@@ -240,6 +250,18 @@ pub(super) fn encode(event: Event) -> Result<proto::LeaseResponse, Status> {
     Ok(proto::LeaseResponse { event: Some(event) })
 }
 
+/// One state of a `Watch` stream: the state as `Describe` answers it, or how the
+/// stream ends.
+pub(super) fn watch_response(
+    key: &str,
+    state: Result<KeyView, EngineError>,
+) -> Result<proto::WatchResponse, Status> {
+    let state = state.map_err(status)?;
+    Ok(proto::WatchResponse {
+        state: Some(describe_response(key.to_owned(), state)),
+    })
+}
+
 /// A `Describe` answer from the engine's view of a key.
 pub(crate) fn describe_response(key: String, state: KeyView) -> proto::DescribeResponse {
     proto::DescribeResponse {
@@ -253,6 +275,8 @@ pub(crate) fn describe_response(key: String, state: KeyView) -> proto::DescribeR
                 hold_count: h.hold_count,
                 ttl_remaining: Some(duration(h.ttl_remaining)),
                 client_name: h.client_name,
+                value: h.value,
+                fencing_token: h.fence,
             })
             .collect(),
         waiters: state.waiters,

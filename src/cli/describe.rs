@@ -70,7 +70,7 @@ pub async fn healthcheck(args: HealthcheckArgs) -> u8 {
 /// ```text
 /// key: jobs/nightly
 /// state: held exclusive
-/// holder: session 3f2a9c0d11223344 (report-job), 1 hold, expires in 9.9s unless renewed
+/// holder: session 3f2a9c0d11223344 (report-job), 1 hold, token 1815218112235520, expires in 9.9s unless renewed
 /// waiting: 1
 /// queued 1: session 0011223344556677 (unnamed), wants it exclusive
 /// last fencing token: 1815218112235520
@@ -119,11 +119,16 @@ fn describe_text(state: &crate::proto::DescribeResponse) -> String {
             1 => "1 hold".to_owned(),
             n => format!("{n} holds"),
         };
+        let value = match h.value.is_empty() {
+            true => String::new(),
+            false => format!(", value {:?}", String::from_utf8_lossy(&h.value)),
+        };
         let _ = writeln!(
             text,
-            "holder: session {} ({}), {holds}, expires in {} unless renewed",
+            "holder: session {} ({}), {holds}, token {}{value}, expires in {} unless renewed",
             h.session_id,
             name(&h.client_name),
+            h.fencing_token,
             crate::parse::format_duration(ttl)
         );
     }
@@ -169,6 +174,8 @@ mod tests {
                 nanos: 500_000_000,
             }),
             client_name: name.into(),
+            value: name.as_bytes().to_vec(),
+            fencing_token: 40 + id.len() as u64,
         };
         let shared = DescribeResponse {
             key: "reports".into(),
@@ -188,8 +195,8 @@ mod tests {
             describe_text(&shared),
             "key: reports\n\
              state: held shared by 2 sessions\n\
-             holder: session a1 (reader), 2 holds, expires in 4.5s unless renewed\n\
-             holder: session b2 (unnamed), 2 holds, expires in 4.5s unless renewed\n\
+             holder: session a1 (reader), 2 holds, token 42, value \"reader\", expires in 4.5s unless renewed\n\
+             holder: session b2 (unnamed), 2 holds, token 42, expires in 4.5s unless renewed\n\
              waiting: 1\n\
              queued 1: session c3 (writer), wants it exclusive\n\
              last fencing token: 42\n"

@@ -8,6 +8,7 @@
 //! gets SIGTERM, then SIGKILL after `--kill-grace`, and `hold` exits with
 //! [`EXIT_LOST`].
 
+use std::future::Future;
 use std::process::ExitStatus;
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::connect::ConnectArgs;
-use crate::client::{ClientError, LockOptions};
+use crate::client::{Client, ClientError, LockGuard, LockOptions};
 use crate::parse::parse_duration;
 use crate::proto::limits::MAX_WAIT;
 
@@ -38,6 +39,19 @@ pub enum ModeArg {
     Exclusive,
     /// Any number of shared holders, no exclusive one.
     Shared,
+}
+
+/// What `hold` and `elect` share: the command run while the lock is held, and how it
+/// is stopped when the lock is lost.
+#[derive(Debug, Args)]
+pub struct CommandArgs {
+    /// After the lock is lost, how long CMD has to stop after SIGTERM before SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub kill_grace: Duration,
+
+    /// The command to run while holding the lock.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
 }
 
 /// Flags of `lockside hold`.
@@ -70,19 +84,42 @@ pub struct HoldArgs {
     #[arg(long)]
     pub fair: bool,
 
-    /// After the lock is lost, how long CMD has to stop after SIGTERM before SIGKILL.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    pub kill_grace: Duration,
-
-    /// The command to run while holding the lock.
-    #[arg(last = true, required = true)]
-    pub command: Vec<String>,
+    /// The command, and how it is stopped.
+    #[command(flatten)]
+    pub run: CommandArgs,
 }
 
 /// Runs `lockside hold`; returns the exit status.
 pub async fn hold(args: HoldArgs) -> u8 {
+    let options = LockOptions {
+        wait: Some(args.wait.unwrap_or(MAX_WAIT)),
+        ttl: args.ttl,
+        shared: matches!(args.mode, ModeArg::Shared),
+        limit: args.limit,
+        fair: args.fair,
+        value: Vec::new(),
+    };
+    let key = args.key.clone();
+    let take = |client: Client| async move { client.lock_with(&key, options).await };
+    run_holding("hold", &args.connect, &args.key, &args.run, take).await
+}
+
+/// Takes a lock with `take`, runs the command while holding it, releases it when the
+/// command exits, and returns the exit status (see the module's docs): `hold` and
+/// `elect` differ only in how they take the lock.
+pub(super) async fn run_holding<F, Fut>(
+    verb: &str,
+    connect: &ConnectArgs,
+    key: &str,
+    run: &CommandArgs,
+    take: F,
+) -> u8
+where
+    F: FnOnce(Client) -> Fut,
+    Fut: Future<Output = Result<LockGuard, ClientError>>,
+{
     let fail = |status: u8, e: &dyn std::fmt::Display| {
-        eprintln!("lockside hold: {e}");
+        eprintln!("lockside {verb}: {e}");
         status
     };
     // Installed first: a SIGTERM between the grant and the command's start must reach
@@ -94,19 +131,12 @@ pub async fn hold(args: HoldArgs) -> u8 {
     ) else {
         return fail(EXIT_UNAVAILABLE, &"cannot install signal handlers");
     };
-    let client = match args.connect.client().await {
+    let client = match connect.client().await {
         Ok(client) => client,
         Err(e) => return fail(EXIT_UNAVAILABLE, &e),
     };
-    let options = LockOptions {
-        wait: Some(args.wait.unwrap_or(MAX_WAIT)),
-        ttl: args.ttl,
-        shared: matches!(args.mode, ModeArg::Shared),
-        limit: args.limit,
-        fair: args.fair,
-    };
     let locked = tokio::select! {
-        locked = client.lock_with(&args.key, options) => locked,
+        locked = take(client.clone()) => locked,
         // 128 + the signal's number, as a shell reports a process it ended.
         _ = term.recv() => return 128 + 15,
         _ = int.recv() => return 128 + 2,
@@ -116,14 +146,14 @@ pub async fn hold(args: HoldArgs) -> u8 {
         Err(e @ ClientError::NotAcquired(_)) => return fail(EXIT_NOT_ACQUIRED, &e),
         Err(e) => return fail(EXIT_UNAVAILABLE, &e),
     };
-    let (program, rest) = match args.command.split_first() {
+    let (program, rest) = match run.command.split_first() {
         Some(split) => split,
         None => return fail(EXIT_NO_COMMAND, &"no command given"),
     };
     let mut child = match Command::new(program)
         .args(rest)
         .env("LOCKSIDE_FENCING_TOKEN", lock.fencing_token().to_string())
-        .env("LOCKSIDE_KEY", &args.key)
+        .env("LOCKSIDE_KEY", key)
         .spawn()
     {
         Ok(child) => child,
@@ -137,7 +167,7 @@ pub async fn hold(args: HoldArgs) -> u8 {
                     Err(e) => fail(EXIT_NO_COMMAND, &format!("waiting for {program}: {e}")),
                 };
                 if let Err(e) = lock.release().await {
-                    eprintln!("lockside hold: releasing {}: {e}", args.key);
+                    eprintln!("lockside {verb}: releasing {key}: {e}");
                 }
                 return code;
             }
@@ -148,12 +178,11 @@ pub async fn hold(args: HoldArgs) -> u8 {
                     .lost_reason()
                     .unwrap_or_else(|| "the stream to the sidecar ended".into());
                 eprintln!(
-                    "lockside hold: lost the lock on {} ({why}); stopping the command: \
+                    "lockside {verb}: lost the lock on {key} ({why}); stopping the command: \
                      SIGTERM, then SIGKILL after {}",
-                    args.key,
-                    crate::parse::format_duration(args.kill_grace)
+                    crate::parse::format_duration(run.kill_grace)
                 );
-                stop(&mut child, args.kill_grace).await;
+                stop(&mut child, run.kill_grace).await;
                 return EXIT_LOST;
             }
         }

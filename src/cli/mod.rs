@@ -4,7 +4,9 @@
 //! configurations directly instead.
 //!
 //! - `serve.rs`: `lockside serve`, the sidecar.
-//! - `hold.rs`: `lockside hold KEY -- CMD`.
+//! - `hold.rs`: `lockside hold KEY -- CMD`, and running a command while a lock is held.
+//! - `elect.rs`: `lockside elect KEY -- CMD` (leader election, on `hold.rs`);
+//!   `leader.rs`: `lockside leader KEY`; `watch.rs`: `lockside watch KEY`.
 //! - `describe.rs`: `lockside describe KEY` and `lockside healthcheck`.
 //! - `webhook.rs`: `lockside webhook`, the sidecar injector.
 //! - `connect.rs`: how the client commands reach the sidecar; `files.rs`: tokens and
@@ -12,9 +14,12 @@
 
 mod connect;
 mod describe;
+mod elect;
 mod files;
 mod hold;
+mod leader;
 mod serve;
+mod watch;
 mod webhook;
 
 use std::process::ExitCode;
@@ -23,8 +28,13 @@ use clap::{Parser, Subcommand};
 
 pub use connect::ConnectArgs;
 pub use describe::{DescribeArgs, HealthcheckArgs};
-pub use hold::{EXIT_LOST, EXIT_NO_COMMAND, EXIT_NOT_ACQUIRED, EXIT_UNAVAILABLE, HoldArgs};
+pub use elect::ElectArgs;
+pub use hold::{
+    CommandArgs, EXIT_LOST, EXIT_NO_COMMAND, EXIT_NOT_ACQUIRED, EXIT_UNAVAILABLE, HoldArgs,
+};
+pub use leader::{EXIT_NO_LEADER, LeaderArgs};
 pub use serve::ServeArgs;
+pub use watch::WatchArgs;
 pub use webhook::WebhookArgs;
 
 use crate::telemetry::LogFormat;
@@ -49,6 +59,13 @@ pub enum CliCommand {
     Serve(Box<ServeArgs>),
     /// Run a command while holding a lock, like `etcdctl lock` (exit statuses: README).
     Hold(HoldArgs),
+    /// Run a command while leading an election: campaign in turn, run CMD as leader,
+    /// like `hold` (exit statuses: README).
+    Elect(ElectArgs),
+    /// Print the value of an election's leader (exit 3 when nobody leads).
+    Leader(LeaderArgs),
+    /// Print a key's state now and at every change, until interrupted.
+    Watch(WatchArgs),
     /// Print a lock's holders and queue.
     Describe(DescribeArgs),
     /// Exit 0 when the sidecar serves (its store answers), 1 otherwise: for exec probes.
@@ -84,6 +101,9 @@ impl Cli {
         let code = match self.command {
             CliCommand::Serve(args) => serve::serve(*args).await,
             CliCommand::Hold(args) => ExitCode::from(hold::hold(args).await),
+            CliCommand::Elect(args) => ExitCode::from(elect::elect(args).await),
+            CliCommand::Leader(args) => ExitCode::from(leader::leader(args).await),
+            CliCommand::Watch(args) => ExitCode::from(watch::watch(args).await),
             CliCommand::Describe(args) => ExitCode::from(describe::describe(args).await),
             CliCommand::Healthcheck(args) => ExitCode::from(describe::healthcheck(args).await),
             CliCommand::Webhook(args) => webhook::webhook(args).await,

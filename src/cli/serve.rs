@@ -180,6 +180,12 @@ pub struct ServeArgs {
     /// Waiting acquires per key on this sidecar.
     #[arg(long, env = "LOCKSIDE_MAX_WAITERS_PER_KEY", default_value_t = 1024)]
     pub max_waiters_per_key: usize,
+
+    /// Open Watch streams per sidecar. As many as sessions: a watch costs one channel
+    /// receiver here, and each watched key one store read per change, however many
+    /// watch it.
+    #[arg(long, env = "LOCKSIDE_MAX_WATCHES", default_value_t = 10_000)]
+    pub max_watches: usize,
 }
 
 impl ServeArgs {
@@ -211,6 +217,7 @@ impl ServeArgs {
             ("--max-locks-per-session", self.max_locks_per_session),
             ("--max-pending-per-session", self.max_pending_per_session),
             ("--max-waiters-per-key", self.max_waiters_per_key),
+            ("--max-watches", self.max_watches),
         ];
         if let Some((flag, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("{flag} must be at least 1"));
@@ -230,6 +237,7 @@ impl ServeArgs {
             max_waiters_per_key: self.max_waiters_per_key,
             lock_delay: self.lock_delay,
             clock_drift: self.clock_drift,
+            max_watches: self.max_watches,
         })
     }
 

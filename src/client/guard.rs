@@ -1,9 +1,12 @@
-//! A held lock on the client's side: its token, its loss, its release.
+//! A held lock on the client's side: its token, its value, its loss, its release; and
+//! leadership, which is a held lock.
 
-use tokio::sync::{mpsc, watch};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{ClientError, send};
-use crate::proto::{self, lease_request};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::{Answers, ClientError, send};
+use crate::proto::{self, lease_request, lease_response};
 
 /// A held lock. Dropping it releases the lock (its stream ends).
 #[derive(Debug)]
@@ -13,7 +16,10 @@ pub struct LockGuard {
     pub(super) tx: mpsc::Sender<proto::LeaseRequest>,
     /// Why the lock was lost, once it is.
     pub(super) lost: watch::Receiver<Option<String>>,
-    pub(super) released: watch::Receiver<Option<u32>>,
+    /// Answers awaited on the stream (release, proclaim), by request id.
+    pub(super) answers: Answers,
+    /// The next request id (1 was the acquire).
+    pub(super) next_id: AtomicU64,
     pub(super) reader: tokio::task::JoinHandle<()>,
 }
 
@@ -47,26 +53,69 @@ impl LockGuard {
         let _ = lost.wait_for(Option::is_some).await;
     }
 
-    /// Releases the lock and waits for the sidecar to confirm.
-    pub async fn release(mut self) -> Result<(), ClientError> {
+    /// Sends `command` (built with its request id) and waits for its answer.
+    async fn ask(
+        &self,
+        command: impl FnOnce(u64) -> lease_request::Command,
+    ) -> Result<lease_response::Event, ClientError> {
         if self.is_lost() {
             return Err(ClientError::Lost);
         }
-        let release = proto::Release {
-            request_id: 2,
-            key: self.key.clone(),
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, answer) = oneshot::channel();
+        match self.answers.lock() {
+            Ok(mut answers) => answers.insert(id, tx),
+            Err(_) => return Err(ClientError::Lost),
         };
-        send(&self.tx, lease_request::Command::Release(release)).await?;
-        let mut lost = self.lost.clone();
-        tokio::select! {
-            // The reader ends (closing both channels) right after a Released: look at
-            // the answer first, and count only a real Lost, not a closed channel.
-            biased;
-            answer = self.released.wait_for(Option::is_some) => {
-                answer.map_err(|_| ClientError::Lost)?;
-                Ok(())
+        send(&self.tx, command(id)).await?;
+        // The reader fails what is awaited when the lock is lost or the stream ends.
+        answer.await.map_err(|_| ClientError::Lost)
+    }
+
+    /// Replaces the lock's value (`Describe` and `Watch` show it): a leader telling its
+    /// followers where it now is, without giving up leadership. At most 4 KiB.
+    pub async fn proclaim(&self, value: &[u8]) -> Result<(), ClientError> {
+        let answer = self
+            .ask(|request_id| {
+                lease_request::Command::Proclaim(proto::Proclaim {
+                    request_id,
+                    key: self.key.clone(),
+                    value: value.to_vec(),
+                })
+            })
+            .await?;
+        match answer {
+            lease_response::Event::Proclaimed(_) => Ok(()),
+            // Not held any more: the Lost is on its way, or already here.
+            lease_response::Event::Rejected(r)
+                if r.code == tonic::Code::FailedPrecondition as i32 =>
+            {
+                Err(ClientError::Lost)
             }
-            Ok(_) = lost.wait_for(Option::is_some) => Err(ClientError::Lost),
+            lease_response::Event::Rejected(r) => Err(ClientError::Rejected {
+                code: r.code,
+                message: r.message,
+            }),
+            other => Err(ClientError::Unavailable(format!(
+                "protocol error: {other:?} answered a proclaim"
+            ))),
+        }
+    }
+
+    /// Releases the lock and waits for the sidecar to confirm.
+    pub async fn release(self) -> Result<(), ClientError> {
+        let answer = self
+            .ask(|request_id| {
+                lease_request::Command::Release(proto::Release {
+                    request_id,
+                    key: self.key.clone(),
+                })
+            })
+            .await?;
+        match answer {
+            lease_response::Event::Released(_) => Ok(()),
+            // A Lost crossed the Release: the sidecar answers FAILED_PRECONDITION.
+            _ => Err(ClientError::Lost),
         }
     }
 }
@@ -75,5 +124,37 @@ impl Drop for LockGuard {
     fn drop(&mut self) {
         // Ending the stream is the release; the reader has nothing left to report.
         self.reader.abort();
+    }
+}
+
+/// Leadership of a key, from [`super::Client::campaign`]: the lock the leader holds
+/// (its methods: [`LockGuard::fencing_token`], [`LockGuard::proclaim`],
+/// [`LockGuard::lost`]). Lead while it is held; when `lost()` completes, stop acting
+/// as the leader at once: another candidate takes over. Dropping it, or
+/// [`Leader::resign`], hands leadership to the next candidate.
+#[derive(Debug)]
+pub struct Leader(LockGuard);
+
+impl Leader {
+    pub(super) fn new(lock: LockGuard) -> Self {
+        Self(lock)
+    }
+
+    /// Gives up leadership and waits for the sidecar to confirm.
+    pub async fn resign(self) -> Result<(), ClientError> {
+        self.0.release().await
+    }
+
+    /// The lock underneath, for code that takes any held lock.
+    pub fn into_lock(self) -> LockGuard {
+        self.0
+    }
+}
+
+impl std::ops::Deref for Leader {
+    type Target = LockGuard;
+
+    fn deref(&self) -> &LockGuard {
+        &self.0
     }
 }

@@ -20,15 +20,38 @@
 //! sidecar releases on stream end) and the lock is lost with the stream: any stream
 //! error counts as `Lost`, as the contract advises. The channel uses HTTP/2 keepalive of
 //! 1 s / 1 s, well below any TTL, so a frozen sidecar is noticed in time.
+//!
+//! Leader election: [`Client::campaign`] waits its turn (a fair lock) and returns a
+//! [`Leader`] whose value ([`LockGuard::proclaim`]) tells followers who leads;
+//! followers [`Client::watch`] the key:
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), lockside::client::ClientError> {
+//! use lockside::client::Client;
+//! use tokio_stream::StreamExt;
+//! let client = Client::connect("127.0.0.1:7420").await?;
+//! let mut states = client.watch("jobs/leader").await?;
+//! while let Some(state) = states.next().await {
+//!     let state = state?;
+//!     match state.holders.first() {
+//!         Some(leader) => println!("leader: {}", String::from_utf8_lossy(&leader.value)),
+//!         None => println!("no leader"),
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 mod connect;
 mod error;
 mod guard;
+mod states;
 
 use hyper_util::rt::TokioIo;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::service::interceptor::InterceptedService;
@@ -40,7 +63,8 @@ use connect::endpoint;
 pub use connect::{Bearer, ClientTls, ConnectOptions};
 pub use error::{ClientError, NotAcquired, code_words};
 use error::{from_status, unreachable};
-pub use guard::LockGuard;
+pub use guard::{Leader, LockGuard};
+pub use states::WatchStream;
 
 pub use crate::proto::limits::DEFAULT_ADDR;
 
@@ -57,6 +81,22 @@ pub struct LockOptions {
     pub limit: u32,
     /// Wait in arrival order.
     pub fair: bool,
+    /// The holder's value, shown by `Describe` and `Watch` (at most 4 KiB).
+    pub value: Vec<u8>,
+}
+
+/// Answers awaited on a guard's stream, by request id.
+pub(crate) type Answers = Arc<Mutex<HashMap<u64, oneshot::Sender<lease_response::Event>>>>;
+
+/// The request id an answer carries, if it is one a guard awaits.
+fn answer_id(event: &lease_response::Event) -> Option<u64> {
+    use lease_response::Event as E;
+    match event {
+        E::Released(r) => Some(r.request_id),
+        E::Proclaimed(p) => Some(p.request_id),
+        E::Rejected(r) => Some(r.request_id),
+        _ => None,
+    }
 }
 
 /// A connection to a sidecar. Cheap to clone.
@@ -155,6 +195,7 @@ impl Client {
             limit: options.limit,
             fair: options.fair,
             ttl: options.ttl.and_then(duration),
+            value: options.value,
         };
         send(&tx, lease_request::Command::Acquire(acquire)).await?;
         let granted = loop {
@@ -186,34 +227,95 @@ impl Client {
             }
         };
         let (lost_tx, lost_rx) = watch::channel(None);
-        let (released_tx, released_rx) = watch::channel(None);
-        // Reads the rest of the stream: Released answers the release; Lost, an error or
-        // the end of the stream before it means the lock is gone.
+        let answers = Answers::default();
+        let awaited = answers.clone();
+        // Reads the rest of the stream: answers go to whoever awaits them (the last
+        // Released ends the stream's use); Lost, an error or the end of the stream
+        // before it means the lock is gone, and fails what is still awaited.
         let reader = tokio::spawn(async move {
             let why = loop {
                 match events.next().await.map(|m| m.map(|m| m.event)) {
-                    Some(Ok(Some(lease_response::Event::Released(r)))) => {
-                        let _ = released_tx.send(Some(r.hold_count));
-                        return;
-                    }
                     Some(Ok(Some(lease_response::Event::Lost(lost)))) => break lost.reason,
+                    Some(Ok(Some(event))) => {
+                        let last = matches!(&event, lease_response::Event::Released(r) if r.hold_count == 0);
+                        let waiter =
+                            answer_id(&event).and_then(|id| awaited.lock().ok()?.remove(&id));
+                        if let Some(waiter) = waiter {
+                            let _ = waiter.send(event);
+                        }
+                        if last {
+                            return;
+                        }
+                    }
+                    Some(Ok(None)) => {}
                     Some(Err(status)) => {
                         break format!("the stream broke: {}", from_status(&status));
                     }
                     None => break "the sidecar ended the stream".to_owned(),
-                    Some(Ok(_)) => {}
                 }
             };
+            // Set before the awaited answers fail, so their callers see the loss.
             let _ = lost_tx.send(Some(why));
+            if let Ok(mut awaited) = awaited.lock() {
+                awaited.clear();
+            }
         });
         Ok(LockGuard {
             key: key.to_owned(),
             token: granted.fencing_token,
             tx,
             lost: lost_rx,
-            released: released_rx,
+            answers,
+            next_id: std::sync::atomic::AtomicU64::new(2),
             reader,
         })
+    }
+
+    /// Campaigns for leadership of `key` with `value` (who you are, where to reach
+    /// you), waiting as long as it takes (24 h at most): candidates win in the order
+    /// they campaigned, on every sidecar of the store (a fair lock). Returns once this
+    /// candidate leads; followers see `value` in the key's holder (`watch`,
+    /// `describe`).
+    pub async fn campaign(&self, key: &str, value: &[u8]) -> Result<Leader, ClientError> {
+        let options = LockOptions {
+            wait: Some(crate::proto::limits::MAX_WAIT),
+            value: value.to_vec(),
+            ..LockOptions::default()
+        };
+        self.campaign_with(key, options).await
+    }
+
+    /// Campaigns as [`Client::campaign`], with the wait, TTL and value of `options`;
+    /// leadership is always an EXCLUSIVE lock taken in arrival order (`shared`,
+    /// `limit` and `fair` are ignored).
+    pub async fn campaign_with(
+        &self,
+        key: &str,
+        options: LockOptions,
+    ) -> Result<Leader, ClientError> {
+        let options = LockOptions {
+            shared: false,
+            limit: 0,
+            fair: true,
+            ..options
+        };
+        Ok(Leader::new(self.lock_with(key, options).await?))
+    }
+
+    /// Follows `key`: its state now, then each change (a grant, a release, an expiry,
+    /// a holder's value), as `describe` would answer it. A slow reader gets the latest
+    /// state, skipping those in between. The stream ends with an error when the
+    /// sidecar goes away or shuts down.
+    pub async fn watch(&self, key: &str) -> Result<WatchStream, ClientError> {
+        let mut grpc = self.grpc.clone();
+        let states = grpc
+            .watch(proto::WatchRequest {
+                key: key.to_owned(),
+            })
+            .await
+            .map_err(|s| from_status(&s))?
+            .into_inner();
+        Ok(states::from_grpc(states))
     }
 
     /// Whether the sidecar reports SERVING on `grpc.health.v1` (its store answers).

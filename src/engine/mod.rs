@@ -7,6 +7,7 @@ mod renewer;
 mod session;
 mod view;
 mod wakers;
+mod watches;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,6 +29,8 @@ pub use protocol::{
 use renewer::Renewer;
 pub use view::{HolderView, KeyView, QueuedView};
 use wakers::Wakers;
+pub use watches::WatchStream;
+use watches::Watches;
 
 /// Store calls that sessions may have in flight at once; more wait their turn. A burst
 /// of 10,000 acquires then costs Redis and the sidecar's memory what 256 cost, while
@@ -58,6 +61,8 @@ pub struct EngineConfig {
     /// every validity is shortened by this share of the TTL (plus 2 ms), so `Lost` comes
     /// before the store lets a lock go while the rates differ by less.
     pub clock_drift: f64,
+    /// Open `Watch` streams per sidecar.
+    pub max_watches: usize,
 }
 
 impl Default for EngineConfig {
@@ -76,6 +81,9 @@ impl Default for EngineConfig {
             // defaults to 15 s); it is an opt-in per sidecar.
             lock_delay: Duration::ZERO,
             clock_drift: crate::store::DEFAULT_CLOCK_DRIFT,
+            // As many as sessions: a pod's followers each watch a key or two, and a
+            // watch costs a receiver here (the key's reads are shared).
+            max_watches: 10_000,
         }
     }
 }
@@ -134,6 +142,7 @@ pub(crate) struct Shared {
     pub(crate) store_calls: Arc<Semaphore>,
     pub(crate) config: EngineConfig,
     pub(crate) wakers: Arc<Wakers>,
+    pub(crate) watches: Arc<Watches>,
     pub(crate) renewer: Renewer,
     pub(crate) shutdown: CancellationToken,
     next_lease: AtomicU64,
@@ -174,10 +183,18 @@ impl Engine {
         let store: Arc<dyn Store> = Arc::new(MeteredStore::new(store, &metrics));
         let shutdown = CancellationToken::new();
         let wakers = Arc::new(Wakers::default());
+        let store_calls = Arc::new(Semaphore::new(MAX_STORE_CALLS));
+        let watches = Arc::new(Watches::new(
+            store.clone(),
+            store_calls.clone(),
+            shutdown.clone(),
+            config.max_watches,
+        ));
         tokio::spawn(dispatch_notices(
             store.notices(),
             wakers.clone(),
             metrics.clone(),
+            watches.clone(),
             shutdown.clone(),
         ));
         let renewer = Renewer::spawn(
@@ -187,7 +204,6 @@ impl Engine {
             config.clock_drift,
         );
         let sessions = Arc::new(Semaphore::new(config.max_sessions));
-        let store_calls = Arc::new(Semaphore::new(MAX_STORE_CALLS));
         metrics.watch_store_calls(store_calls.clone(), MAX_STORE_CALLS);
         Self {
             shared: Arc::new(Shared {
@@ -195,6 +211,7 @@ impl Engine {
                 metrics,
                 config,
                 wakers,
+                watches,
                 renewer,
                 shutdown,
                 store_calls,
@@ -259,6 +276,23 @@ impl Engine {
         Ok(self.shared.store.describe(key).await?.into())
     }
 
+    /// Follows `key`: its state now, then each change, on this sidecar or any other of
+    /// the same store (see `engine/watches.rs`). Fails INVALID_ARGUMENT for a bad key,
+    /// RESOURCE_EXHAUSTED at [`EngineConfig::max_watches`], and with the store's error
+    /// when the key cannot be read now.
+    pub async fn watch(&self, key: &str) -> Result<WatchStream, EngineError> {
+        if self.shared.shutdown.is_cancelled() {
+            return Err(EngineError::ShuttingDown);
+        }
+        validate_key(key).map_err(EngineError::InvalidArgument)?;
+        self.shared.watches.watch(key).await
+    }
+
+    /// Open watches.
+    pub fn watches(&self) -> usize {
+        self.shared.watches.count()
+    }
+
     /// Checks that the store answers.
     pub async fn ping(&self) -> Result<(), EngineError> {
         Ok(self.shared.store.ping().await?)
@@ -282,11 +316,13 @@ impl Engine {
     }
 }
 
-/// Wakes local waiters on release notices from the store.
+/// Wakes local waiters on release notices from the store, and has watched keys read
+/// again on every notice.
 async fn dispatch_notices(
     mut notices: tokio::sync::broadcast::Receiver<Notice>,
     wakers: Arc<Wakers>,
     metrics: Arc<Metrics>,
+    watches: Arc<Watches>,
     shutdown: CancellationToken,
 ) {
     use crate::metrics::Heard;
@@ -303,10 +339,16 @@ async fn dispatch_notices(
             Err(RecvError::Closed) => return,
         });
         match notice {
-            Ok(Notice::Released { key, owners }) => wakers.wake(&key, &owners),
-            // A change that frees nothing: nobody waiting can go (watchers: issue 14).
-            Ok(Notice::Changed { .. }) => {}
-            Ok(Notice::Resync) | Err(RecvError::Lagged(_)) => wakers.wake_all(),
+            Ok(Notice::Released { key, owners }) => {
+                wakers.wake(&key, &owners);
+                watches.poke(&key);
+            }
+            // A change that frees nothing: nobody waiting can go; watchers look.
+            Ok(Notice::Changed { key }) => watches.poke(&key),
+            Ok(Notice::Resync) | Err(RecvError::Lagged(_)) => {
+                wakers.wake_all();
+                watches.poke_all();
+            }
             Err(RecvError::Closed) => return,
         }
     }

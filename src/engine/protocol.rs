@@ -35,6 +35,8 @@ pub struct AcquireRequest {
     pub ttl: Option<Duration>,
     /// The caller's trace context for this acquire (empty: the session's).
     pub trace: crate::telemetry::TraceContext,
+    /// The holder's value (empty: none; on a held key, keep the grant's value).
+    pub value: Vec<u8>,
 }
 
 /// A client command on a session.
@@ -49,6 +51,33 @@ pub enum Command {
         /// The lock's name.
         key: String,
     },
+    /// Replace the value of a held lock.
+    Proclaim {
+        /// Client's id for the answer.
+        request_id: u64,
+        /// The lock's name.
+        key: String,
+        /// The new value.
+        value: Vec<u8>,
+    },
+}
+
+impl Command {
+    /// The client's id for the answer.
+    pub fn request_id(&self) -> u64 {
+        match self {
+            Self::Acquire(r) => r.request_id,
+            Self::Release { request_id, .. } | Self::Proclaim { request_id, .. } => *request_id,
+        }
+    }
+
+    /// The lock's name.
+    pub fn key(&self) -> &str {
+        match self {
+            Self::Acquire(r) => &r.key,
+            Self::Release { key, .. } | Self::Proclaim { key, .. } => key,
+        }
+    }
 }
 
 /// What arrives on a session's inbound side.
@@ -171,6 +200,13 @@ pub enum Event {
         key: String,
         /// Holds left.
         hold_count: u32,
+    },
+    /// A holder's value was replaced.
+    Proclaimed {
+        /// The `Proclaim`'s id.
+        request_id: u64,
+        /// The key.
+        key: String,
     },
     /// A lock is no longer held.
     Lost {

@@ -1,5 +1,5 @@
-//! What the engine shows of one lock (`Describe`, and later `Watch`): the store's
-//! state in the engine's own terms, so the API never sees a store type.
+//! What the engine shows of one lock (`Describe` and `Watch`): the store's state in
+//! the engine's own terms, so the API never sees a store type.
 
 use std::time::Duration;
 
@@ -36,6 +36,33 @@ pub struct HolderView {
     pub ttl_remaining: Duration,
     /// The grant's fencing token.
     pub fence: u64,
+    /// The holder's value (empty for none).
+    pub value: Vec<u8>,
+}
+
+impl KeyView {
+    /// Whether `other` is the same state of the key for a watcher: everything but the
+    /// time left on each grant, which changes with every reading and every renewal.
+    pub fn same_state(&self, other: &Self) -> bool {
+        let holders = self.holders.len() == other.holders.len()
+            && self.holders.iter().zip(&other.holders).all(|(a, b)| {
+                (a.session_id == b.session_id)
+                    && (a.client_name == b.client_name)
+                    && (a.hold_count == b.hold_count)
+                    && (a.fence == b.fence)
+                    && (a.value == b.value)
+            });
+        holders
+            && (self.mode, self.limit, self.waiters, self.fence)
+                == (other.mode, other.limit, other.waiters, other.fence)
+            && self.queue == other.queue
+    }
+
+    /// The earliest time left on a grant, if the key has holders: when the key
+    /// changes by itself unless its holders are renewed.
+    pub fn first_expiry(&self) -> Option<Duration> {
+        self.holders.iter().map(|h| h.ttl_remaining).min()
+    }
 }
 
 /// One fair waiter of a lock.
@@ -70,6 +97,7 @@ impl From<KeyState> for KeyView {
                     hold_count: h.hold_count,
                     ttl_remaining: h.ttl_remaining,
                     fence: h.fence,
+                    value: h.value,
                 })
                 .collect(),
             waiters: state.waiters,

@@ -15,6 +15,11 @@
  *
  * One client is one session (one `Lease` stream) holding any number of locks; the
  * sidecar releases them all when the stream ends, whatever ends it.
+ *
+ * Leader election: `await client.campaign(key, value)` resolves once this client leads
+ * (a `Lock`: `proclaim(value)` changes what followers see, `release()` resigns);
+ * followers read `for await (const state of client.watch(key))`, `state.leader` being
+ * undefined while nobody leads.
  */
 import * as grpc from '@grpc/grpc-js';
 import * as protoLoader from '@grpc/proto-loader';
@@ -26,6 +31,8 @@ export const DEFAULT_ADDR = '127.0.0.1:7420';
 export const MAX_WAIT_SECONDS = 24 * 3600;
 /** How long past its own wait an answer may take before the client gives up on it. */
 const ANSWER_SLACK_SECONDS = 10;
+/** The longest holder value the sidecar accepts (`Acquire.value`, `Proclaim.value`). */
+export const MAX_VALUE_BYTES = 4096;
 
 /**
  * HTTP/2 keepalive well below the lock TTL (README, "Client guidance"): a frozen or
@@ -134,6 +141,7 @@ interface GrantedMsg {
 interface AnswerMsg {
   requestId: string;
   key: string;
+  value?: Buffer;
   reason?: string;
   code?: number;
   message?: string;
@@ -147,6 +155,7 @@ interface LeaseResponse {
   notAcquired?: AnswerMsg;
   released?: AnswerMsg;
   rejected?: AnswerMsg;
+  proclaimed?: AnswerMsg;
   lost?: { key: string; reason: string; fencingToken: string };
   jeopardy?: { key: string; ttlRemaining: Duration | null };
   restored?: { key: string; ttl: Duration | null };
@@ -155,7 +164,14 @@ interface DescribeResponseMsg {
   key: string;
   mode: string;
   limit: number;
-  holders: { sessionId: string; holdCount: number; ttlRemaining: Duration | null; clientName: string }[];
+  holders: {
+    sessionId: string;
+    holdCount: number;
+    ttlRemaining: Duration | null;
+    clientName: string;
+    value: Buffer;
+    fencingToken: string;
+  }[];
   waiters: number;
   fencingToken: string;
   queue: { sessionId: string; clientName: string; mode: string; position: number }[];
@@ -174,8 +190,10 @@ function duration(name: string, value: number): { seconds: number; nanos: number
 }
 
 type LeaseCall = grpc.ClientDuplexStream<Record<string, unknown>, LeaseResponse>;
+type WatchCall = grpc.ClientReadableStream<{ state: DescribeResponseMsg | null }>;
 interface LockServiceClient extends grpc.Client {
   Lease(metadata: grpc.Metadata, options?: grpc.CallOptions): LeaseCall;
+  Watch(request: { key: string }, metadata: grpc.Metadata, options?: grpc.CallOptions): WatchCall;
   Describe(
     request: { key: string },
     metadata: grpc.Metadata,
@@ -222,7 +240,21 @@ export interface LockOptions {
   limit?: number;
   /** Wait in arrival order. */
   fair?: boolean;
+  /** The holder's value, shown by `describe()` and `watch()` (a string is sent as
+   * UTF-8; at most 4 KiB). On a key the session already holds, a non-empty value
+   * replaces its value (as `proclaim`). */
+  value?: Uint8Array | string;
   /** Aborting it gives up a pending acquire (the wait is cancelled on the sidecar). */
+  signal?: AbortSignal;
+}
+
+/** How to campaign for leadership (`client.campaign()`). */
+export interface CampaignOptions {
+  /** Seconds to wait for leadership; undefined waits as long as the sidecar allows (24 h). */
+  wait?: number;
+  /** Seconds the store keeps leadership if the sidecar stops renewing it. */
+  ttl?: number;
+  /** Aborting it gives up the campaign. */
   signal?: AbortSignal;
 }
 
@@ -254,6 +286,10 @@ export interface Holder {
   /** Seconds before the store lets the lock go if it is not renewed. */
   ttlRemaining: number;
   clientName: string;
+  /** The holder's value (in an election: who leads, and where); empty for none. */
+  value: Buffer;
+  /** The fencing token of the holder's grant: successive leaders have larger ones. */
+  fencingToken: bigint;
 }
 
 /** The store's view of one key. */
@@ -268,6 +304,48 @@ export interface Description {
   /** The last fencing token issued for the key (0n if none ever was). */
   fencingToken: bigint;
   queue: { sessionId: string; clientName: string; mode: string; position: number }[];
+  /** The holder of an election key, undefined when nobody leads (for a key held by
+   * several, the oldest grant). */
+  leader?: Holder;
+}
+
+function toValue(name: string, value: Uint8Array | string | undefined): Buffer {
+  if (value === undefined) return Buffer.alloc(0);
+  if (typeof value === 'string') return Buffer.from(value, 'utf8');
+  if (value instanceof Uint8Array) return Buffer.from(value);
+  throw new TypeError(`${name} must be a Uint8Array or a string, not ${typeof value}`);
+}
+
+function toDescription(res: DescribeResponseMsg): Description {
+  const holders = res.holders.map((h) => ({
+    sessionId: h.sessionId,
+    holdCount: h.holdCount,
+    ttlRemaining: seconds(h.ttlRemaining),
+    clientName: h.clientName,
+    value: Buffer.from(h.value ?? []),
+    fencingToken: BigInt(h.fencingToken),
+  }));
+  let leader: Holder | undefined;
+  for (const h of holders) if (!leader || h.fencingToken < leader.fencingToken) leader = h;
+  return {
+    key: res.key,
+    mode: res.mode.replace(/^LOCK_MODE_/, ''),
+    limit: res.limit,
+    holders,
+    waiters: res.waiters,
+    fencingToken: BigInt(res.fencingToken),
+    queue: res.queue.map((q) => ({ ...q, mode: q.mode.replace(/^LOCK_MODE_/, '') })),
+    leader,
+  };
+}
+
+/** A failed unary or server-streaming call as this package's error. */
+function callError(what: string, key: string, err: grpc.ServiceError | undefined): LocksideError {
+  const code = err?.code;
+  if (code === undefined || [grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED, grpc.status.CANCELLED].includes(code)) {
+    return new Unavailable(`${what} ${shortKey(key)}: ${err?.details ?? 'no answer'}`, code);
+  }
+  return new Rejected(key, code, err!.details);
 }
 
 // -- one lock ---------------------------------------------------------------------
@@ -336,12 +414,22 @@ export class Lock {
   release(): Promise<void> {
     return this.session.release(this);
   }
+
+  /**
+   * Replaces the lock's value (what `describe()` and `watch()` show of this holder): a
+   * leader telling its followers where it now is, without giving up leadership. At
+   * most 4 KiB. Rejects with `LockLost` if the lock is no longer held, `Rejected` for
+   * a value too large or a store the sidecar cannot reach.
+   */
+  proclaim(value: Uint8Array | string): Promise<void> {
+    return this.session.proclaim(this, value);
+  }
 }
 
 // -- one session ------------------------------------------------------------------
 
 interface Pending {
-  kind: 'acquire' | 'release';
+  kind: 'acquire' | 'release' | 'proclaim';
   key: string;
   abandoned: boolean;
   /** The held lock of a Granted answer, made and put in `held` by the stream's data
@@ -449,6 +537,7 @@ class Session {
       case 'notAcquired':
       case 'rejected':
       case 'released':
+      case 'proclaimed':
         break;
       default:
         return;
@@ -548,6 +637,7 @@ class Session {
       mode: opts.shared ? 'LOCK_MODE_SHARED' : 'LOCK_MODE_EXCLUSIVE',
       limit,
       fair: Boolean(opts.fair),
+      value: toValue('value', opts.value),
     };
     const waitTimeout = duration('wait', wait);
     if (wait > 0) acquire.waitTimeout = waitTimeout;
@@ -598,6 +688,23 @@ class Session {
     }
     if (error) throw error;
     const r = resp!.rejected!;
+    throw new Rejected(lock.key, r.code ?? 0, r.message ?? '');
+  }
+
+  async proclaim(lock: Lock, value: Uint8Array | string): Promise<void> {
+    const bytes = toValue('value', value);
+    if (lock._state === 'lost') throw new LockLost(lock.key, lock.lostReason ?? 'lost', lock.fencingToken);
+    if (lock._state === 'released') throw new LocksideError(`lock ${shortKey(lock.key)} was released`, lock.key);
+    if (this.ended !== undefined) throw new Unavailable(`lease stream ended: ${this.ended}`);
+    const rid = String(this.nextId++);
+    const message = { proclaim: { requestId: rid, key: lock.key, value: bytes } };
+    const resp = (await this.request('proclaim', lock.key, message, rid, ANSWER_SLACK_SECONDS)).response!;
+    if (resp.event === 'proclaimed') return;
+    // (The await above may have changed the state: the sidecar sends `Lost` first.)
+    if ((lock._state as Lock['_state']) === 'lost') {
+      throw new LockLost(lock.key, lock.lostReason ?? 'lost', lock.fencingToken);
+    }
+    const r = resp.rejected!;
     throw new Rejected(lock.key, r.code ?? 0, r.message ?? '');
   }
 
@@ -689,6 +796,42 @@ export class Client {
     return session.acquire(key, opts);
   }
 
+  /**
+   * Campaigns for leadership of `key` with `value` (who you are, where to reach you);
+   * resolves once this client leads, with the `Lock` that is leadership. Candidates
+   * lead in the order they campaigned, across every sidecar of the store (a fair
+   * EXCLUSIVE lock). Lead until `lock.lost` settles or you `release()` (resign).
+   */
+  async campaign(key: string, value: Uint8Array | string = '', opts: CampaignOptions = {}): Promise<Lock> {
+    return this.lock(key, { ...opts, value, fair: true, shared: false, limit: 0 });
+  }
+
+  /**
+   * Follows `key`: `for await (const state of client.watch(key))` gets its state now,
+   * then one per change (a grant, a release, an expiry, a holder's value). A slow
+   * reader gets the latest state, skipping those in between. Leaving the loop ends the
+   * watch; errors are `Rejected` (a bad key, the watch limit) and `Unavailable`.
+   */
+  async *watch(key: string, { signal }: { signal?: AbortSignal } = {}): AsyncGenerator<Description, void, undefined> {
+    if (this.closed) throw new LocksideError('the client is closed');
+    const call = this.stub.Watch({ key }, this.metadata);
+    const onAbort = () => call.cancel();
+    signal?.addEventListener('abort', onAbort, { once: true });
+    try {
+      for await (const message of call) {
+        if (message.state) yield toDescription(message.state);
+      }
+    } catch (e) {
+      const err = e as grpc.ServiceError;
+      if (err.code === grpc.status.CANCELLED && signal?.aborted) return; // ended by the caller
+      throw callError('watch', key, err);
+    } finally {
+      // Leaving the loop (break, return, throw) ends the call.
+      signal?.removeEventListener('abort', onAbort);
+      call.cancel();
+    }
+  }
+
   /** Runs `fn(lock)` while holding `key` and releases afterwards, also when `fn` throws. */
   async withLock<T>(key: string, opts: LockOptions, fn: (lock: Lock) => Promise<T> | T): Promise<T> {
     const lock = await this.lock(key, opts);
@@ -708,28 +851,10 @@ export class Client {
     return new Promise((resolve, reject) => {
       this.stub.Describe({ key }, this.metadata, { deadline: Date.now() + timeout * 1000 }, (err, res) => {
         if (err || !res) {
-          const code = err?.code;
-          if (code === undefined || [grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED, grpc.status.CANCELLED].includes(code)) {
-            reject(new Unavailable(`describe ${shortKey(key)}: ${err?.details ?? 'no answer'}`, code));
-          } else {
-            reject(new Rejected(key, code, err!.details));
-          }
+          reject(callError('describe', key, err ?? undefined));
           return;
         }
-        resolve({
-          key: res.key,
-          mode: res.mode.replace(/^LOCK_MODE_/, ''),
-          limit: res.limit,
-          holders: res.holders.map((h) => ({
-            sessionId: h.sessionId,
-            holdCount: h.holdCount,
-            ttlRemaining: seconds(h.ttlRemaining),
-            clientName: h.clientName,
-          })),
-          waiters: res.waiters,
-          fencingToken: BigInt(res.fencingToken),
-          queue: res.queue.map((q) => ({ ...q, mode: q.mode.replace(/^LOCK_MODE_/, '') })),
-        });
+        resolve(toDescription(res));
       });
     });
   }

@@ -222,3 +222,82 @@ describe('when something dies', () => {
     }, { connectTimeout: 0.5 });
   });
 });
+
+describe('leader election', () => {
+  let stack;
+  let addr;
+  before(async () => {
+    stack = await Stack.start();
+    addr = stack.sidecar.addr;
+  });
+  after(async () => {
+    await stack.stop();
+  });
+
+  /** The next state of a watch, or a failure after 5 s. */
+  async function next(states) {
+    let timer;
+    const timeout = new Promise((_, reject) => {
+      timer = setTimeout(() => reject(new Error('no state within 5 s')), 5000);
+    });
+    try {
+      const { value, done } = await Promise.race([states.next(), timeout]);
+      assert.equal(done, false, 'the watch ended');
+      return value;
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  it('campaigns, proclaims and watches the leader', async () => {
+    const key = newKey();
+    await withClients(addr, 2, async (c, follower) => {
+      const states = follower.watch(key);
+      assert.equal((await next(states)).leader, undefined);
+      const lead = await c.campaign(key, 'web-1:8080', { ttl: 5 });
+      let state = await next(states);
+      assert.equal(state.leader.value.toString(), 'web-1:8080');
+      assert.equal(state.leader.fencingToken, lead.fencingToken);
+      assert.equal(state.leader.clientName, 'node-elect');
+      await lead.proclaim(Buffer.from('web-1:9090'));
+      assert.equal((await next(states)).leader.value.toString(), 'web-1:9090');
+      await lead.release();
+      state = await next(states);
+      assert.equal(state.leader, undefined);
+      assert.equal(state.fencingToken, lead.fencingToken);
+      await states.return(); // ends the watch
+    }, { clientName: 'node-elect' });
+  });
+
+  it('candidates lead in the order they campaigned', async () => {
+    const key = newKey();
+    await withClients(addr, 3, async (a, b, w) => {
+      const first = await a.campaign(key, 'a');
+      const second = b.campaign(key, 'b', { wait: 10 });
+      assert.ok(await until(async () => (await w.describe(key)).queue.length === 1));
+      await first.release();
+      const lead = await second;
+      assert.ok(lead.fencingToken > first.fencingToken);
+      assert.equal((await w.describe(key)).leader.value.toString(), 'b');
+      await lead.release();
+    });
+  });
+
+  it('refuses bad keys, big values, and proclaims after the end', async () => {
+    const key = newKey();
+    await withClients(addr, 1, async (c) => {
+      await assert.rejects(next(c.watch('')), (e) => e instanceof Rejected && e.code === 3);
+      await assert.rejects(c.campaign(key, 'x'.repeat(4097)), (e) => e instanceof Rejected && e.code === 3);
+      const lead = await c.campaign(key, 'a');
+      await assert.rejects(lead.proclaim('x'.repeat(4097)), (e) => e instanceof Rejected && e.code === 3);
+      await assert.rejects(lead.proclaim(42), TypeError);
+      await lead.release();
+      await assert.rejects(lead.proclaim('late'), /released/);
+      const ac = new AbortController();
+      const states = c.watch(key, { signal: ac.signal });
+      await next(states);
+      ac.abort();
+      assert.deepEqual(await states.next(), { value: undefined, done: true });
+    });
+  });
+});

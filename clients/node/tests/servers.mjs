@@ -105,12 +105,13 @@ export class Stack {
     throw new Error('redis-server did not start (is it installed?)');
   }
 
-  async startSidecar(listen = '127.0.0.1:0') {
+  /** Another sidecar on this stack's Redis (or on `store`, e.g. 'memory'). */
+  async startSidecar(listen = '127.0.0.1:0', store = this.redis.url) {
     const log = join(this.dir, `sidecar-${this.sidecars.length}.log`);
     const out = openSync(log, 'w');
     const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('LOCKSIDE_')));
     const child = spawn(sidecarBinary(), ['serve', '--listen', listen, '--admin-listen', '127.0.0.1:0',
-      '--store', this.redis.url], { stdio: ['ignore', out, out], env });
+      '--store', store], { stdio: ['ignore', out, out], env });
     const sidecar = { child, stop: () => stopChild(child, 'SIGTERM'), kill: () => stopChild(child) };
     this.sidecars.push(sidecar);
     const deadline = Date.now() + STARTUP_MS;

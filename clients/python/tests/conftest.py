@@ -30,3 +30,9 @@ def own_stack() -> Iterator[Stack]:
 def key() -> str:
     """A key no other test uses."""
     return f"test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def election_addr(stack: Stack) -> str:
+    """A sidecar for the election tests (values, proclaim, watch), on Redis."""
+    return stack.addr

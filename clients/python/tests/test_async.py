@@ -142,3 +142,26 @@ def test_sync_and_async_clients_exclude_each_other(stack, key):
                         sync.lock(key, wait=0)
 
     run(main())
+
+
+def test_async_campaign_proclaim_and_watch(election_addr, key):
+    async def main():
+        async with AsyncClient(election_addr) as c, AsyncClient(election_addr) as follower:
+            async with follower.watch(key) as states:
+                assert (await states.__anext__()).leader is None
+                async with c.campaign(key, "a:1") as lead:
+                    state = await states.__anext__()
+                    assert (state.leader.value, state.leader.fencing_token) == (
+                        b"a:1",
+                        lead.fencing_token,
+                    )
+                    await lead.proclaim("a:2")
+                    assert (await states.__anext__()).leader.value == b"a:2"
+                state = await states.__anext__()
+                assert state.leader is None
+            with pytest.raises(Rejected) as bad:
+                async for _ in follower.watch(""):
+                    pass
+            assert bad.value.code == 3
+
+    run(main())

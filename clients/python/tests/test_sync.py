@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from servers import free_port, wait_until
-from lockside import Client, LockLost, NotAcquired, Rejected, Unavailable
+from lockside import Client, LockLost, LocksideError, NotAcquired, Rejected, Unavailable
 
 
 def test_grant_carries_a_fencing_token_and_shows_in_describe(stack, key):
@@ -212,3 +212,60 @@ def test_no_sidecar_is_unavailable():
     with Client(f"127.0.0.1:{free_port()}", connect_timeout=0.5) as c:
         with pytest.raises(Unavailable):
             c.lock("nobody-listens", wait=0)
+
+
+def test_a_leader_campaigns_proclaims_and_followers_watch(election_addr, key):
+    with Client(election_addr, client_name="web-1") as c, Client(election_addr) as follower:
+        with follower.watch(key) as states:
+            assert next(states).leader is None
+            with c.campaign(key, "web-1:8080", ttl=5.0) as lead:
+                state = next(states)
+                assert (state.leader.value, state.leader.fencing_token) == (
+                    b"web-1:8080",
+                    lead.fencing_token,
+                )
+                assert state.leader.client_name == "web-1"
+                described = follower.describe(key).leader
+                assert (described.value, described.fencing_token) == (
+                    b"web-1:8080",
+                    lead.fencing_token,
+                )
+                lead.proclaim(b"web-1:9090")
+                assert next(states).leader.value == b"web-1:9090"
+            state = next(states)
+            assert state.leader is None and state.fencing_token == lead.fencing_token
+
+
+def test_candidates_lead_in_the_order_they_campaigned(election_addr, key):
+    with Client(election_addr) as a, Client(election_addr) as b, Client(election_addr) as w:
+        first = a.campaign(key, b"a")
+        led = []
+        t = threading.Thread(target=lambda: led.append(b.campaign(key, b"b", wait=10.0)))
+        t.start()
+        assert wait_until(lambda: len(w.describe(key).queue) == 1)
+        first.release()
+        t.join(10)
+        assert led and led[0].fencing_token > first.fencing_token
+        assert w.describe(key).leader.value == b"b"
+        led[0].release()
+
+
+def test_bad_values_keys_and_lost_leaders_are_refused(election_addr, key):
+    with Client(election_addr) as c:
+        with pytest.raises(Rejected) as bad:
+            next(c.watch(""))
+        assert bad.value.code == 3
+        with pytest.raises(Rejected) as big:
+            c.campaign(key, b"x" * 4097)
+        assert big.value.code == 3
+        with pytest.raises(TypeError):
+            c.campaign(key, 42)
+        lead = c.campaign(key, "a")
+        with pytest.raises(Rejected) as big:
+            lead.proclaim(b"x" * 4097)
+        assert big.value.code == 3
+        lead.proclaim(b"")  # clears it
+        assert c.describe(key).leader.value == b""
+        lead.release()
+        with pytest.raises(LocksideError):
+            lead.proclaim(b"after")

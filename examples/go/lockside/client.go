@@ -17,6 +17,19 @@
 //	}
 //	err = lock.Release()
 //
+// Leader election: Campaign returns once the client leads (the returned Lock is
+// leadership: Proclaim changes the value followers see, Release resigns), and
+// followers Watch the key:
+//
+//	w, err := c.Watch(ctx, "jobs/leader")
+//	for {
+//		state, err := w.Recv()
+//		...
+//		if h := lockside.Leader(state); h != nil { // nil: nobody leads
+//			fmt.Printf("leader %s (token %d)\n", h.GetValue(), h.GetFencingToken())
+//		}
+//	}
+//
 // Client guidance from the Lockside design applies: treat any stream error as a
 // lost lock (Lost does this for you: a broken stream loses every lock of the
 // session, and the next Lock opens a new session), and have the protected
@@ -39,6 +52,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "lockside.example/gen/lockside/v1"
@@ -155,6 +169,9 @@ type LockOptions struct {
 	Limit uint32
 	// Fair queues this request in arrival order behind other fair waiters.
 	Fair bool
+	// Value is the holder's value, shown by Describe and Watch (at most 4 KiB).
+	// On a key the session already holds, a non-empty value replaces it.
+	Value []byte
 }
 
 // NotAcquiredError is returned by Lock when the key was busy, the wait timed
@@ -246,6 +263,47 @@ func (l *Lock) markLost(reason string) {
 func (l *Lock) Release() error {
 	l.releaseOnce.Do(func() { l.releaseErr = l.sess.release(l) })
 	return l.releaseErr
+}
+
+// Proclaim replaces the lock's value (what Describe and Watch show of this
+// holder): a leader telling its followers where it now is, without giving up
+// leadership. It returns the *LostError if the lock is no longer held, and a
+// *RejectedError for a value over 4 KiB or a store the sidecar cannot reach.
+func (l *Lock) Proclaim(ctx context.Context, value []byte) error {
+	if err := l.Err(); err != nil {
+		return err
+	}
+	s := l.sess
+	rid, p, err := s.register(l.Key, false)
+	if err != nil {
+		return err
+	}
+	req := &pb.LeaseRequest{Command: &pb.LeaseRequest_Proclaim{
+		Proclaim: &pb.Proclaim{RequestId: rid, Key: l.Key, Value: value},
+	}}
+	if err := s.send(req); err != nil {
+		return fmt.Errorf("lockside: send proclaim: %w", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, answerTimeout)
+	defer cancel()
+	msg, err := s.wait(wctx, rid, p)
+	if err != nil {
+		if lost := l.Err(); lost != nil {
+			return lost
+		}
+		return err
+	}
+	switch ev := msg.GetEvent().(type) {
+	case *pb.LeaseResponse_Proclaimed:
+		return nil
+	case *pb.LeaseResponse_Rejected:
+		if lost := l.Err(); lost != nil { // the sidecar sends Lost first
+			return lost
+		}
+		return rejected(ev.Rejected)
+	default:
+		return fmt.Errorf("lockside: protocol error: unexpected %T answering a proclaim", ev)
+	}
 }
 
 // pending is a request waiting for its answer.
@@ -369,6 +427,8 @@ func (s *session) dispatch(msg *pb.LeaseResponse) {
 		rid = ev.Rejected.GetRequestId()
 	case *pb.LeaseResponse_Released:
 		rid = ev.Released.GetRequestId()
+	case *pb.LeaseResponse_Proclaimed:
+		rid = ev.Proclaimed.GetRequestId()
 	default:
 		// Waiting, Jeopardy, Restored: informational; only Lost means stop.
 		return
@@ -534,7 +594,7 @@ func (c *Client) Lock(ctx context.Context, key string, opts LockOptions) (*Lock,
 		return nil, err
 	}
 	wait := opts.Wait
-	acq := &pb.Acquire{RequestId: rid, Key: key, Limit: opts.Limit, Fair: opts.Fair}
+	acq := &pb.Acquire{RequestId: rid, Key: key, Limit: opts.Limit, Fair: opts.Fair, Value: opts.Value}
 	if wait > 0 {
 		acq.WaitTimeout = durationpb.New(wait)
 	}
@@ -567,6 +627,67 @@ func (c *Client) Lock(ctx context.Context, key string, opts LockOptions) (*Lock,
 	default:
 		return nil, fmt.Errorf("lockside: protocol error: unexpected %T answering an acquire", ev)
 	}
+}
+
+// Campaign campaigns for leadership of key with value (who you are, where to
+// reach you) and returns once this client leads: the returned Lock is
+// leadership. Candidates lead in the order they campaigned, across every
+// sidecar of the store (a fair exclusive lock). opts.Wait (0: as long as the
+// sidecar allows, 24 h) and opts.TTL apply; Shared, Limit and Fair are set for
+// you.
+func (c *Client) Campaign(ctx context.Context, key string, value []byte, opts LockOptions) (*Lock, error) {
+	if opts.Wait == 0 {
+		opts.Wait = 24 * time.Hour
+	}
+	opts.Value, opts.Fair, opts.Shared, opts.Limit = value, true, false, 0
+	return c.Lock(ctx, key, opts)
+}
+
+// Watch follows key: Recv returns its state now, then one per change (a grant,
+// a release, an expiry, a holder's value). A slow reader gets the latest state,
+// skipping those in between. End it by cancelling ctx.
+type Watch struct {
+	key    string
+	stream pb.LockService_WatchClient
+}
+
+// Watch starts following key. Errors (a bad key, the watch limit, no store)
+// come from the first Recv.
+func (c *Client) Watch(ctx context.Context, key string) (*Watch, error) {
+	stream, err := c.rpc.Watch(ctx, &pb.WatchRequest{Key: key})
+	if err != nil {
+		return nil, fmt.Errorf("lockside: watch %q: %w", key, err)
+	}
+	return &Watch{key: key, stream: stream}, nil
+}
+
+// Recv returns the next state of the watched key. A *RejectedError says the
+// sidecar refused the watch (a bad key, its watch limit); other errors that
+// the stream ended (the sidecar went away or shut down, or ctx ended).
+func (w *Watch) Recv() (*pb.DescribeResponse, error) {
+	msg, err := w.stream.Recv()
+	if err != nil {
+		if st, ok := status.FromError(err); ok {
+			switch st.Code() {
+			case codes.InvalidArgument, codes.ResourceExhausted, codes.PermissionDenied, codes.Unauthenticated:
+				return nil, &RejectedError{Key: w.key, Code: st.Code(), Message: st.Message()}
+			}
+		}
+		return nil, fmt.Errorf("lockside: watch %q: %w", w.key, err)
+	}
+	return msg.GetState(), nil
+}
+
+// Leader returns the holder of an election key, or nil when nobody leads (for a
+// key held by several, the oldest grant).
+func Leader(state *pb.DescribeResponse) *pb.Holder {
+	var leader *pb.Holder
+	for _, h := range state.GetHolders() {
+		if leader == nil || h.GetFencingToken() < leader.GetFencingToken() {
+			leader = h
+		}
+	}
+	return leader
 }
 
 func (s *session) release(l *Lock) error {

@@ -95,6 +95,12 @@ enum Done {
         request_id: u64,
         result: Result<Option<u32>, StoreError>,
     },
+    Proclaim {
+        key: String,
+        lease_id: u64,
+        request_id: u64,
+        result: Result<bool, StoreError>,
+    },
 }
 
 enum Outcome {

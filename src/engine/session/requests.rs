@@ -11,7 +11,7 @@ use tracing::Instrument;
 use super::attempt::{AcquireOp, acquire};
 use super::{Acquiring, Done, Session, Slot};
 use crate::engine::{AcquireRequest, Command, Mode, RejectCode, validate_key};
-use crate::proto::limits::{MAX_WAIT, MIN_TTL};
+use crate::proto::limits::{MAX_VALUE_BYTES, MAX_WAIT, MIN_TTL};
 use crate::store::{Claim, Sharing};
 
 /// The span of a first acquire of a key; its outcome, wait and token are recorded
@@ -41,10 +41,7 @@ fn acquire_span(request: &AcquireRequest, sharing: Sharing, limit: u32) -> traci
 
 impl Session {
     pub(super) fn handle(&mut self, command: Command) {
-        let (request_id, key) = match &command {
-            Command::Acquire(r) => (r.request_id, r.key.as_str()),
-            Command::Release { request_id, key } => (*request_id, key.as_str()),
-        };
+        let (request_id, key) = (command.request_id(), command.key());
         if self.pending.contains(&request_id) {
             let message = format!("request_id {request_id} is still pending on this session");
             self.reject(request_id, key, RejectCode::InvalidArgument, message);
@@ -65,6 +62,11 @@ impl Session {
         match command {
             Command::Acquire(request) => self.acquire(request),
             Command::Release { request_id, key } => self.release(request_id, key),
+            Command::Proclaim {
+                request_id,
+                key,
+                value,
+            } => self.proclaim(request_id, key, value),
         }
     }
 
@@ -102,6 +104,7 @@ impl Session {
                 format!("wait_timeout {wait:?} is longer than the maximum {MAX_WAIT:?}"),
             ));
         }
+        check_value(&r.value)?;
         Ok((ttl, sharing, limit))
     }
 
@@ -161,15 +164,32 @@ impl Session {
                 // the store's count right. A reentrant acquire keeps the grant's TTL and
                 // mode (SHARED asked while holding EXCLUSIVE is a hold of the exclusive
                 // grant).
+                //
+                // A value on a reentrant acquire replaces the grant's value, as etcd's
+                // Campaign on a lease that already leads proclaims; an empty one (proto3
+                // cannot tell it from none) keeps it. The hold goes first: if the value
+                // then cannot be set, the client hears UNAVAILABLE and keeps its count,
+                // as for any hold that failed.
                 h.busy = true;
                 self.pending.insert(request.request_id);
                 let (store, turns) = (self.shared.store.clone(), self.shared.store_calls.clone());
                 let (key, owner, ttl, lease_id) =
                     (request.key.clone(), h.owner.clone(), h.ttl, h.lease_id);
                 let count = h.count + 1;
+                let value = request.value.clone();
                 self.ops.push(Box::pin(async move {
                     let _turn = turns.acquire().await;
-                    let result = store.hold(&key, &owner, count, ttl).await;
+                    let mut result = store.hold(&key, &owner, count, ttl).await;
+                    if let Ok(Some(_)) = result
+                        && !value.is_empty()
+                    {
+                        result = match store.proclaim(&key, &owner, &value).await {
+                            Ok(true) => result,
+                            // Gone between the two calls: as a hold that found no grant.
+                            Ok(false) => Ok(None),
+                            Err(e) => Err(e),
+                        };
+                    }
                     Done::Hold {
                         key,
                         lease_id,
@@ -236,7 +256,7 @@ impl Session {
                     sharing,
                     limit,
                     fair: request.fair,
-                    value: Vec::new(),
+                    value: request.value.clone(),
                 };
                 let cancel = CancellationToken::new();
                 let span = acquire_span(&request, sharing, limit);
@@ -307,4 +327,64 @@ impl Session {
             ),
         }
     }
+
+    /// Replaces the value of a held grant. Behind a pending acquire or a call under
+    /// way for the key, it waits its turn, so it applies to the grant that acquire
+    /// brings.
+    pub(super) fn proclaim(&mut self, request_id: u64, key: String, value: Vec<u8>) {
+        if let Err((code, message)) = check_value(&value) {
+            return self.reject(request_id, &key, code, message);
+        }
+        let command = || Command::Proclaim {
+            request_id,
+            key: key.clone(),
+            value: value.clone(),
+        };
+        match self.slots.get_mut(&key) {
+            Some(Slot::Acquiring(a)) => {
+                self.pending.insert(request_id);
+                a.queue.push_back(command());
+            }
+            Some(Slot::Held(h)) if h.busy => {
+                self.pending.insert(request_id);
+                h.queue.push_back(command());
+            }
+            Some(Slot::Held(h)) => {
+                h.busy = true;
+                self.pending.insert(request_id);
+                let (store, turns) = (self.shared.store.clone(), self.shared.store_calls.clone());
+                let (owner, lease_id) = (h.owner.clone(), h.lease_id);
+                self.ops.push(Box::pin(async move {
+                    let _turn = turns.acquire().await;
+                    let result = store.proclaim(&key, &owner, &value).await;
+                    Done::Proclaim {
+                        key,
+                        lease_id,
+                        request_id,
+                        result,
+                    }
+                }));
+            }
+            None => self.reject(
+                request_id,
+                &key,
+                RejectCode::FailedPrecondition,
+                "this session does not hold this key",
+            ),
+        }
+    }
+}
+
+/// Checks a holder's value against the contract's limit.
+fn check_value(value: &[u8]) -> Result<(), (RejectCode, String)> {
+    if value.len() > MAX_VALUE_BYTES {
+        return Err((
+            RejectCode::InvalidArgument,
+            format!(
+                "value is {} bytes long; at most {MAX_VALUE_BYTES} are allowed",
+                value.len()
+            ),
+        ));
+    }
+    Ok(())
 }

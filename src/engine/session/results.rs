@@ -158,6 +158,51 @@ impl Session {
                     }
                 }
             }
+            Done::Proclaim {
+                key,
+                lease_id,
+                request_id,
+                result,
+            } => self.proclaimed(key, lease_id, request_id, result),
+        }
+    }
+
+    fn proclaimed(
+        &mut self,
+        key: String,
+        lease_id: u64,
+        request_id: u64,
+        result: Result<bool, crate::store::StoreError>,
+    ) {
+        self.pending.remove(&request_id);
+        let not_held = "this session does not hold this key";
+        let Some(Slot::Held(h)) = self
+            .slots
+            .get_mut(&key)
+            .filter(|s| lease_of(s) == Some(lease_id))
+        else {
+            // Lost while the call ran (its `Lost` went out).
+            return self.reject(request_id, &key, RejectCode::FailedPrecondition, not_held);
+        };
+        h.busy = false;
+        match result {
+            Ok(true) => {
+                self.send(Event::Proclaimed {
+                    request_id,
+                    key: key.clone(),
+                });
+                self.drain(&key);
+            }
+            Ok(false) => {
+                // The store no longer holds the grant: it is lost, and the value with it.
+                let queue = self.lose(&key, Loss::NotHeld);
+                self.reject(request_id, &key, RejectCode::FailedPrecondition, not_held);
+                self.redispatch(queue);
+            }
+            Err(e) => {
+                self.store_failed(request_id, &key, &e);
+                self.drain(&key);
+            }
         }
     }
 
@@ -339,11 +384,7 @@ impl Session {
 
     pub(super) fn redispatch(&mut self, queue: VecDeque<Command>) {
         for command in queue {
-            let request_id = match &command {
-                Command::Acquire(r) => r.request_id,
-                Command::Release { request_id, .. } => *request_id,
-            };
-            self.pending.remove(&request_id);
+            self.pending.remove(&command.request_id());
             self.handle(command);
         }
     }

@@ -11,9 +11,13 @@
 `AsyncClient` is the same on asyncio (grpc.aio). One client is one session (one `Lease`
 stream) holding any number of locks; the sidecar releases them all when the stream
 ends, whatever ends it.
+
+Leader election: `c.campaign(key, value)` returns once this client leads (a `Lock`:
+`proclaim(value)` changes what followers see, `release()` resigns); followers iterate
+`c.watch(key)` and read `state.leader` (None while nobody leads).
 """
 
-from lockside._aio import AsyncClient, AsyncLock
+from lockside._aio import AsyncClient, AsyncLock, AsyncWatch
 from lockside._core import (
     DEFAULT_ADDR,
     Description,
@@ -25,13 +29,14 @@ from lockside._core import (
     Rejected,
     Unavailable,
 )
-from lockside._sync import Client, Lock
+from lockside._sync import Client, Lock, Watch
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient",
     "AsyncLock",
+    "AsyncWatch",
     "Client",
     "DEFAULT_ADDR",
     "Description",
@@ -43,4 +48,5 @@ __all__ = [
     "QueueEntry",
     "Rejected",
     "Unavailable",
+    "Watch",
 ]

@@ -14,6 +14,7 @@ from lockside._core import (
     DESCRIBE_METHOD,
     KEEPALIVE_OPTIONS,
     LEASE_METHOD,
+    WATCH_METHOD,
     Description,
     LockBase,
     LocksideError,
@@ -28,6 +29,7 @@ from lockside._core import (
     description,
     log,
     pb,
+    proclaim_request,
     release_request,
     rpc_error_text,
 )
@@ -57,6 +59,10 @@ class AsyncLock(LockBase):
         release: race it against your work (`asyncio.wait`, a TaskGroup)."""
         await self.lost.wait()
         return self.lost_reason or "lost"
+
+    async def proclaim(self, value: "bytes | str") -> None:
+        """Replaces the lock's value; see `lockside.Lock.proclaim`."""
+        await self._session.proclaim(self, value)
 
     async def release(self) -> None:
         """Gives the lock back and waits for the sidecar to confirm; see
@@ -194,11 +200,12 @@ class _AioSession(SessionBase):
         shared: bool,
         limit: int,
         fair: bool,
+        value: "bytes | str" = b"",
     ) -> AsyncLock:
         if self.ended is not None:
             raise Unavailable(f"lease stream ended: {self.ended}")
         rid = next(self._ids)
-        request, timeout = acquire_request(rid, key, wait, ttl, shared, limit, fair)
+        request, timeout = acquire_request(rid, key, wait, ttl, shared, limit, fair, value)
         pending = _AioPending("acquire", key, self._loop)
         self._pending[rid] = pending
         await self._request(rid, pending, request, timeout)
@@ -215,6 +222,19 @@ class _AioSession(SessionBase):
         self._pending[rid] = pending
         await self._request(rid, pending, release_request(rid, lock.key), ANSWER_SLACK)
         self._released(lock, pending)
+
+    async def proclaim(self, lock: AsyncLock, value: "bytes | str") -> None:
+        request = proclaim_request(0, lock.key, value)  # a bad value fails before sending
+        if lock._state == "lost":
+            raise lock._lost_error()
+        if lock._state == "released":
+            raise LocksideError(f"lock {lock.key!r} was released")
+        rid = next(self._ids)
+        request.proclaim.request_id = rid
+        pending = _AioPending("proclaim", lock.key, self._loop)
+        self._pending[rid] = pending
+        await self._request(rid, pending, request, ANSWER_SLACK)
+        self._proclaimed(lock, pending)
 
     async def close(self, timeout: float = 2.0) -> None:
         """Half-closes the stream (the sidecar then releases everything and ends it),
@@ -260,6 +280,46 @@ class _LockRequest:
         lock, self._lock = self._lock, None
         if lock is not None:
             await lock.__aexit__(exc_type, exc, tb)
+
+
+class AsyncWatch:
+    """The states of a watched key, from `AsyncClient.watch`: `async for state in
+    watch`; see `lockside.Watch`. `cancel()`, or leaving an `async with` block, ends
+    it."""
+
+    def __init__(self, call: Any, key: str):
+        self._call = call
+        self._key = key
+        self._cancelled = False
+
+    def __aiter__(self) -> "AsyncWatch":
+        return self
+
+    async def __anext__(self) -> Description:
+        try:
+            resp = await self._call.read()
+        except asyncio.CancelledError:
+            if self._cancelled:
+                raise StopAsyncIteration from None
+            raise
+        except grpc.RpcError as e:
+            if self._cancelled:
+                raise StopAsyncIteration from None
+            raise call_error(self._key, e) from None
+        if resp is grpc.aio.EOF:
+            raise StopAsyncIteration
+        return description(resp.state)
+
+    def cancel(self) -> None:
+        """Ends the watch."""
+        self._cancelled = True
+        self._call.cancel()
+
+    async def __aenter__(self) -> "AsyncWatch":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.cancel()
 
 
 class AsyncClient:
@@ -312,6 +372,11 @@ class AsyncClient:
                 request_serializer=pb.DescribeRequest.SerializeToString,
                 response_deserializer=pb.DescribeResponse.FromString,
             )
+            self._watch = self._channel.unary_stream(
+                WATCH_METHOD,
+                request_serializer=pb.WatchRequest.SerializeToString,
+                response_deserializer=pb.WatchResponse.FromString,
+            )
         return self._channel
 
     async def _session(self) -> _AioSession:
@@ -345,11 +410,34 @@ class AsyncClient:
         shared: bool = False,
         limit: int = 0,
         fair: bool = False,
+        value: "bytes | str" = b"",
     ) -> _LockRequest:
         """Takes `key`: `await c.lock(...)` returns the `AsyncLock`; `async with
         c.lock(...) as lock` releases it on exit. Options and errors as
         `lockside.Client.lock`. Cancelling the awaiting task cancels the wait."""
-        return _LockRequest(self, key, (wait, ttl, shared, limit, fair))
+        return _LockRequest(self, key, (wait, ttl, shared, limit, fair, value))
+
+    def campaign(
+        self,
+        key: str,
+        value: "bytes | str" = b"",
+        *,
+        wait: Optional[float] = None,
+        ttl: Optional[float] = None,
+    ) -> _LockRequest:
+        """Campaigns for leadership of `key` with `value`: `await c.campaign(...)`
+        returns once this client leads (an `AsyncLock`: leadership); `async with`
+        resigns on exit. See `lockside.Client.campaign`."""
+        return _LockRequest(self, key, (wait, ttl, False, 0, True, value))
+
+    def watch(self, key: str) -> AsyncWatch:
+        """Follows `key`: `async for state in c.watch(key)`, its state now first; see
+        `lockside.Client.watch`."""
+        if self._closed:
+            raise LocksideError("the client is closed")
+        self._get_channel()
+        call = self._watch(pb.WatchRequest(key=key), metadata=self._metadata)
+        return AsyncWatch(call, key)
 
     async def describe(self, key: str, timeout: float = 5.0) -> Description:
         """The store's view of `key`: holders, waiters, fair queue, last fencing token."""

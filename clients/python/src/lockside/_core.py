@@ -35,6 +35,10 @@ ANSWER_SLACK = 10.0
 
 LEASE_METHOD = "/lockside.v1.LockService/Lease"
 DESCRIBE_METHOD = "/lockside.v1.LockService/Describe"
+WATCH_METHOD = "/lockside.v1.LockService/Watch"
+
+#: The longest holder value the sidecar accepts (`Acquire.value`, `Proclaim.value`).
+MAX_VALUE_BYTES = 4096
 
 #: HTTP/2 keepalive well below the lock TTL (README, "Client guidance"): a frozen or
 #: unreachable sidecar is noticed in about 2 s and the stream fails, which marks every
@@ -173,6 +177,16 @@ def _set_seconds(target: Any, name: str, value: Any) -> None:
     target.nanos = int(round((value - whole) * 1e9))
 
 
+def value_bytes(value: Any) -> bytes:
+    """A holder value as bytes: `bytes`-like as it is, `str` in UTF-8. (Its size is
+    the sidecar's to check: over 4 KiB it answers `Rejected` INVALID_ARGUMENT.)"""
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"value must be bytes or str, not {type(value).__name__}")
+
+
 def acquire_request(
     request_id: int,
     key: str,
@@ -181,6 +195,7 @@ def acquire_request(
     shared: bool,
     limit: int,
     fair: bool,
+    value: Any = b"",
 ) -> Tuple[Any, float]:
     """The `LeaseRequest` for one acquire, and how long to wait for its answer.
 
@@ -200,6 +215,7 @@ def acquire_request(
         mode=pb.LOCK_MODE_SHARED if shared else pb.LOCK_MODE_EXCLUSIVE,
         limit=limit,
         fair=bool(fair),
+        value=value_bytes(value),
     )
     wait_s = MAX_WAIT if wait is None else wait
     if isinstance(wait_s, (int, float)) and not isinstance(wait_s, bool) and wait_s == 0:
@@ -213,6 +229,12 @@ def acquire_request(
 
 def release_request(request_id: int, key: str) -> Any:
     return pb.LeaseRequest(release=pb.Release(request_id=request_id, key=key))
+
+
+def proclaim_request(request_id: int, key: str, value: Any) -> Any:
+    return pb.LeaseRequest(
+        proclaim=pb.Proclaim(request_id=request_id, key=key, value=value_bytes(value))
+    )
 
 
 def seconds(d: Any) -> float:
@@ -231,6 +253,11 @@ class Holder:
     #: Seconds before the store lets the lock go if it is not renewed.
     ttl_remaining: float
     client_name: str
+    #: The holder's value (`lock(value=...)`, `campaign()`, `proclaim()`): in an
+    #: election, who leads and where. b"" for none.
+    value: bytes = b""
+    #: The fencing token of the holder's grant: successive leaders have larger ones.
+    fencing_token: int = 0
 
 
 @dataclass(frozen=True)
@@ -245,7 +272,7 @@ class QueueEntry:
 
 @dataclass(frozen=True)
 class Description:
-    """The store's view of one key (`Client.describe`)."""
+    """The store's view of one key (`Client.describe`, each state of `Client.watch`)."""
 
     key: str
     #: "EXCLUSIVE", "SHARED", or "UNSPECIFIED" when nobody holds it.
@@ -258,6 +285,12 @@ class Description:
     fencing_token: int
     queue: Sequence[QueueEntry]
 
+    @property
+    def leader(self) -> Optional[Holder]:
+        """The holder of an election key (None when nobody leads); for a key held by
+        several (shared, a semaphore), the oldest grant."""
+        return min(self.holders, key=lambda h: h.fencing_token, default=None)
+
 
 def _mode_name(mode: int) -> str:
     return pb.LockMode.Name(mode).replace("LOCK_MODE_", "")
@@ -269,7 +302,14 @@ def description(r: Any) -> Description:
         mode=_mode_name(r.mode),
         limit=r.limit,
         holders=tuple(
-            Holder(h.session_id, h.hold_count, seconds(h.ttl_remaining), h.client_name)
+            Holder(
+                h.session_id,
+                h.hold_count,
+                seconds(h.ttl_remaining),
+                h.client_name,
+                bytes(h.value),
+                h.fencing_token,
+            )
             for h in r.holders
         ),
         waiters=r.waiters,
@@ -349,8 +389,9 @@ class LockBase:
 
 
 class Pending:
-    """A request waiting for its answer. `kind` is "acquire" or "release"; the sync
-    and asyncio sessions subclass it with how the waiter is woken (`_notify`)."""
+    """A request waiting for its answer. `kind` is "acquire", "release" or "proclaim";
+    the sync and asyncio sessions subclass it with how the waiter is woken
+    (`_notify`)."""
 
     __slots__ = ("kind", "key", "abandoned", "response", "error")
 
@@ -429,7 +470,7 @@ class SessionBase:
         if kind == "waiting":
             log.debug("waiting for %r (position %d)", resp.waiting.key, resp.waiting.position)
             return
-        if kind not in ("granted", "not_acquired", "rejected", "released"):
+        if kind not in ("granted", "not_acquired", "rejected", "released", "proclaimed"):
             log.debug("ignoring %s", kind)
             return
         answer = getattr(resp, kind)
@@ -513,6 +554,18 @@ class SessionBase:
             lock._state = "released"
             self._forget(lock)
             raise lock._lost_error()
+        r = pending.response.rejected
+        raise Rejected(lock.key, r.code, r.message)
+
+    def _proclaimed(self, lock: LockBase, pending: Pending) -> None:
+        """Turns a resolved proclaim into done or an exception (mutex held / loop)."""
+        if pending.error is None and pending.response.WhichOneof("event") == "proclaimed":
+            return
+        if lock._state == "lost":
+            # Not held any more: the sidecar sends `Lost` before refusing the proclaim.
+            raise lock._lost_error()
+        if pending.error is not None:
+            raise pending.error
         r = pending.response.rejected
         raise Rejected(lock.key, r.code, r.message)
 

@@ -13,6 +13,7 @@ from lockside._core import (
     DESCRIBE_METHOD,
     KEEPALIVE_OPTIONS,
     LEASE_METHOD,
+    WATCH_METHOD,
     Description,
     LockBase,
     LocksideError,
@@ -29,6 +30,7 @@ from lockside._core import (
     description,
     log,
     pb,
+    proclaim_request,
     release_request,
     rpc_error_text,
 )
@@ -53,6 +55,13 @@ class Lock(LockBase):
 
     def _signal_lost(self) -> None:
         self.lost.set()
+
+    def proclaim(self, value: "bytes | str") -> None:
+        """Replaces the lock's value (what `describe()` and `watch()` show of this
+        holder): a leader telling its followers where it now is, without giving up
+        leadership. At most 4 KiB. Raises `LockLost` if the lock is no longer held,
+        `Rejected` for a value too large or a store it cannot reach."""
+        self._session.proclaim(self, value)
 
     def release(self) -> None:
         """Gives the lock back and waits for the sidecar to confirm.
@@ -179,12 +188,13 @@ class _Session(SessionBase):
         shared: bool,
         limit: int,
         fair: bool,
+        value: "bytes | str" = b"",
     ) -> Lock:
         with self._mu:
             if self.ended is not None:
                 raise Unavailable(f"lease stream ended: {self.ended}")
             rid = next(self._ids)
-            request, timeout = acquire_request(rid, key, wait, ttl, shared, limit, fair)
+            request, timeout = acquire_request(rid, key, wait, ttl, shared, limit, fair, value)
             pending = _SyncPending("acquire", key)
             self._pending[rid] = pending
             self._requests.put(request)
@@ -206,6 +216,22 @@ class _Session(SessionBase):
         with self._mu:
             self._released(lock, pending)
 
+    def proclaim(self, lock: Lock, value: "bytes | str") -> None:
+        request = proclaim_request(0, lock.key, value)  # a bad value fails before sending
+        with self._mu:
+            if lock._state == "lost":
+                raise lock._lost_error()
+            if lock._state == "released":
+                raise LocksideError(f"lock {lock.key!r} was released")
+            rid = next(self._ids)
+            request.proclaim.request_id = rid
+            pending = _SyncPending("proclaim", lock.key)
+            self._pending[rid] = pending
+            self._requests.put(request)
+        self._wait(rid, pending, ANSWER_SLACK)
+        with self._mu:
+            self._proclaimed(lock, pending)
+
     def close(self, timeout: float = 2.0) -> None:
         """Half-closes the stream (the sidecar then releases everything and ends it)
         and waits up to `timeout` for that; cancels the stream after."""
@@ -215,6 +241,43 @@ class _Session(SessionBase):
         if self._reader.is_alive():
             self._call.cancel()
             self._reader.join(timeout)
+
+
+class Watch:
+    """The states of a watched key, from `Client.watch`: iterate it for
+    `Description`s, the key's state now and then one per change (a grant, a release,
+    an expiry, a holder's value). A slow reader gets the latest state, skipping those
+    in between. `cancel()`, or leaving a `with` block, ends it (the iteration then
+    stops); iterating raises `Rejected` for a bad key or a watch limit reached and
+    `Unavailable` when the sidecar or its store cannot be reached."""
+
+    def __init__(self, call: Any, key: str):
+        self._call = call
+        self._key = key
+        self._cancelled = False
+
+    def __iter__(self) -> "Watch":
+        return self
+
+    def __next__(self) -> Description:
+        try:
+            resp = next(self._call)
+        except grpc.RpcError as e:
+            if self._cancelled:
+                raise StopIteration from None
+            raise call_error(self._key, e) from None
+        return description(resp.state)
+
+    def cancel(self) -> None:
+        """Ends the watch."""
+        self._cancelled = True
+        self._call.cancel()
+
+    def __enter__(self) -> "Watch":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.cancel()
 
 
 class Client:
@@ -264,6 +327,11 @@ class Client:
             request_serializer=pb.DescribeRequest.SerializeToString,
             response_deserializer=pb.DescribeResponse.FromString,
         )
+        self._watch = self._channel.unary_stream(
+            WATCH_METHOD,
+            request_serializer=pb.WatchRequest.SerializeToString,
+            response_deserializer=pb.WatchResponse.FromString,
+        )
         self._mu = threading.Lock()
         self._sess: Optional[_Session] = None
         self._closed = False
@@ -293,6 +361,7 @@ class Client:
         shared: bool = False,
         limit: int = 0,
         fair: bool = False,
+        value: "bytes | str" = b"",
     ) -> Lock:
         """Takes `key` and returns the held `Lock` (also a context manager).
 
@@ -303,12 +372,39 @@ class Client:
         shared: a reader lock: shared holders coexist and exclude exclusive ones.
         limit:  N > 1 makes the key a semaphore of N permits (not with `shared`).
         fair:   wait in arrival order.
+        value:  the holder's value, shown by `describe()` and `watch()` (bytes, or
+                str in UTF-8; at most 4 KiB). On a key this session already holds, a
+                non-empty value replaces the value (as `proclaim`).
 
         Raises `NotAcquired` (busy, timed out), `Rejected` (a bad value, a conflicting
         mode or limit, the store unreachable), `Unavailable` (no sidecar), and
         `TypeError`/`ValueError` for values that are not numbers of seconds.
         """
-        return self._session().acquire(key, wait, ttl, shared, limit, fair)
+        return self._session().acquire(key, wait, ttl, shared, limit, fair, value)
+
+    def campaign(
+        self,
+        key: str,
+        value: "bytes | str" = b"",
+        *,
+        wait: Optional[float] = None,
+        ttl: Optional[float] = None,
+    ) -> Lock:
+        """Campaigns for leadership of `key` with `value` (who you are, where to reach
+        you) and returns once this client leads: the returned `Lock` is leadership.
+        Candidates lead in the order they campaigned, across every sidecar of the
+        store (a fair EXCLUSIVE lock). Lead while `lock.lost` is not set; `proclaim()`
+        changes the value followers see; `release()` (or leaving a `with` block) hands
+        leadership to the next candidate. `wait` and `ttl` as in `lock()`."""
+        return self._session().acquire(key, wait, ttl, False, 0, True, value)
+
+    def watch(self, key: str) -> Watch:
+        """Follows `key`: a `Watch` to iterate for its states (`Description`s), its
+        state now first. Followers of an election read `state.leader`: None while
+        nobody leads (campaign, or wait), else the leader's `value` and
+        `fencing_token`."""
+        call = self._watch(pb.WatchRequest(key=key), metadata=self._metadata)
+        return Watch(call, key)
 
     def describe(self, key: str, timeout: float = 5.0) -> Description:
         """The store's view of `key`: holders, waiters, fair queue, last fencing token."""

@@ -5,6 +5,15 @@
 //	lockside-example contend [--addr A] --key K --iterations N --out FILE
 //		N times: take K (waiting up to 30 s), hold it 0-2 ms, release it, and
 //		append "start_ns end_ns fencing_token" to FILE. Gives up after 60 s.
+//	lockside-example elect [--addr A] --key K --value V [--rounds N] [--hold D] [--out FILE]
+//		leader election: N times (1), campaign for K with value V, printing
+//		who leads while waiting; lead: proclaim "V/ROUND", work for D (stopping
+//		at once if leadership is lost), resign. With --out, append
+//		"start_ns end_ns fencing_token" per term to FILE.
+//	lockside-example watch [--addr A] --key K [--until V] [--out FILE]
+//		follow the leader of K: one line per state; with --out, append
+//		"mono_ns holders fencing_token value" lines. Stops after a leader whose
+//		value is V.
 package main
 
 import (
@@ -32,9 +41,18 @@ const (
 
 func main() {
 	var err error
-	if len(os.Args) > 1 && os.Args[1] == "contend" {
+	mode := ""
+	if len(os.Args) > 1 {
+		mode = os.Args[1]
+	}
+	switch mode {
+	case "contend":
 		err = contend(os.Args[2:])
-	} else {
+	case "elect":
+		err = elect(os.Args[2:])
+	case "watch":
+		err = watch(os.Args[2:])
+	default:
 		err = hold(os.Args[1:])
 	}
 	if errors.Is(err, flag.ErrHelp) {
@@ -115,7 +133,7 @@ func contend(args []string) error {
 		return errors.New("--out is required")
 	}
 
-	f, err := os.OpenFile(*out, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	f, err := appendTo(*out)
 	if err != nil {
 		return err
 	}
@@ -153,6 +171,158 @@ func contend(args []string) error {
 		}
 	}
 	return f.Close()
+}
+
+// elect campaigns --rounds times; while waiting it prints who leads.
+func elect(args []string) error {
+	fs := flag.NewFlagSet("lockside-example elect", flag.ContinueOnError)
+	addr := fs.String("addr", defaultAddr(), "sidecar address, host:port or unix:/path (env LOCKSIDE_ADDR)")
+	key := fs.String("key", "", "election key (required)")
+	value := fs.String("value", "", "this candidate's value: its name or address")
+	rounds := fs.Int("rounds", 1, "how many terms to lead")
+	holdFor := fs.Duration("hold", time.Second, "how long to lead each term")
+	ttl := fs.Duration("ttl", 0, "leadership TTL in the store (0: the sidecar's default)")
+	out := fs.String("out", "", "file to append \"start_ns end_ns fencing_token\" lines to, one per term")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx = withName(ctx)
+	record, err := appendTo(*out)
+	if err != nil {
+		return err
+	}
+	defer record.Close()
+
+	c, err := lockside.Dial(*addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+
+	for round := 1; round <= *rounds; round++ {
+		// A follower watches who leads until it leads itself.
+		wctx, stopWatching := context.WithCancel(ctx)
+		go printLeaders(wctx, c, *key)
+		lead, err := c.Campaign(ctx, *key, []byte(*value), lockside.LockOptions{TTL: *ttl})
+		stopWatching()
+		if err != nil {
+			return fmt.Errorf("term %d: %w", round, err)
+		}
+		start := monotonicNs()
+		fmt.Printf("leading %q as %q, fencing_token=%d\n", *key, *value, lead.Token)
+		if err := lead.Proclaim(ctx, []byte(fmt.Sprintf("%s/%d", *value, round))); err != nil {
+			return fmt.Errorf("term %d: proclaim: %w", round, err)
+		}
+		timer := time.NewTimer(*holdFor) // the work a leader does
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return lead.Release()
+		case <-lead.Lost():
+			timer.Stop()
+			return fmt.Errorf("term %d: %w", round, lead.Err()) // stop leading at once
+		}
+		end := monotonicNs()
+		if err := lead.Release(); err != nil {
+			return fmt.Errorf("term %d: resign: %w", round, err)
+		}
+		if record != nil {
+			if _, err := fmt.Fprintf(record, "%d %d %d\n", start, end, lead.Token); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// printLeaders prints each leader of key until ctx ends.
+func printLeaders(ctx context.Context, c *lockside.Client, key string) {
+	w, err := c.Watch(ctx, key)
+	if err != nil {
+		return
+	}
+	for {
+		state, err := w.Recv()
+		if err != nil {
+			return
+		}
+		if h := lockside.Leader(state); h != nil {
+			fmt.Printf("leader of %q: %q (fencing_token=%d)\n", key, h.GetValue(), h.GetFencingToken())
+		} else {
+			fmt.Printf("no leader of %q\n", key)
+		}
+	}
+}
+
+// watch follows the leader of --key until one whose value is --until.
+func watch(args []string) error {
+	fs := flag.NewFlagSet("lockside-example watch", flag.ContinueOnError)
+	addr := fs.String("addr", defaultAddr(), "sidecar address, host:port or unix:/path (env LOCKSIDE_ADDR)")
+	key := fs.String("key", "", "election key (required)")
+	until := fs.String("until", "", "stop after a leader with this value (empty: until interrupted)")
+	out := fs.String("out", "", "file to append \"mono_ns holders fencing_token value\" lines to")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx = withName(ctx)
+	if *until != "" {
+		// Waiting for a given leader (as tests do): give up after a minute.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, contendTimeout)
+		defer cancel()
+	}
+	record, err := appendTo(*out)
+	if err != nil {
+		return err
+	}
+	defer record.Close()
+
+	c, err := lockside.Dial(*addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	w, err := c.Watch(ctx, *key)
+	if err != nil {
+		return err
+	}
+	for {
+		state, err := w.Recv()
+		if err != nil {
+			if ctx.Err() != nil && *until == "" {
+				return nil // interrupted
+			}
+			return err
+		}
+		h := lockside.Leader(state)
+		if h == nil {
+			fmt.Printf("no leader of %q\n", *key)
+		} else {
+			fmt.Printf("leader of %q: %q (fencing_token=%d)\n", *key, h.GetValue(), h.GetFencingToken())
+		}
+		if record != nil {
+			line := fmt.Sprintf("%d %d %d %s\n", monotonicNs(), len(state.GetHolders()), h.GetFencingToken(), h.GetValue())
+			if _, err := record.WriteString(line); err != nil {
+				return err
+			}
+		}
+		if h != nil && *until != "" && string(h.GetValue()) == *until {
+			return nil
+		}
+	}
+}
+
+// appendTo opens the record file path for appending (nil, and no error, for "").
+func appendTo(path string) (*os.File, error) {
+	if path == "" {
+		return nil, nil
+	}
+	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 }
 
 func parse(fs *flag.FlagSet, args []string) error {

@@ -24,7 +24,7 @@ use tonic::transport::Channel;
 
 use super::many_locks::take_locks;
 use super::process::{Sidecar, Spawn, cpu_ns, stop_all};
-use super::redis_side::{CommandStats, RedisProcs, count_keys, used_memory};
+use super::redis_side::{CommandStats, RedisProcs, used_memory};
 use super::report::{Report, Table};
 use super::servers::Servers;
 use super::session::{Session, Want};
@@ -271,18 +271,18 @@ impl Meter {
         let names: Vec<String> = (0..locks).map(|i| format!("{ns}/mem/{i}")).collect();
         let pattern = format!("*{ns}*");
         let before = used_memory(&mut self.servers).await?;
-        let keys_before = count_keys(&mut self.servers, &pattern).await?;
+        let keys_before = self.servers.count_matching(&pattern).await?;
         self.set_px(&names, DIRECT_TTL).await?;
         let set_bytes = used_memory(&mut self.servers).await?.saturating_sub(before);
-        let set_keys = count_keys(&mut self.servers, &pattern).await?;
+        let set_keys = self.servers.count_matching(&pattern).await?;
         let set_keys = set_keys.saturating_sub(keys_before);
         self.delete(&names).await?;
 
         let before = used_memory(&mut self.servers).await?;
-        let keys_before = count_keys(&mut self.servers, &pattern).await?;
-        let held = take_locks(channel, names, DIRECT_TTL).await?;
+        let keys_before = self.servers.count_matching(&pattern).await?;
+        let held = take_locks(channel, names, DIRECT_TTL).await?.all()?;
         let lock_bytes = used_memory(&mut self.servers).await?.saturating_sub(before);
-        let keys = count_keys(&mut self.servers, &pattern).await?;
+        let keys = self.servers.count_matching(&pattern).await?;
         drop(held);
 
         let per = |v: u64| Some(v as f64 / locks as f64);
@@ -351,8 +351,11 @@ impl Meter {
         }
         // Waiting for Redis' clock to pass the TTLs: no event says so.
         tokio::time::sleep(LEFT_TTL + LEFT_MARGIN).await;
-        let left = count_keys(&mut self.servers, &format!("*{ns}*")).await?;
-        let classic = count_keys(&mut self.servers, &format!("*{classic_ns}*")).await?;
+        let left = self.servers.count_matching(&format!("*{ns}*")).await?;
+        let classic = self
+            .servers
+            .count_matching(&format!("*{classic_ns}*"))
+            .await?;
         report.put("cost_keys_left", Some(left as f64), Some(classic as f64));
         report.notes.push(format!(
             "keys left: {n} distinct keys locked and released with a {LEFT_TTL:?} TTL, \

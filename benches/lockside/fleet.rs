@@ -20,7 +20,7 @@ use tonic::transport::Channel;
 use super::contend::{LastRelease, Pace, contend, pool};
 use super::many_locks::take_locks;
 use super::notices::NoticeTap;
-use super::process::{Sidecar, Spawn, cpu_ns, stop_all};
+use super::process::{Sidecar, Spawn, cpu_ns_all, stop_all};
 use super::redis_side::{RedisProcs, used_memory};
 use super::report::{Report, Stats, Table};
 use super::servers::Servers;
@@ -148,7 +148,7 @@ impl Fleet {
             self.sidecars.push(sidecar);
             let keys = (0..locks).map(|k| format!("{ns}/s{i}/{k}")).collect();
             self.holders
-                .extend(take_locks(&channel, keys, DIRECT_TTL).await?);
+                .extend(take_locks(&channel, keys, DIRECT_TTL).await?.all()?);
             self.channels.push(channel);
         }
         Ok(())
@@ -183,8 +183,7 @@ impl Probe<'_> {
         }
         let tap = NoticeTap::start(&args.redis, ns).await?;
         let pids = fleet.pids();
-        let cpu = |pids: &[u32]| pids.iter().map(|p| cpu_ns(*p)).sum::<Result<u64, _>>();
-        let (redis_before, sidecars_before) = (self.procs.cpu_ns()?, cpu(&pids)?);
+        let (redis_before, sidecars_before) = (self.procs.cpu_ns()?, cpu_ns_all(&pids)?);
         let lasts: Vec<LastRelease> = (0..HOT_KEYS).map(|_| LastRelease::default()).collect();
         let (start, mut set) = (Instant::now(), JoinSet::new());
         let until = start + Duration::from_secs(seconds);
@@ -198,7 +197,7 @@ impl Probe<'_> {
         }
         let (seen, sessions) = pool(join_all(set).await?);
         let window = start.elapsed();
-        let (redis_after, sidecars_after) = (self.procs.cpu_ns()?, cpu(&pids)?);
+        let (redis_after, sidecars_after) = (self.procs.cpu_ns()?, cpu_ns_all(&pids)?);
         let memory = used_memory(self.servers).await?;
         let tally = match tap {
             Some(tap) => Some(tap.finish().await?),

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::contend::{LastRelease, Pace, contend, pool};
 use super::notices::NoticeTap;
-use super::process::{Sidecar, Spawn, cpu_ns, stop_all};
+use super::process::{Sidecar, Spawn, cpu_ns_all, stop_all};
 use super::redis_side::RedisProcs;
 use super::report::Report;
 use super::session::{Ask, Session};
@@ -42,14 +42,14 @@ pub(super) async fn idle_phase(
             idle_pids.extend(sidecar.pid());
             spawned.push(sidecar);
         }
-        let cpu = |pids: &[u32]| pids.iter().map(|p| cpu_ns(*p)).sum::<Result<u64, _>>();
 
         let mut sessions = Vec::with_capacity(BUSY_SESSIONS);
         for _ in 0..BUSY_SESSIONS {
             sessions.push(Session::open(channel.clone()).await?);
         }
         let tap = NoticeTap::start(&args.redis, &ns).await?;
-        let (idle_before, busy_before) = (cpu(&idle_pids)?, cpu(busy_pid.as_slice())?);
+        let (idle_before, busy_before) =
+            (cpu_ns_all(&idle_pids)?, cpu_ns_all(busy_pid.as_slice())?);
         let redis_before = procs.cpu_ns()?;
         let start = Instant::now();
         let last: LastRelease = Default::default();
@@ -70,7 +70,7 @@ pub(super) async fn idle_phase(
         let (seen, sessions) = pool(join_all(set).await?);
         let window = start.elapsed();
         let redis_after = procs.cpu_ns()?;
-        let (idle_after, busy_after) = (cpu(&idle_pids)?, cpu(busy_pid.as_slice())?);
+        let (idle_after, busy_after) = (cpu_ns_all(&idle_pids)?, cpu_ns_all(busy_pid.as_slice())?);
         let tally = match tap {
             Some(tap) => Some(tap.finish().await?),
             None => None,
@@ -78,9 +78,9 @@ pub(super) async fn idle_phase(
         drop(sessions);
 
         // The same idle sidecars over a window as long, with nobody contending.
-        let quiet_before = cpu(&idle_pids)?;
+        let quiet_before = cpu_ns_all(&idle_pids)?;
         tokio::time::sleep(window).await;
-        let quiet = cpu(&idle_pids)?.saturating_sub(quiet_before);
+        let quiet = cpu_ns_all(&idle_pids)?.saturating_sub(quiet_before);
 
         let ms = |ns: u64| Some(ns as f64 / 1e6);
         let idle_ns = idle_after.saturating_sub(idle_before);

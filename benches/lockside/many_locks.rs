@@ -5,13 +5,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use deadpool_redis::redis::{self, aio::MultiplexedConnection};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, timeout};
 use tonic::transport::Channel;
 
 use super::process::{clock_ticks, cpu_ticks, rss_kb};
+use super::redis_side::{CommandStats, info, info_value};
 use super::report::{Report, mb};
 use super::servers::Servers;
 use super::session::Session;
@@ -45,7 +45,7 @@ pub(super) async fn hold_phase(
     // Earlier phases leave allocator caches behind: show where memory stood before.
     let rss_before = pid.map(rss_kb).transpose()?;
     let keys = (0..locks).map(|i| ctx.key(format!("hold/{i}"))).collect();
-    let sessions = take_locks(&ctx.channel, keys, ttl).await?;
+    let sessions = take_locks(&ctx.channel, keys, ttl).await?.all()?;
     let held = hold(&mut redis, sessions, pid, ttl).await?;
     report.put("hold_commands_per_s", Some(held.commands_per_s), None);
     report.put("hold_evalsha_per_s", Some(held.evalsha_per_s), None);
@@ -132,6 +132,24 @@ pub(super) async fn hold(
     })
 }
 
+/// What [`take_locks`] got: the sessions holding the locks, and how many acquires were
+/// refused or locks lost while the rest were being taken.
+pub(super) struct Taken {
+    pub(super) sessions: Vec<Session>,
+    pub(super) failed: u64,
+}
+
+impl Taken {
+    /// The sessions, if every lock was taken and kept; an error naming how many were
+    /// not otherwise (phases whose figures need every lock held).
+    pub(super) fn all(self) -> Result<Vec<Session>, String> {
+        match self.failed {
+            0 => Ok(self.sessions),
+            n => Err(format!("{n} locks refused or lost while taking them")),
+        }
+    }
+}
+
 /// Takes every lock of `keys` on `channel` with `ttl`: one session per
 /// [`LOCKS_PER_SESSION`] keys, all of a session's requests in flight at once, and
 /// [`SESSIONS_TAKING`] sessions taking at a time; within [`HOLD_SETUP`].
@@ -139,7 +157,7 @@ pub(super) async fn take_locks(
     channel: &Channel,
     keys: Vec<String>,
     ttl: Duration,
-) -> Result<Vec<Session>, String> {
+) -> Result<Taken, String> {
     let (locks, mut set) = (keys.len(), JoinSet::new());
     let taking = Arc::new(Semaphore::new(SESSIONS_TAKING));
     for chunk in keys.chunks(LOCKS_PER_SESSION as usize) {
@@ -151,21 +169,35 @@ pub(super) async fn take_locks(
         });
     }
     let taken = timeout(HOLD_SETUP, join_all(set)).await;
-    taken.map_err(err(format!("taking {locks} locks")))?
+    let taken = taken.map_err(err(format!("taking {locks} locks")))??;
+    let failed = taken.iter().map(|(_, failed)| failed).sum();
+    let sessions = taken.into_iter().map(|(session, _)| session).collect();
+    Ok(Taken { sessions, failed })
 }
 
-/// Acquires every key on `s`, all requests in flight at once, and returns the session.
-async fn take_all(mut s: Session, keys: Vec<String>, ttl: Duration) -> Result<Session, String> {
+/// Acquires every key on `s`, all requests in flight at once, and returns the session
+/// with the number of acquires refused and locks lost meanwhile.
+async fn take_all(
+    mut s: Session,
+    keys: Vec<String>,
+    ttl: Duration,
+) -> Result<(Session, u64), String> {
     for key in &keys {
         s.acquire(key, None, Some(ttl)).await?;
     }
-    for _ in 0..keys.len() {
+    let (mut answered, mut failed) = (0, 0);
+    while answered < keys.len() {
         match s.event().await? {
-            E::Granted(_) => {}
+            E::Granted(_) => answered += 1,
+            E::Rejected(_) => (answered, failed) = (answered + 1, failed + 1),
+            // About locks granted earlier, not answers: a renewal late (counted if it
+            // ends in a loss), a lock lost.
+            E::Jeopardy(_) => {}
+            E::Lost(_) => failed += 1,
             other => return Err(format!("taking {} locks: got {other:?}", keys.len())),
         }
     }
-    Ok(s)
+    Ok((s, failed))
 }
 
 /// Counts what arrives on a session that asks for nothing: every event is unexpected.
@@ -222,10 +254,12 @@ pub(super) async fn sample(redis: &mut Servers, pid: Option<u32>) -> Result<Samp
             info(conn, "stats").await?,
             info(conn, "commandstats").await?,
         );
-        commands += info_field(&stats, "total_commands_processed:")
+        commands += info_value(&stats, "total_commands_processed")
             .ok_or("INFO stats has no total_commands_processed")?;
-        evalsha += info_field(&commandstats, "cmdstat_evalsha:calls=").unwrap_or(0);
-        evalsha_usec += cmdstat_field(&commandstats, "cmdstat_evalsha:", "usec=").unwrap_or(0);
+        let scripts = CommandStats::parse(&commandstats).0.get("evalsha").copied();
+        let (calls, usec) = scripts.unwrap_or_default();
+        evalsha += calls;
+        evalsha_usec += usec;
     }
     Ok(Sample {
         at,
@@ -236,39 +270,4 @@ pub(super) async fn sample(redis: &mut Servers, pid: Option<u32>) -> Result<Samp
         cpu_ticks: pid.map(cpu_ticks).transpose()?,
         rss_kb: pid.map(rss_kb).transpose()?,
     })
-}
-
-async fn info(redis: &mut MultiplexedConnection, section: &str) -> Result<String, String> {
-    let reply = redis::cmd("INFO").arg(section).query_async(redis).await;
-    reply.map_err(err(format!("INFO {section}")))
-}
-
-fn info_field(info: &str, prefix: &str) -> Option<u64> {
-    let rest = info.lines().find_map(|line| line.strip_prefix(prefix))?;
-    rest.split(',').next()?.trim().parse().ok()
-}
-
-/// Field `field` of the `key=value,...` line of INFO commandstats that starts with `line`.
-fn cmdstat_field(info: &str, line: &str, field: &str) -> Option<u64> {
-    let rest = info.lines().find_map(|l| l.strip_prefix(line))?;
-    let value = rest.split(',').find_map(|kv| kv.strip_prefix(field))?;
-    value.trim().parse().ok()
-}
-
-#[cfg(test)]
-mod tests {
-    // Run by tests/bench_units.rs; the bench target itself has no harness, so there
-    // the tests below are compiled out and this import goes unused.
-    #[allow(unused_imports)]
-    use super::*;
-
-    #[test]
-    fn info_fields() {
-        let info = "# Stats\r\ntotal_commands_processed:42\r\ncmdstat_evalsha:calls=7,usec=1\r\n";
-        assert_eq!(info_field(info, "total_commands_processed:"), Some(42));
-        assert_eq!(info_field(info, "cmdstat_evalsha:calls="), Some(7));
-        assert_eq!(info_field(info, "cmdstat_get:calls="), None);
-        assert_eq!(cmdstat_field(info, "cmdstat_evalsha:", "usec="), Some(1));
-        assert_eq!(cmdstat_field(info, "cmdstat_get:", "usec="), None);
-    }
 }

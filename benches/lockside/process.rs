@@ -226,6 +226,11 @@ pub(super) fn cpu_ns(pid: u32) -> Result<u64, String> {
     Ok(total)
 }
 
+/// CPU time of every process of `pids` together, in nanoseconds ([`cpu_ns`]).
+pub(super) fn cpu_ns_all(pids: &[u32]) -> Result<u64, String> {
+    pids.iter().map(|pid| cpu_ns(*pid)).sum()
+}
+
 /// The first field of a schedstat line: nanoseconds spent on a CPU.
 pub(super) fn schedstat_ns(line: &str) -> Option<u64> {
     line.split_whitespace().next()?.parse().ok()

@@ -1,14 +1,14 @@
 //! What the bench reads from the Redis servers themselves: their processes' CPU time
-//! (when they run on this machine), `INFO commandstats` and `INFO memory`, and the
-//! keys of a namespace. The cost phases (`cost.rs`, `idle.rs`, `fleet.rs`) take their
-//! Redis figures from here.
+//! (when they run on this machine), `INFO commandstats` and `INFO memory`. The cost
+//! phases (`cost.rs`, `idle.rs`, `fleet.rs`) take their Redis figures from here, and
+//! count a namespace's keys with `Servers::count_matching`.
 
 use std::collections::BTreeMap;
 
 use deadpool_redis::redis::{self, aio::MultiplexedConnection};
 
 use super::err;
-use super::process::cpu_ns;
+use super::process::cpu_ns_all;
 use super::servers::Servers;
 
 /// The Redis server processes behind a store URL, found on this machine.
@@ -49,7 +49,7 @@ impl RedisProcs {
     /// CPU time of every Redis process, in nanoseconds; `None` when Redis is remote.
     pub(super) fn cpu_ns(&self) -> Result<Option<u64>, String> {
         match self {
-            Self::Local(pids) => Ok(Some(pids.iter().map(|p| cpu_ns(*p)).sum::<Result<_, _>>()?)),
+            Self::Local(pids) => Ok(Some(cpu_ns_all(pids)?)),
             Self::Remote(_) => Ok(None),
         }
     }
@@ -194,33 +194,11 @@ pub(super) async fn used_memory(servers: &mut Servers) -> Result<u64, String> {
     Ok(total)
 }
 
-/// Keys matching `pattern` on every server (SCAN MATCH: keys whose TTL has passed are
-/// not counted, as Redis drops them when SCAN meets them).
-pub(super) async fn count_keys(servers: &mut Servers, pattern: &str) -> Result<u64, String> {
-    let mut total = 0;
-    for conn in &mut servers.0 {
-        let mut cursor = 0u64;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(conn)
-                .await
-                .map_err(err("SCAN"))?;
-            total += keys.len() as u64;
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-    }
-    Ok(total)
-}
-
-async fn info(conn: &mut MultiplexedConnection, section: &str) -> Result<String, String> {
+/// The `section` of `INFO` on `conn`.
+pub(super) async fn info(
+    conn: &mut MultiplexedConnection,
+    section: &str,
+) -> Result<String, String> {
     let reply = redis::cmd("INFO").arg(section).query_async(conn).await;
     reply.map_err(err(format!("INFO {section}")))
 }

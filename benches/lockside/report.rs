@@ -134,6 +134,7 @@ const TABLE: &[(&str, &str)] = &[
     ("idle_redis_cpu_us", "Redis CPU per release (µs), idle sidecars on"),
     ("idle_releases_per_s", "busy sidecar: releases/s"),
     ("scale_locks_take_s", "many locks: seconds to take them all"),
+    ("scale_locks_failed", "many locks: refused or Lost while taking"),
     ("scale_locks_cpu_percent", "many locks held: sidecar CPU (% core)"),
     ("scale_locks_rss_mb", "many locks held: sidecar RSS (MB)"),
     ("scale_locks_evalsha_per_s", "many locks held: EVALSHA/s"),
@@ -179,7 +180,9 @@ fn target(id: &str, f: Figures, base: Option<f64>) -> Option<(&'static str, Opti
         "idle_notices_per_release" => ("≤ 1", v.map(|v| v <= 1.0)),
         "scale_locks_cpu_percent" => ("≤ 3% of a core", v.map(|v| v <= 3.0)),
         "scale_locks_rss_mb" => ("≤ 100 MB", v.map(|v| v <= 100.0)),
-        "scale_locks_events" | "scale_sessions_events" => ("0", v.map(|v| v == 0.0)),
+        "scale_locks_failed" | "scale_locks_events" | "scale_sessions_events" => {
+            ("0", v.map(|v| v == 0.0))
+        }
         _ => return None,
     })
 }

@@ -50,15 +50,17 @@ pub(super) async fn scale_phase(
     let result = async {
         let keys = (0..scale.locks).map(|i| format!("{ns}/lock/{i}")).collect();
         let start = Instant::now();
-        let sessions = take_locks(&channel, keys, ttl).await?;
+        // Refusals and losses are figures here: how far the sidecar gets is the point.
+        let taken = take_locks(&channel, keys, ttl).await?;
         let took = start.elapsed();
-        let held = hold(&mut redis, sessions, pid, ttl).await?;
-        Ok::<_, String>((took, held))
+        let held = hold(&mut redis, taken.sessions, pid, ttl).await?;
+        Ok::<_, String>((took, taken.failed, held))
     }
     .await;
     report.notes.extend(sidecar.stop().await);
-    let (took, held) = result?;
+    let (took, failed, held) = result?;
     report.put("scale_locks_take_s", Some(took.as_secs_f64()), None);
+    report.put("scale_locks_failed", Some(failed as f64), None);
     report.put("scale_locks_cpu_percent", held.cpu_percent, None);
     report.put("scale_locks_rss_mb", held.rss_kb.map(mb), None);
     report.put("scale_locks_evalsha_per_s", Some(held.evalsha_per_s), None);

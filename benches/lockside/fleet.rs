@@ -19,7 +19,7 @@ use tonic::transport::Channel;
 
 use super::contend::{LastRelease, Pace, contend, pool};
 use super::many_locks::take_locks;
-use super::notices::NoticeTap;
+use super::notices::{NoticeTap, Tally};
 use super::process::{Sidecar, Spawn, cpu_ns_all, stop_all};
 use super::redis_side::{RedisProcs, used_memory};
 use super::report::{Report, Stats, Table};
@@ -54,7 +54,7 @@ pub(super) struct FleetArgs {
 }
 
 /// One fleet size with one lock count.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Point {
     sidecars: usize,
     locks_each: u64,
@@ -68,6 +68,8 @@ struct Point {
     releases_per_s: f64,
     /// Every sidecar's CPU together, in % of a core.
     sidecars_cpu: f64,
+    /// Why notices per release are n/a, if they are on a standalone Redis.
+    notices_note: Option<String>,
 }
 
 /// Runs phase 11 and records its table, and draws the SVG.
@@ -108,6 +110,9 @@ pub(super) async fn fleet_phase(
         result?;
     }
     report.tables.push(table(&points));
+    report
+        .notes
+        .extend(points.iter().find_map(|p| p.notices_note.clone()));
     report.notes.push(format!(
         "fleet: every sidecar holds its locks (TTL {DIRECT_TTL:?}); {HOT_KEYS} hot keys × \
          {CONTENDERS} sessions spread over the sidecars, holding {:?} and resting {:?}; \
@@ -220,6 +225,7 @@ impl Probe<'_> {
             handoff_p99_ms: stats.p99.as_secs_f64() * 1e3,
             releases_per_s: seen.grants as f64 / window.as_secs_f64(),
             sidecars_cpu: percent(sidecars_after.saturating_sub(sidecars_before)),
+            notices_note: tally.and_then(Tally::note),
         })
     }
 }

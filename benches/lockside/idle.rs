@@ -112,10 +112,11 @@ pub(super) async fn idle_phase(
             window.as_secs_f64(),
             tally.map_or("n/a".into(), |t| t.published.to_string()),
         ));
-        if tally.is_none() {
-            report
+        match tally {
+            None => report
                 .notes
-                .push("notices per release are n/a on a Cluster (sharded channels)".into());
+                .push("notices per release are n/a on a Cluster (sharded channels)".into()),
+            Some(tally) => report.notes.extend(tally.note()),
         }
         report.notes.extend(procs.note());
         Ok(())

@@ -5,8 +5,10 @@
 //! leaves out pattern subscribers such as the tap itself). Deliveries per release is
 //! then the fan-out: how many sidecars each release woke.
 //!
-//! Standalone (and Sentinel) Redis only: a pattern does not see a Cluster's sharded
-//! channels (`SPUBLISH`), so on a Cluster URL the tap is `None` and the figures n/a.
+//! Standalone Redis only: a pattern does not see sharded channels (`SPUBLISH`), so on a
+//! Cluster URL the tap is `None`, and where sidecars publish sharded notices on a
+//! standalone Redis (`INFO commandstats` counts SPUBLISH calls) the figure is n/a
+//! rather than a false zero.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -17,6 +19,7 @@ use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::err;
+use super::redis_side::{CommandStats, info};
 
 /// How often channel counts are turned into deliveries. Subscriptions that change
 /// faster than this (a sidecar listening to a key only while it has a waiter) are
@@ -28,12 +31,25 @@ const FLUSH: Duration = Duration::from_millis(50);
 pub(super) struct Tally {
     pub(super) published: u64,
     pub(super) delivered: u64,
+    /// SPUBLISH calls Redis ran meanwhile: notices the tap cannot see.
+    pub(super) sharded: u64,
 }
 
 impl Tally {
-    /// Deliveries per release, over `releases`.
+    /// Deliveries per release, over `releases`; `None` when some notices were sharded.
     pub(super) fn per_release(self, releases: u64) -> Option<f64> {
-        (releases > 0).then(|| self.delivered as f64 / releases as f64)
+        (releases > 0 && self.sharded == 0).then(|| self.delivered as f64 / releases as f64)
+    }
+
+    /// Why [`Self::per_release`] is `None` though releases happened, if it is.
+    pub(super) fn note(self) -> Option<String> {
+        (self.sharded > 0).then(|| {
+            format!(
+                "notices per release are n/a: {} SPUBLISH calls (sharded notices) are not seen \
+                 by the tap's pattern subscription",
+                self.sharded
+            )
+        })
     }
 }
 
@@ -41,6 +57,9 @@ impl Tally {
 pub(super) struct NoticeTap {
     stop: CancellationToken,
     task: JoinHandle<Result<Tally, String>>,
+    /// Commandstats when the count began, and a connection to read them again.
+    stats: CommandStats,
+    conn: MultiplexedConnection,
 }
 
 impl NoticeTap {
@@ -55,20 +74,30 @@ impl NoticeTap {
             .psubscribe(format!("*{namespace}*"))
             .await
             .map_err(err("notice tap PSUBSCRIBE"))?;
-        let conn = client
+        let mut conn = client
             .get_multiplexed_async_connection()
             .await
             .map_err(err("notice tap"))?;
+        let stats = CommandStats::parse(&info(&mut conn, "commandstats").await?);
         let stop = CancellationToken::new();
-        let task = tokio::spawn(tally(pubsub, conn, stop.clone()));
-        Ok(Some(Self { stop, task }))
+        let task = tokio::spawn(tally(pubsub, conn.clone(), stop.clone()));
+        Ok(Some(Self {
+            stop,
+            task,
+            stats,
+            conn,
+        }))
     }
 
     /// Stops counting and returns the count. Call it before the subscribers go, so the
     /// last flush still sees them.
-    pub(super) async fn finish(self) -> Result<Tally, String> {
+    pub(super) async fn finish(mut self) -> Result<Tally, String> {
         self.stop.cancel();
-        self.task.await.map_err(err("notice tap"))?
+        let mut tally = self.task.await.map_err(err("notice tap"))??;
+        let later = CommandStats::parse(&info(&mut self.conn, "commandstats").await?);
+        let ran = self.stats.until(&later, 0);
+        tally.sharded = ran.0.get("spublish").map_or(0, |(calls, _)| *calls);
+        Ok(tally)
     }
 }
 
@@ -148,8 +177,16 @@ mod tests {
         let tally = Tally {
             published: 18,
             delivered: 213,
+            sharded: 0,
         };
         assert_eq!(tally.per_release(10), Some(21.3));
         assert_eq!(tally.per_release(0), None);
+        assert_eq!(tally.note(), None);
+        let sharded = Tally {
+            sharded: 5,
+            ..tally
+        };
+        assert_eq!(sharded.per_release(10), None, "not a false figure");
+        assert!(sharded.note().is_some());
     }
 }

@@ -47,21 +47,30 @@ impl Handoff {
     }
 }
 
-/// The last `Release` sent: by which session, and when.
-type LastRelease = Arc<Mutex<Option<(usize, Instant)>>>;
+/// The last `Release` sent on a key: by which session, and when.
+pub(super) type LastRelease = Arc<Mutex<Option<(usize, Instant)>>>;
+
+/// How a contending session paces itself: how long it holds each grant before its
+/// `Release`, and how long it rests after it before the next `Acquire`. Zero for both
+/// (the handoff phase) hands the lock on as fast as the sidecar can.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Pace {
+    pub(super) hold: Duration,
+    pub(super) rest: Duration,
+}
 
 /// What one session saw in a run.
 #[derive(Default)]
-struct Seen {
+pub(super) struct Seen {
     /// Latency of grants in the window: handoffs, or acquire waits on the semaphore.
-    samples: Vec<Duration>,
+    pub(super) samples: Vec<Duration>,
     /// Grants in the window.
-    in_window: u64,
+    pub(super) in_window: u64,
     /// Grants in all, also those that drained the queue after the window.
-    grants: u64,
+    pub(super) grants: u64,
     /// Handoff only: grants in the window that went back to the session that had just
     /// released (an unfair re-acquire beat every waiter).
-    regrants: u64,
+    pub(super) regrants: u64,
     /// Grants in the window that came without a `Waiting` first.
     at_once: u64,
     /// Waiter refresh periods (TTL/3) that the session's waits spanned.
@@ -81,7 +90,7 @@ impl Seen {
 }
 
 /// The sum of every session's [`Seen`]; the grant latencies pooled.
-fn pool(all: Vec<(Seen, Session)>) -> (Seen, Vec<Session>) {
+pub(super) fn pool(all: Vec<(Seen, Session)>) -> (Seen, Vec<Session>) {
     let mut sum = Seen::default();
     let mut sessions = Vec::with_capacity(all.len());
     for (seen, session) in all {
@@ -140,6 +149,7 @@ pub(super) async fn handoff_phase(
             ask,
             start + ctx.seconds,
             last.clone(),
+            Pace::default(),
         );
         set.spawn(task);
     }
@@ -182,16 +192,17 @@ fn refresh_note(report: &mut Report, id: &str, refreshes: u64, grants: u64, comm
     ));
 }
 
-/// Acquires and releases until `until`, as session `me`; returns what it saw, with the
-/// handoff latency of every grant in the window that followed another session's
-/// release, and the session, so that it ends after the closing Redis reading.
-async fn contend(
+/// Acquires and releases until `until`, as session `me`, paced by `pace`; returns what
+/// it saw, with the handoff latency of every grant in the window that followed another
+/// session's release, and the session, so that it ends after the closing Redis reading.
+pub(super) async fn contend(
     mut s: Session,
     me: usize,
     key: String,
     ask: Ask,
     until: Instant,
     last: LastRelease,
+    pace: Pace,
 ) -> Result<(Seen, Session), String> {
     let last = || last.lock().unwrap_or_else(|e| e.into_inner());
     let (refresh, mut seen) = (s.default_ttl / 3, Seen::default());
@@ -207,10 +218,17 @@ async fn contend(
             Some(_) if in_window => seen.regrants += 1,
             _ => {}
         }
+        // The paced work: a holder's critical section, then its time away from the key.
+        if !pace.hold.is_zero() {
+            tokio::time::sleep(pace.hold).await;
+        }
         // Stamped before the send, so the next holder cannot see its grant first.
         *last() = Some((me, Instant::now()));
         let id = s.release(&key).await?;
         s.wait_for(id, Want::Released).await?;
+        if !pace.rest.is_zero() {
+            tokio::time::sleep(pace.rest).await;
+        }
     }
     Ok((seen, s))
 }

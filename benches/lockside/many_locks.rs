@@ -5,25 +5,31 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use deadpool_redis::redis::{self, aio::MultiplexedConnection};
-
-use super::servers::Servers;
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, timeout};
+use tonic::transport::Channel;
 
 use super::process::{clock_ticks, cpu_ticks, rss_kb};
+use super::redis_side::{CommandStats, info, info_value};
 use super::report::{Report, mb};
+use super::servers::Servers;
 use super::session::Session;
 use super::{Ctx, err, join_all, plain_redis};
 use lockside::proto::LeaseResponse;
 use lockside::proto::lease_response::Event as E;
 
 /// Locks per session (a sidecar allows 1024 by default).
-const LOCKS_PER_SESSION: u64 = 1000;
+pub(super) const LOCKS_PER_SESSION: u64 = 1000;
 /// Renewal rounds the phase samples (its window is this many renewal periods, TTL/3).
 const HOLD_ROUNDS: u32 = 6;
-/// Bound on taking every lock.
-const HOLD_SETUP: Duration = Duration::from_secs(60);
+/// Sessions taking their locks at once: 2,000 acquires in flight keep the store busy
+/// without queueing calls past the store timeout (1 s), which fails acquires and the
+/// renewals of locks already held: 100,000 at once did on the 2-core machine, and
+/// 8,000 did while other builds ran on it.
+const SESSIONS_TAKING: usize = 2;
+/// Bound on taking every lock: 100,000 take about 10 s on the 2-core machine.
+const HOLD_SETUP: Duration = Duration::from_secs(120);
 /// The bench's own INFO calls between two `total_commands_processed` readings.
 const OWN_INFO_CALLS: u64 = 2;
 
@@ -38,49 +44,25 @@ pub(super) async fn hold_phase(
     let mut redis = plain_redis(&ctx.redis_url).await?;
     // Earlier phases leave allocator caches behind: show where memory stood before.
     let rss_before = pid.map(rss_kb).transpose()?;
-    let sessions = hold_locks(ctx, locks, ttl).await?;
-    let events = Arc::new(AtomicU64::new(0));
-    let held: Vec<_> = sessions
-        .into_iter()
-        .map(|s| (s.tx, tokio::spawn(count_events(s.rx, events.clone()))))
-        .collect();
-    let ticks_per_s = clock_ticks().await;
-    let before = sample(&mut redis, pid).await?;
-    // The measurement window itself, not a wait for an event.
-    tokio::time::sleep(ttl / 3 * HOLD_ROUNDS).await;
-    let after = sample(&mut redis, pid).await?;
-    for (tx, reader) in held {
-        reader.abort();
-        drop(tx);
-    }
-    let secs = (after.at - before.at).as_secs_f64();
-    let commands = before.commands_until(&after) as f64;
-    let evalsha = before.evalsha_until(&after) as f64 / secs;
-    let cpu = match (before.cpu_ticks, after.cpu_ticks) {
-        (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / ticks_per_s / secs * 100.0),
-        _ => None,
-    };
-    report.put("hold_commands_per_s", Some(commands / secs), None);
-    report.put("hold_evalsha_per_s", Some(evalsha), None);
+    let keys = (0..locks).map(|i| ctx.key(format!("hold/{i}"))).collect();
+    let sessions = take_locks(&ctx.channel, keys, ttl).await?.all()?;
+    let held = hold(&mut redis, sessions, pid, ttl).await?;
+    report.put("hold_commands_per_s", Some(held.commands_per_s), None);
+    report.put("hold_evalsha_per_s", Some(held.evalsha_per_s), None);
     report.put(
         "hold_evalsha_per_s_1k",
-        Some(evalsha * 1000.0 / locks as f64),
+        Some(held.evalsha_per_s * 1000.0 / locks as f64),
         None,
     );
-    report.put("hold_cpu_percent", cpu, None);
+    report.put("hold_cpu_percent", held.cpu_percent, None);
     report.put("hold_rss_before_mb", rss_before.map(mb), None);
-    report.put("hold_rss_mb", after.rss_kb.map(mb), None);
+    report.put("hold_rss_mb", held.rss_kb.map(mb), None);
     if pid.is_none() {
         report
             .notes
             .push("CPU and RSS are n/a with --sidecar: no child pid".into());
     }
-    let unexpected = events.load(Ordering::Relaxed);
-    if unexpected > 0 {
-        report.notes.push(format!(
-            "{unexpected} events or stream ends while holding locks"
-        ));
-    }
+    held.note_events(report);
     report.notes.push(format!(
         "{locks} locks held with ttl {ttl:?} (renewed every {:?}); Redis commands/s counts \
          every client of that Redis and the commands run inside scripts",
@@ -89,36 +71,133 @@ pub(super) async fn hold_phase(
     Ok(())
 }
 
-/// Opens one session per 1000 keys and takes every lock, all requests in flight at once.
-async fn hold_locks(ctx: &Ctx, locks: u64, ttl: Duration) -> Result<Vec<Session>, String> {
-    let mut set = JoinSet::new();
-    for first in (0..locks).step_by(LOCKS_PER_SESSION as usize) {
-        let last = (first + LOCKS_PER_SESSION).min(locks);
-        let keys = (first..last)
-            .map(|i| ctx.key(format!("hold/{i}")))
-            .collect();
-        set.spawn(take_all(
-            Session::open(ctx.channel.clone()).await?,
-            keys,
-            ttl,
-        ));
-    }
-    let taken = timeout(HOLD_SETUP, join_all(set)).await;
-    taken.map_err(err(format!("taking {locks} locks")))?
+/// What holding locks cost over [`HOLD_ROUNDS`] renewal periods.
+pub(super) struct Held {
+    /// Redis commands per second, those inside scripts included.
+    pub(super) commands_per_s: f64,
+    pub(super) evalsha_per_s: f64,
+    /// The sidecar's CPU in % of a core; `None` without a pid.
+    pub(super) cpu_percent: Option<f64>,
+    /// The sidecar's RSS at the end.
+    pub(super) rss_kb: Option<u64>,
+    /// Events (a `Lost`), or stream ends, on sessions that asked for nothing more.
+    pub(super) unexpected: u64,
 }
 
-/// Acquires every key on `s`, all requests in flight at once, and returns the session.
-async fn take_all(mut s: Session, keys: Vec<String>, ttl: Duration) -> Result<Session, String> {
+impl Held {
+    /// A note when a session holding locks heard anything.
+    pub(super) fn note_events(&self, report: &mut Report) {
+        if self.unexpected > 0 {
+            report.notes.push(format!(
+                "{} events or stream ends while holding locks",
+                self.unexpected
+            ));
+        }
+    }
+}
+
+/// Keeps `sessions` open (their locks renewed by the sidecar `pid`) for
+/// [`HOLD_ROUNDS`] renewal periods of `ttl` and measures that window; then ends them.
+pub(super) async fn hold(
+    redis: &mut Servers,
+    sessions: Vec<Session>,
+    pid: Option<u32>,
+    ttl: Duration,
+) -> Result<Held, String> {
+    let events = Arc::new(AtomicU64::new(0));
+    let held: Vec<_> = sessions
+        .into_iter()
+        .map(|s| (s.tx, tokio::spawn(count_events(s.rx, events.clone()))))
+        .collect();
+    let ticks_per_s = clock_ticks().await;
+    let before = sample(redis, pid).await?;
+    // The measurement window itself, not a wait for an event.
+    tokio::time::sleep(ttl / 3 * HOLD_ROUNDS).await;
+    let after = sample(redis, pid).await?;
+    for (tx, reader) in held {
+        reader.abort();
+        drop(tx);
+    }
+    let secs = (after.at - before.at).as_secs_f64();
+    let cpu = match (before.cpu_ticks, after.cpu_ticks) {
+        (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / ticks_per_s / secs * 100.0),
+        _ => None,
+    };
+    Ok(Held {
+        commands_per_s: before.commands_until(&after) as f64 / secs,
+        evalsha_per_s: before.evalsha_until(&after) as f64 / secs,
+        cpu_percent: cpu,
+        rss_kb: after.rss_kb,
+        unexpected: events.load(Ordering::Relaxed),
+    })
+}
+
+/// What [`take_locks`] got: the sessions holding the locks, and how many acquires were
+/// refused or locks lost while the rest were being taken.
+pub(super) struct Taken {
+    pub(super) sessions: Vec<Session>,
+    pub(super) failed: u64,
+}
+
+impl Taken {
+    /// The sessions, if every lock was taken and kept; an error naming how many were
+    /// not otherwise (phases whose figures need every lock held).
+    pub(super) fn all(self) -> Result<Vec<Session>, String> {
+        match self.failed {
+            0 => Ok(self.sessions),
+            n => Err(format!("{n} locks refused or lost while taking them")),
+        }
+    }
+}
+
+/// Takes every lock of `keys` on `channel` with `ttl`: one session per
+/// [`LOCKS_PER_SESSION`] keys, all of a session's requests in flight at once, and
+/// [`SESSIONS_TAKING`] sessions taking at a time; within [`HOLD_SETUP`].
+pub(super) async fn take_locks(
+    channel: &Channel,
+    keys: Vec<String>,
+    ttl: Duration,
+) -> Result<Taken, String> {
+    let (locks, mut set) = (keys.len(), JoinSet::new());
+    let taking = Arc::new(Semaphore::new(SESSIONS_TAKING));
+    for chunk in keys.chunks(LOCKS_PER_SESSION as usize) {
+        let session = Session::open(channel.clone()).await?;
+        let (keys, taking) = (chunk.to_vec(), taking.clone());
+        set.spawn(async move {
+            let _turn = taking.acquire().await.map_err(err("taking locks"))?;
+            take_all(session, keys, ttl).await
+        });
+    }
+    let taken = timeout(HOLD_SETUP, join_all(set)).await;
+    let taken = taken.map_err(err(format!("taking {locks} locks")))??;
+    let failed = taken.iter().map(|(_, failed)| failed).sum();
+    let sessions = taken.into_iter().map(|(session, _)| session).collect();
+    Ok(Taken { sessions, failed })
+}
+
+/// Acquires every key on `s`, all requests in flight at once, and returns the session
+/// with the number of acquires refused and locks lost meanwhile.
+async fn take_all(
+    mut s: Session,
+    keys: Vec<String>,
+    ttl: Duration,
+) -> Result<(Session, u64), String> {
     for key in &keys {
         s.acquire(key, None, Some(ttl)).await?;
     }
-    for _ in 0..keys.len() {
+    let (mut answered, mut failed) = (0, 0);
+    while answered < keys.len() {
         match s.event().await? {
-            E::Granted(_) => {}
+            E::Granted(_) => answered += 1,
+            E::Rejected(_) => (answered, failed) = (answered + 1, failed + 1),
+            // About locks granted earlier, not answers: a renewal late (counted if it
+            // ends in a loss), a lock lost.
+            E::Jeopardy(_) => {}
+            E::Lost(_) => failed += 1,
             other => return Err(format!("taking {} locks: got {other:?}", keys.len())),
         }
     }
-    Ok(s)
+    Ok((s, failed))
 }
 
 /// Counts what arrives on a session that asks for nothing: every event is unexpected.
@@ -175,10 +254,12 @@ pub(super) async fn sample(redis: &mut Servers, pid: Option<u32>) -> Result<Samp
             info(conn, "stats").await?,
             info(conn, "commandstats").await?,
         );
-        commands += info_field(&stats, "total_commands_processed:")
+        commands += info_value(&stats, "total_commands_processed")
             .ok_or("INFO stats has no total_commands_processed")?;
-        evalsha += info_field(&commandstats, "cmdstat_evalsha:calls=").unwrap_or(0);
-        evalsha_usec += cmdstat_field(&commandstats, "cmdstat_evalsha:", "usec=").unwrap_or(0);
+        let scripts = CommandStats::parse(&commandstats).0.get("evalsha").copied();
+        let (calls, usec) = scripts.unwrap_or_default();
+        evalsha += calls;
+        evalsha_usec += usec;
     }
     Ok(Sample {
         at,
@@ -189,39 +270,4 @@ pub(super) async fn sample(redis: &mut Servers, pid: Option<u32>) -> Result<Samp
         cpu_ticks: pid.map(cpu_ticks).transpose()?,
         rss_kb: pid.map(rss_kb).transpose()?,
     })
-}
-
-async fn info(redis: &mut MultiplexedConnection, section: &str) -> Result<String, String> {
-    let reply = redis::cmd("INFO").arg(section).query_async(redis).await;
-    reply.map_err(err(format!("INFO {section}")))
-}
-
-fn info_field(info: &str, prefix: &str) -> Option<u64> {
-    let rest = info.lines().find_map(|line| line.strip_prefix(prefix))?;
-    rest.split(',').next()?.trim().parse().ok()
-}
-
-/// Field `field` of the `key=value,...` line of INFO commandstats that starts with `line`.
-fn cmdstat_field(info: &str, line: &str, field: &str) -> Option<u64> {
-    let rest = info.lines().find_map(|l| l.strip_prefix(line))?;
-    let value = rest.split(',').find_map(|kv| kv.strip_prefix(field))?;
-    value.trim().parse().ok()
-}
-
-#[cfg(test)]
-mod tests {
-    // Run by tests/bench_units.rs; the bench target itself has no harness, so there
-    // the tests below are compiled out and this import goes unused.
-    #[allow(unused_imports)]
-    use super::*;
-
-    #[test]
-    fn info_fields() {
-        let info = "# Stats\r\ntotal_commands_processed:42\r\ncmdstat_evalsha:calls=7,usec=1\r\n";
-        assert_eq!(info_field(info, "total_commands_processed:"), Some(42));
-        assert_eq!(info_field(info, "cmdstat_evalsha:calls="), Some(7));
-        assert_eq!(info_field(info, "cmdstat_get:calls="), None);
-        assert_eq!(cmdstat_field(info, "cmdstat_evalsha:", "usec="), Some(1));
-        assert_eq!(cmdstat_field(info, "cmdstat_get:", "usec="), None);
-    }
 }

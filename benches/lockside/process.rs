@@ -15,6 +15,32 @@ const STARTUP: Duration = Duration::from_secs(10);
 /// How long a spawned sidecar may take to stop after SIGTERM (its drain takes ≤ 10 s).
 const STOP: Duration = Duration::from_secs(15);
 
+/// How to spawn one more sidecar: by default on the bench's store (`--store`, else
+/// `--redis`), in `namespace`, without admin listener, traces or extra flags.
+pub(super) struct Spawn {
+    /// `LOCKSIDE_STORE`: a URL, or `memory` for the embedded store.
+    pub(super) store: String,
+    pub(super) namespace: String,
+    /// `--admin-listen`: HOST:PORT, or `none`.
+    pub(super) admin: String,
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`; `None` exports no traces.
+    pub(super) otlp: Option<String>,
+    /// More `lockside serve` flags, e.g. `--max-sessions`.
+    pub(super) extra: Vec<String>,
+}
+
+impl Spawn {
+    pub(super) fn new(args: &BenchArgs, namespace: String) -> Self {
+        Self {
+            store: args.store.clone().unwrap_or_else(|| args.redis.clone()),
+            namespace,
+            admin: "none".into(),
+            otlp: None,
+            extra: Vec::new(),
+        }
+    }
+}
+
 /// The sidecar under test: spawned by the bench or given with `--sidecar`.
 pub(super) struct Sidecar {
     /// Its gRPC address, HOST:PORT.
@@ -47,22 +73,28 @@ impl Sidecar {
         admin: &str,
         otlp: Option<&str>,
     ) -> Result<(Self, Channel), String> {
+        let mut spawn = Spawn::new(args, namespace(tag));
+        spawn.admin = admin.to_owned();
+        spawn.otlp = otlp.map(str::to_owned);
+        Self::spawn_with(&spawn).await
+    }
+
+    /// Spawns `lockside serve` as `spawn` says, on a free loopback port, and waits
+    /// until it accepts connections.
+    pub(super) async fn spawn_with(spawn: &Spawn) -> Result<(Self, Channel), String> {
         let addr = format!("127.0.0.1:{}", free_port()?);
-        let namespace = namespace(tag);
         let mut command = Command::new(env!("CARGO_BIN_EXE_lockside"));
         command
-            .args(["serve", "--listen", &addr, "--namespace", &namespace])
-            .args(["--admin-listen", admin])
+            .args(["serve", "--listen", &addr, "--namespace", &spawn.namespace])
+            .args(["--admin-listen", &spawn.admin])
+            .args(&spawn.extra)
             // Through the environment, not argv: a password in the URL stays out of `ps`.
-            .env(
-                "LOCKSIDE_STORE",
-                args.store.as_deref().unwrap_or(&args.redis),
-            )
+            .env("LOCKSIDE_STORE", &spawn.store)
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .kill_on_drop(true);
-        if let Some(endpoint) = otlp {
+        if let Some(endpoint) = &spawn.otlp {
             command.env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint);
         }
         if std::env::var_os("RUST_LOG").is_none() {
@@ -131,6 +163,16 @@ pub(super) async fn connect(addr: &str) -> Result<Channel, String> {
         .map_err(err(format!("connecting to the sidecar at {addr}")))
 }
 
+/// Stops every sidecar of `all`, one after another; the notes of those that did not
+/// stop cleanly.
+pub(super) async fn stop_all(all: Vec<Sidecar>) -> Vec<String> {
+    let mut notes = Vec::new();
+    for sidecar in all {
+        notes.extend(sidecar.stop().await);
+    }
+    notes
+}
+
 async fn wait_ready(addr: &str, child: &mut Child) -> Result<Channel, String> {
     let deadline = Instant::now() + STARTUP;
     loop {
@@ -165,6 +207,35 @@ pub(super) fn cpu_ticks(pid: u32) -> Result<u64, String> {
     }
 }
 
+/// CPU time of `pid` in nanoseconds: the first field (time on a CPU) of
+/// /proc/PID/task/TID/schedstat, summed over its threads. Nanoseconds, where
+/// /proc/PID/stat counts 10 ms ticks: a few thousand lock cycles are well under a
+/// second of CPU. A thread that exits inside a window takes its time with it, so this
+/// is for long-lived threads (Redis' own, a sidecar's runtime workers).
+pub(super) fn cpu_ns(pid: u32) -> Result<u64, String> {
+    let dir = format!("/proc/{pid}/task");
+    let mut total = 0;
+    for task in std::fs::read_dir(&dir).map_err(err(&dir))? {
+        let path = task.map_err(err(&dir))?.path().join("schedstat");
+        // A thread that ended since read_dir listed it has nothing more to count.
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        total += schedstat_ns(&text).ok_or(format!("{}: no run time", path.display()))?;
+    }
+    Ok(total)
+}
+
+/// CPU time of every process of `pids` together, in nanoseconds ([`cpu_ns`]).
+pub(super) fn cpu_ns_all(pids: &[u32]) -> Result<u64, String> {
+    pids.iter().map(|pid| cpu_ns(*pid)).sum()
+}
+
+/// The first field of a schedstat line: nanoseconds spent on a CPU.
+pub(super) fn schedstat_ns(line: &str) -> Option<u64> {
+    line.split_whitespace().next()?.parse().ok()
+}
+
 /// Resident memory of `pid` in kB: `VmRSS` of /proc/PID/status.
 pub(super) fn rss_kb(pid: u32) -> Result<u64, String> {
     let (path, status) = read_proc(pid, "status")?;
@@ -188,4 +259,24 @@ pub(super) async fn clock_ticks() -> f64 {
         .and_then(|s| s.trim().parse().ok())
         .filter(|t| *t > 0.0)
         .unwrap_or(100.0)
+}
+
+#[cfg(test)]
+mod tests {
+    // Run by tests/bench_units.rs; the bench target itself has no harness, so there
+    // the tests below are compiled out and this import goes unused.
+    #[allow(unused_imports)]
+    use super::*;
+
+    #[test]
+    fn schedstat_first_field_is_run_time() {
+        assert_eq!(schedstat_ns("75619367 27719275 240\n"), Some(75_619_367));
+        assert_eq!(schedstat_ns(""), None);
+    }
+
+    #[test]
+    fn this_process_has_run() {
+        let ns = cpu_ns(std::process::id()).expect("own schedstat");
+        assert!(ns > 0);
+    }
 }

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::BenchArgs;
+use super::cost::MAIN_MEMORY_CYCLE_US;
 
 /// Latency percentiles and a rate.
 pub(super) struct Stats {
@@ -61,9 +62,11 @@ pub(super) fn mb(kb: u64) -> f64 {
 
 /// The table, in order: JSON id and label. Handoff figures are grouped by measure, so
 /// that 8 and 64 waiters of the same fairness sit on adjacent lines; "N waiters" are
-/// N + 1 sessions on one key, "16 on 1 key" is 15 waiters.
+/// N + 1 sessions on one key, "16 on 1 key" is 15 waiters. A label that names a
+/// yardstick ("vs ...") has it in the baseline column, measured in the same run; the
+/// other lines with a baseline have the same scripts called directly there.
 #[rustfmt::skip]
-const TABLE: [(&str, &str); 60] = [
+const TABLE: &[(&str, &str)] = &[
     ("cycle1_p50_us", "cycle, 1 session: p50 (µs)"),
     ("cycle1_p99_us", "cycle, 1 session: p99 (µs)"),
     ("cycle1_per_s", "cycle, 1 session: cycles/s"),
@@ -118,6 +121,28 @@ const TABLE: [(&str, &str); 60] = [
     ("observe_p99_us", "cycle, traces+metrics on (vs off): p99 (µs)"),
     ("observe_per_s", "cycle, traces+metrics on (vs off): cycles/s"),
     ("observe_spans", "traces on: spans received by the OTLP sink"),
+    ("cost_redis_cpu_us", "Redis CPU/cycle (µs) vs SET NX PX + script"),
+    ("cost_redis_commands", "Redis commands/cycle vs SET NX PX + script"),
+    ("cost_sidecar_cpu_us", "sidecar CPU/cycle, Redis (µs) vs Redis' classic"),
+    ("cost_memory_store_cpu_us", "sidecar CPU/cycle, memory (µs) vs Redis' classic"),
+    ("cost_memory_bytes", "Redis bytes per held lock vs SET PX"),
+    ("cost_memory_keys", "Redis keys per held lock vs SET PX"),
+    ("cost_keys_left", "keys left after release and TTL vs classic"),
+    ("idle_cpu_ms", "idle sidecars' CPU (ms) vs the busy one's"),
+    ("idle_quiet_cpu_ms", "idle sidecars' CPU (ms) vs theirs, no contention"),
+    ("idle_notices_per_release", "notices delivered per release"),
+    ("idle_redis_cpu_us", "Redis CPU per release (µs), idle sidecars on"),
+    ("idle_releases_per_s", "busy sidecar: releases/s"),
+    ("scale_locks_take_s", "many locks: seconds to take them all"),
+    ("scale_locks_failed", "many locks: refused or Lost while taking"),
+    ("scale_locks_cpu_percent", "many locks held: sidecar CPU (% core)"),
+    ("scale_locks_rss_mb", "many locks held: sidecar RSS (MB)"),
+    ("scale_locks_evalsha_per_s", "many locks held: EVALSHA/s"),
+    ("scale_locks_events", "many locks held: Lost (or other events)"),
+    ("scale_sessions_open_s", "many sessions: seconds to open and lock"),
+    ("scale_sessions_cpu_percent", "many sessions, 1 lock each: CPU (% core)"),
+    ("scale_sessions_rss_mb", "many sessions, 1 lock each: RSS (MB)"),
+    ("scale_sessions_events", "many sessions: Lost (or other events)"),
     ("watch_seen_p50_ms", "election: grant → watcher: p50 (ms)"),
     ("watch_seen_p99_ms", "election: grant → watcher: p99 (ms)"),
     ("takeover_p50_ms", "election: leader killed → next grant: p50 (ms)"),
@@ -153,6 +178,17 @@ fn target(id: &str, f: Figures, base: Option<f64>) -> Option<(&'static str, Opti
         "hold_cpu_percent" => ("≤ 1% of a core", v.map(|v| v <= 1.0)),
         "hold_rss_mb" => ("≤ 50 MB", v.map(|v| v <= 50.0)),
         "observe_p50_us" => ("≤ 1.10× off", ratio.map(|r| r <= 1.10)),
+        "cost_redis_cpu_us" | "cost_memory_bytes" => ("≤ 1.5×", ratio.map(|r| r <= 1.5)),
+        "cost_sidecar_cpu_us" => ("≤ 2.5×", ratio.map(|r| r <= 2.5)),
+        "cost_memory_store_cpu_us" => ("≤ ½ main's", v.map(|v| v <= MAIN_MEMORY_CYCLE_US / 2.0)),
+        "cost_keys_left" => ("0", v.map(|v| v == 0.0)),
+        "idle_cpu_ms" => ("≤ 0.1×", ratio.map(|r| r <= 0.1)),
+        "idle_notices_per_release" => ("≤ 1", v.map(|v| v <= 1.0)),
+        "scale_locks_cpu_percent" => ("≤ 3% of a core", v.map(|v| v <= 3.0)),
+        "scale_locks_rss_mb" => ("≤ 100 MB", v.map(|v| v <= 100.0)),
+        "scale_locks_failed" | "scale_locks_events" | "scale_sessions_events" => {
+            ("0", v.map(|v| v == 0.0))
+        }
         // Milliseconds where etcd and ZooKeeper wait out a session timeout (seconds).
         "watch_seen_p50_ms" => ("≤ 10 ms", v.map(|v| v <= 10.0)),
         "takeover_p50_ms" | "takeover_seen_p50_ms" => ("≤ 50 ms", v.map(|v| v <= 50.0)),
@@ -179,14 +215,84 @@ impl Figures {
 #[derive(Default)]
 pub(super) struct Report {
     figures: HashMap<String, Figures>,
-    /// Printed under the table and listed in the JSON.
+    /// Tables of their own (commandstats per cycle, the fleet), printed after the main
+    /// one and listed in the JSON.
+    pub(super) tables: Vec<Table>,
+    /// Printed under the tables and listed in the JSON.
     pub(super) notes: Vec<String>,
+    /// Phases that failed, with their errors (also in the notes).
+    pub(super) failed: Vec<String>,
+}
+
+/// A table of figures with its own columns: one labelled row per item.
+pub(super) struct Table {
+    pub(super) title: String,
+    pub(super) columns: Vec<String>,
+    pub(super) rows: Vec<(String, Vec<Option<f64>>)>,
+}
+
+impl Table {
+    pub(super) fn new(title: &str, columns: &[&str]) -> Self {
+        Self {
+            title: title.into(),
+            columns: columns.iter().map(|c| (*c).to_owned()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Adds a row; `cells` go with [`Self::columns`] in order.
+    pub(super) fn row(&mut self, label: impl Into<String>, cells: Vec<Option<f64>>) {
+        self.rows.push((label.into(), cells));
+    }
+
+    fn print(&self) {
+        println!();
+        println!("{}", self.title);
+        let width = self.rows.iter().map(|(l, _)| l.chars().count()).max();
+        let width = width.unwrap_or(0).max(8);
+        let heads: Vec<String> = self.columns.iter().map(|c| format!("{c:>14}")).collect();
+        println!("{:<width$} {}", "", heads.join(" "));
+        for (label, cells) in &self.rows {
+            let cells: Vec<String> = cells
+                .iter()
+                .map(|c| format!("{:>14}", figure(*c)))
+                .collect();
+            println!("{label:<width$} {}", cells.join(" "));
+        }
+    }
+
+    fn json(&self) -> String {
+        let columns: Vec<String> = self.columns.iter().map(|c| json_str(c)).collect();
+        let rows: Vec<String> = self
+            .rows
+            .iter()
+            .map(|(label, cells)| {
+                let cells: Vec<String> = cells.iter().map(|c| json_num(*c)).collect();
+                format!("[{},{}]", json_str(label), cells.join(","))
+            })
+            .collect();
+        format!(
+            "{{\"title\":{},\"columns\":[{}],\"rows\":[{}]}}",
+            json_str(&self.title),
+            columns.join(","),
+            rows.join(",")
+        )
+    }
 }
 
 impl Report {
     /// Records figure `id`; `direct` is `None` where Redis alone has no counterpart.
     pub(super) fn put(&mut self, id: impl Into<String>, sidecar: Option<f64>, direct: Option<f64>) {
         self.figures.insert(id.into(), Figures { sidecar, direct });
+    }
+
+    /// Records a phase's failure, if it failed, as a note and in [`Self::failed`].
+    pub(super) fn check(&mut self, phase: &str, result: Result<(), String>) {
+        if let Err(e) = result {
+            eprintln!("bench: {phase} FAILED: {e}");
+            self.notes.push(format!("{phase} FAILED: {e}"));
+            self.failed.push(format!("{phase}: {e}"));
+        }
     }
 
     fn figures(&self, id: &str) -> Figures {
@@ -205,14 +311,17 @@ impl Report {
         target(id, f, base)
     }
 
-    /// Prints the table, then the notes.
+    /// Prints the lines that were measured, the other tables, then the notes.
     pub(super) fn print(&self) {
-        let head = ("phase", "sidecar", "direct", "ratio");
-        println!(
-            "{:<50} {:>10} {:>10} {:>8}   target",
-            head.0, head.1, head.2, head.3
-        );
-        for (id, label, f) in self.rows() {
+        let head = ("phase", "sidecar", "baseline", "ratio");
+        let measured = |(_, _, f): &(&str, &str, Figures)| f.sidecar.or(f.direct).is_some();
+        if self.rows().any(|row| measured(&row)) {
+            println!(
+                "{:<50} {:>10} {:>10} {:>8}   target",
+                head.0, head.1, head.2, head.3
+            );
+        }
+        for (id, label, f) in self.rows().filter(measured) {
             let ratio = f.ratio().map_or(String::new(), |r| format!("{r:.2}×"));
             let target = self.target(id, f).map_or(String::new(), |(text, met)| {
                 let verdict = met.map_or("n/a", |met| if met { "ok" } else { "MISSED" });
@@ -222,6 +331,10 @@ impl Report {
             let sidecar = figure(f.sidecar);
             println!("{label:<50} {sidecar:>10} {direct:>10} {ratio:>8}   {target}");
         }
+        for table in &self.tables {
+            table.print();
+        }
+        println!();
         for note in &self.notes {
             println!("note: {note}");
         }
@@ -240,15 +353,20 @@ impl Report {
             format!("\"{id}\":{{{figures},\"target\":{text},\"met\":{met}}}")
         };
         let results: Vec<String> = self.rows().map(result).collect();
+        let tables: Vec<String> = self.tables.iter().map(Table::json).collect();
         let notes: Vec<String> = self.notes.iter().map(|n| json_str(n)).collect();
         let sidecar = args.sidecar.as_deref().map_or("null".into(), json_str);
+        let phases: Vec<String> = args.phases.iter().map(|p| json_str(p.name())).collect();
         format!(
             "{{\"lockside_version\":\"{}\",\"seconds\":{},\"locks\":{},\"sidecar\":{sidecar},\
-             \"results\":{{{}}},\"notes\":[{}]}}",
+             \"phases\":[{}],\"failed\":{},\"results\":{{{}}},\"tables\":[{}],\"notes\":[{}]}}",
             env!("CARGO_PKG_VERSION"),
             args.seconds,
             args.locks,
+            phases.join(","),
+            !self.failed.is_empty(),
             results.join(","),
+            tables.join(","),
             notes.join(",")
         )
     }
@@ -321,6 +439,50 @@ mod tests {
         ids.sort_unstable();
         ids.dedup();
         assert_eq!(ids.len(), TABLE.len());
+    }
+
+    #[test]
+    fn every_target_names_a_line_of_the_table() {
+        let ids: Vec<&str> = TABLE.iter().map(|(id, _)| *id).collect();
+        let f = Figures {
+            sidecar: Some(1.0),
+            direct: Some(1.0),
+        };
+        for id in [
+            "cost_redis_cpu_us",
+            "idle_notices_per_release",
+            "scale_locks_rss_mb",
+        ] {
+            assert!(ids.contains(&id), "{id}");
+            assert!(target(id, f, None).is_some(), "{id}");
+        }
+    }
+
+    #[test]
+    fn cost_targets_are_ratios_to_the_yardstick() {
+        let judge = |id, sidecar, direct| {
+            let f = Figures {
+                sidecar: Some(sidecar),
+                direct: Some(direct),
+            };
+            target(id, f, None).and_then(|(_, met)| met)
+        };
+        assert_eq!(judge("cost_redis_cpu_us", 150.0, 45.0), Some(false));
+        assert_eq!(judge("cost_redis_cpu_us", 60.0, 45.0), Some(true));
+        assert_eq!(judge("cost_memory_bytes", 563.0, 195.0), Some(false));
+        assert_eq!(judge("cost_sidecar_cpu_us", 110.0, 45.0), Some(true));
+        assert_eq!(judge("cost_keys_left", 2000.0, 0.0), Some(false));
+        assert_eq!(judge("cost_keys_left", 0.0, 0.0), Some(true));
+    }
+
+    #[test]
+    fn tables_become_json() {
+        let mut table = Table::new("t \"1\"", &["a", "b"]);
+        table.row("SET", vec![Some(1.0), None]);
+        assert_eq!(
+            table.json(),
+            "{\"title\":\"t \\\"1\\\"\",\"columns\":[\"a\",\"b\"],\"rows\":[[\"SET\",1.000,null]]}"
+        );
     }
 
     #[test]

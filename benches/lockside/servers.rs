@@ -64,15 +64,7 @@ impl Servers {
         for conn in &mut self.0 {
             let mut cursor = 0u64;
             loop {
-                let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(pattern)
-                    .arg("COUNT")
-                    .arg(1000)
-                    .query_async(conn)
-                    .await
-                    .map_err(err("cleanup SCAN"))?;
+                let (next, keys) = scan_page(conn, cursor, pattern).await?;
                 if !keys.is_empty() {
                     let mut pipe = redis::pipe();
                     for key in &keys {
@@ -90,6 +82,41 @@ impl Servers {
         }
         Ok(())
     }
+
+    /// Keys matching `pattern` on every server. Keys whose TTL has passed are not
+    /// counted: SCAN drops them when it meets them.
+    pub(super) async fn count_matching(&mut self, pattern: &str) -> Result<u64, String> {
+        let mut total = 0;
+        for conn in &mut self.0 {
+            let mut cursor = 0u64;
+            loop {
+                let (next, keys) = scan_page(conn, cursor, pattern).await?;
+                total += keys.len() as u64;
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(total)
+    }
+}
+
+/// One page of `SCAN cursor MATCH pattern`: the next cursor (0 at the end) and the keys.
+async fn scan_page(
+    conn: &mut MultiplexedConnection,
+    cursor: u64,
+    pattern: &str,
+) -> Result<(u64, Vec<String>), String> {
+    let page = redis::cmd("SCAN")
+        .arg(cursor)
+        .arg("MATCH")
+        .arg(pattern)
+        .arg("COUNT")
+        .arg(1000)
+        .query_async(conn)
+        .await;
+    page.map_err(err("SCAN"))
 }
 
 #[cfg(test)]

@@ -1,0 +1,500 @@
+//! Phase 8 (`cost`): what one lock costs the shared Redis and the sidecar, every figure
+//! beside a yardstick measured in the same run, on the same server:
+//!
+//! - Redis CPU per uncontended exclusive acquire→release through a sidecar, against the
+//!   classic recipe (`SET key token NX PX ttl`, then a compare-and-delete script by
+//!   EVALSHA) called from the bench; CPU from /proc of the redis-server process (so only
+//!   when Redis runs on this machine), and `INFO commandstats` per cycle, command by
+//!   command;
+//! - the sidecar's own CPU per cycle, on Redis and on the memory store, against Redis'
+//!   CPU per classic cycle;
+//! - Redis memory (`used_memory`) and keys per held exclusive lock, against `SET PX` keys
+//!   of the same names;
+//! - keys left once distinct keys were locked, released and their 1 s TTLs passed,
+//!   against the classic recipe (which leaves none).
+//!
+//! The sidecars are spawned for the phase, each in a namespace of its own, so that
+//! counting a namespace's keys counts only what that measurement left; the two sides
+//! alternate in rounds, so that drift in the machine's load falls on both alike.
+
+use std::time::Duration;
+
+use deadpool_redis::redis::{self, Script, aio::MultiplexedConnection};
+use tonic::transport::Channel;
+
+use super::many_locks::take_locks;
+use super::process::{Sidecar, Spawn, cpu_ns, stop_all};
+use super::redis_side::{CommandStats, RedisProcs, used_memory};
+use super::report::{Report, Table};
+use super::servers::Servers;
+use super::session::{Session, Want};
+use super::{BenchArgs, DIRECT_TTL, err, random_hex, sub_namespace};
+use lockside::proto::lease_response::Event as E;
+
+/// Rounds each side's cycles are split into (alternating sidecar and classic).
+const ROUNDS: u64 = 5;
+/// Unmeasured cycles per side first: scripts loaded, connections and caches warm.
+const WARMUP: u64 = 100;
+/// TTL of the locks whose leftovers are counted: the shortest a client may ask for.
+const LEFT_TTL: Duration = Duration::from_secs(1);
+/// Margin after that TTL before counting: Redis' clock and the bench's drift apart by
+/// far less.
+const LEFT_MARGIN: Duration = Duration::from_millis(500);
+/// The classic recipe's release: delete the key only if it still holds our token.
+const RELEASE: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then \
+     return redis.call('del', KEYS[1]) else return 0 end";
+/// The sidecar's CPU per uncontended cycle on the memory store as main measured it
+/// before issue 13 (acb1cde, this project's 2-core machine, `--phases cost`: 73 to
+/// 87 µs in five runs, 112 in one at load average 5.5); the issue's goal is half.
+pub(super) const MAIN_MEMORY_CYCLE_US: f64 = 75.0;
+
+/// Flags of the cost phase.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct CostArgs {
+    /// Uncontended cycles per side.
+    pub(super) cycles: u64,
+    /// Locks held for the memory figures.
+    pub(super) locks: u64,
+    /// Distinct keys locked and released for the keys-left figure.
+    pub(super) left: u64,
+}
+
+/// Runs phase 8 and records its lines.
+pub(super) async fn cost_phase(
+    args: &BenchArgs,
+    cost: CostArgs,
+    tag: &str,
+    report: &mut Report,
+) -> Result<(), String> {
+    if args.redis.contains("+cluster://") {
+        report
+            .notes
+            .push("cost phase skipped: the classic recipe needs a standalone --redis".into());
+        return Ok(());
+    }
+    let mut servers = Servers::connect(&args.redis).await?;
+    let procs = RedisProcs::find(&mut servers).await?;
+    report.notes.extend(procs.note());
+    let client = redis::Client::open(args.redis.as_str()).map_err(err("--redis"))?;
+    let classic = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(err("connecting to Redis"))?;
+    let mut meter = Meter {
+        servers,
+        procs,
+        classic,
+        release: Script::new(RELEASE),
+    };
+
+    let mut spawned = Vec::new();
+    let result = async {
+        let ns = sub_namespace(tag, "cost");
+        let (sidecar, channel) = Sidecar::spawn_with(&Spawn::new(args, ns.clone())).await?;
+        let pid = sidecar.pid();
+        spawned.push(sidecar);
+        let mut memory_spawn = Spawn::new(args, sub_namespace(tag, "memory"));
+        memory_spawn.store = "memory".into();
+        let (memory, memory_channel) = Sidecar::spawn_with(&memory_spawn).await?;
+        let memory_pid = memory.pid();
+        spawned.push(memory);
+
+        eprintln!(
+            "bench: phase 8: cost, {} uncontended cycles per side",
+            cost.cycles
+        );
+        let key = format!("{ns}/cycle");
+        let (side, direct) = meter.cycles(&channel, &key, pid, cost.cycles, tag).await?;
+        let on_memory = memory_cycles(memory_channel, &key, memory_pid, cost.cycles).await?;
+        cycle_figures(&side, &direct, on_memory, report);
+
+        eprintln!("bench: phase 8: cost, {} locks held vs SET PX", cost.locks);
+        meter.memory(&channel, &ns, cost.locks, report).await?;
+
+        eprintln!("bench: phase 8: cost, keys left after {} keys", cost.left);
+        let left_ns = sub_namespace(tag, "left");
+        let (left, left_channel) = Sidecar::spawn_with(&Spawn::new(args, left_ns.clone())).await?;
+        spawned.push(left);
+        let classic_ns = sub_namespace(tag, "classic");
+        meter
+            .keys_left(left_channel, &left_ns, &classic_ns, cost.left, report)
+            .await
+    }
+    .await;
+    report.notes.extend(stop_all(spawned).await);
+    result
+}
+
+/// What the Redis servers and one sidecar did over some cycles.
+#[derive(Default)]
+struct Spent {
+    cycles: u64,
+    /// Redis CPU, nanoseconds; `None` when Redis is not on this machine.
+    redis_ns: Option<u64>,
+    /// The sidecar's CPU, nanoseconds (none for the classic recipe).
+    sidecar_ns: Option<u64>,
+    /// Commands Redis ran.
+    stats: CommandStats,
+}
+
+impl Spent {
+    fn add(
+        &mut self,
+        cycles: u64,
+        redis_ns: Option<u64>,
+        sidecar_ns: Option<u64>,
+        stats: &CommandStats,
+    ) {
+        let sum = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (None, b) if self.cycles == 0 => b,
+            (a, b) => a.zip(b).map(|(a, b)| a + b),
+        };
+        self.redis_ns = sum(self.redis_ns, redis_ns);
+        self.sidecar_ns = sum(self.sidecar_ns, sidecar_ns);
+        self.cycles += cycles;
+        self.stats.merge(stats);
+    }
+
+    /// Microseconds per cycle of `ns`.
+    fn per_cycle_us(&self, ns: Option<u64>) -> Option<f64> {
+        ns.filter(|_| self.cycles > 0)
+            .map(|ns| ns as f64 / 1e3 / self.cycles as f64)
+    }
+}
+
+/// The bench's handles on Redis for the cost phase.
+struct Meter {
+    servers: Servers,
+    procs: RedisProcs,
+    /// The classic recipe's connection.
+    classic: MultiplexedConnection,
+    release: Script,
+}
+
+impl Meter {
+    /// `cycles` uncontended cycles through the sidecar at `channel` (pid `pid`) and as
+    /// many classic ones, alternating in [`ROUNDS`].
+    async fn cycles(
+        &mut self,
+        channel: &Channel,
+        key: &str,
+        pid: Option<u32>,
+        cycles: u64,
+        tag: &str,
+    ) -> Result<(Spent, Spent), String> {
+        let mut session = Session::open(channel.clone()).await?;
+        let classic_key = format!("{}/cycle", sub_namespace(tag, "classic"));
+        sidecar_cycles(&mut session, key, WARMUP).await?;
+        self.classic_cycles(&classic_key, WARMUP, DIRECT_TTL)
+            .await?;
+        let (mut side, mut direct) = (Spent::default(), Spent::default());
+        let per_round = cycles.div_ceil(ROUNDS);
+        for _ in 0..ROUNDS {
+            let before = self.reading(pid).await?;
+            sidecar_cycles(&mut session, key, per_round).await?;
+            let after = self.reading(pid).await?;
+            self.spent(&mut side, per_round, before, after);
+            let before = self.reading(None).await?;
+            self.classic_cycles(&classic_key, per_round, DIRECT_TTL)
+                .await?;
+            let after = self.reading(None).await?;
+            self.spent(&mut direct, per_round, before, after);
+        }
+        Ok((side, direct))
+    }
+
+    /// Commandstats, then CPU times; read again after a run, [`Self::spent`] takes the
+    /// difference.
+    async fn reading(&mut self, pid: Option<u32>) -> Result<Reading, String> {
+        let stats = CommandStats::read(&mut self.servers).await?;
+        let redis_ns = self.procs.cpu_ns()?;
+        let sidecar_ns = pid.map(cpu_ns).transpose()?;
+        Ok(Reading {
+            stats,
+            redis_ns,
+            sidecar_ns,
+        })
+    }
+
+    fn spent(&self, into: &mut Spent, cycles: u64, before: Reading, after: Reading) {
+        let diff = |a: Option<u64>, b: Option<u64>| a.zip(b).map(|(a, b)| b.saturating_sub(a));
+        // The first reading's INFO is counted by the second (Redis counts a call after
+        // running it); the second's own call is not in its reply.
+        let own_info = self.servers.0.len() as u64;
+        into.add(
+            cycles,
+            diff(before.redis_ns, after.redis_ns),
+            diff(before.sidecar_ns, after.sidecar_ns),
+            &before.stats.until(&after.stats, own_info),
+        );
+    }
+
+    /// `n` classic cycles on `key`: SET NX PX, then the compare-and-delete script.
+    async fn classic_cycles(&mut self, key: &str, n: u64, ttl: Duration) -> Result<(), String> {
+        for _ in 0..n {
+            let token = random_hex(16)?;
+            let set: Option<String> = redis::cmd("SET")
+                .arg(key)
+                .arg(&token)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl.as_millis() as u64)
+                .query_async(&mut self.classic)
+                .await
+                .map_err(err("classic SET"))?;
+            if set.is_none() {
+                return Err(format!("classic SET NX of {key}: the key was taken"));
+            }
+            let deleted: i64 = self
+                .release
+                .key(key)
+                .arg(&token)
+                .invoke_async(&mut self.classic)
+                .await
+                .map_err(err("classic release"))?;
+            if deleted != 1 {
+                return Err(format!("classic release of {key}: nothing deleted"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Redis memory and keys per held lock: `locks` `SET PX` keys first (then deleted),
+    /// then as many locks held through the sidecar, with the same key names.
+    async fn memory(
+        &mut self,
+        channel: &Channel,
+        ns: &str,
+        locks: u64,
+        report: &mut Report,
+    ) -> Result<(), String> {
+        let names: Vec<String> = (0..locks).map(|i| format!("{ns}/mem/{i}")).collect();
+        let pattern = format!("*{ns}*");
+        let before = used_memory(&mut self.servers).await?;
+        let keys_before = self.servers.count_matching(&pattern).await?;
+        self.set_px(&names, DIRECT_TTL).await?;
+        let set_bytes = used_memory(&mut self.servers).await?.saturating_sub(before);
+        let set_keys = self.servers.count_matching(&pattern).await?;
+        let set_keys = set_keys.saturating_sub(keys_before);
+        self.delete(&names).await?;
+
+        let before = used_memory(&mut self.servers).await?;
+        let keys_before = self.servers.count_matching(&pattern).await?;
+        let held = take_locks(channel, names, DIRECT_TTL).await?.all()?;
+        let lock_bytes = used_memory(&mut self.servers).await?.saturating_sub(before);
+        let keys = self.servers.count_matching(&pattern).await?;
+        drop(held);
+
+        let per = |v: u64| Some(v as f64 / locks as f64);
+        report.put("cost_memory_bytes", per(lock_bytes), per(set_bytes));
+        let lock_keys = keys.saturating_sub(keys_before);
+        report.put("cost_memory_keys", per(lock_keys), per(set_keys));
+        report.notes.push(format!(
+            "memory per lock: INFO used_memory before and after {locks} exclusive locks \
+             held (default TTL), against {locks} SET PX keys of the same names and \
+             32-character tokens; it includes the growth of Redis' key table"
+        ));
+        Ok(())
+    }
+
+    /// `SET name token PX ttl` for every name, pipelined a thousand at a time.
+    async fn set_px(&mut self, names: &[String], ttl: Duration) -> Result<(), String> {
+        for chunk in names.chunks(1000) {
+            let mut pipe = redis::pipe();
+            for name in chunk {
+                pipe.cmd("SET")
+                    .arg(name)
+                    .arg(random_hex(16)?)
+                    .arg("PX")
+                    .arg(ttl.as_millis() as u64)
+                    .ignore();
+            }
+            pipe.query_async::<()>(&mut self.classic)
+                .await
+                .map_err(err("SET PX"))?;
+        }
+        Ok(())
+    }
+
+    async fn delete(&mut self, names: &[String]) -> Result<(), String> {
+        for chunk in names.chunks(1000) {
+            let mut pipe = redis::pipe();
+            for name in chunk {
+                pipe.cmd("DEL").arg(name).ignore();
+            }
+            pipe.query_async::<()>(&mut self.classic)
+                .await
+                .map_err(err("DEL"))?;
+        }
+        Ok(())
+    }
+
+    /// `n` distinct keys locked and released with a 1 s TTL through the sidecar at
+    /// `channel` (namespace `ns`), and by the classic recipe under `classic_ns`; the
+    /// keys of each namespace once the TTL has passed.
+    async fn keys_left(
+        &mut self,
+        channel: Channel,
+        ns: &str,
+        classic_ns: &str,
+        n: u64,
+        report: &mut Report,
+    ) -> Result<(), String> {
+        let mut session = Session::open(channel).await?;
+        let names: Vec<String> = (0..n).map(|i| format!("{ns}/left/{i}")).collect();
+        for chunk in names.chunks(1000) {
+            lock_and_release(&mut session, chunk, LEFT_TTL).await?;
+        }
+        for i in 0..n {
+            let key = format!("{classic_ns}/left/{i}");
+            self.classic_cycles(&key, 1, LEFT_TTL).await?;
+        }
+        // Waiting for Redis' clock to pass the TTLs: no event says so.
+        tokio::time::sleep(LEFT_TTL + LEFT_MARGIN).await;
+        let left = self.servers.count_matching(&format!("*{ns}*")).await?;
+        let classic = self
+            .servers
+            .count_matching(&format!("*{classic_ns}*"))
+            .await?;
+        report.put("cost_keys_left", Some(left as f64), Some(classic as f64));
+        report.notes.push(format!(
+            "keys left: {n} distinct keys locked and released with a {LEFT_TTL:?} TTL, \
+             counted (SCAN MATCH of the namespace) {LEFT_MARGIN:?} after the TTL"
+        ));
+        Ok(())
+    }
+}
+
+/// One reading of [`Meter::reading`].
+struct Reading {
+    stats: CommandStats,
+    redis_ns: Option<u64>,
+    sidecar_ns: Option<u64>,
+}
+
+/// `n` acquire→release cycles of `key` on `s`.
+async fn sidecar_cycles(s: &mut Session, key: &str, n: u64) -> Result<(), String> {
+    for _ in 0..n {
+        let id = s.acquire(key, None, None).await?;
+        s.wait_for(id, Want::Granted).await?;
+        let id = s.release(key).await?;
+        s.wait_for(id, Want::Released).await?;
+    }
+    Ok(())
+}
+
+/// Locks every key of `keys` on `s` with `ttl`, all requests in flight at once, then
+/// releases them all; the answers may come in any order.
+async fn lock_and_release(s: &mut Session, keys: &[String], ttl: Duration) -> Result<(), String> {
+    for key in keys {
+        s.acquire(key, None, Some(ttl)).await?;
+    }
+    answers(s, keys.len(), Want::Granted).await?;
+    for key in keys {
+        s.release(key).await?;
+    }
+    answers(s, keys.len(), Want::Released).await
+}
+
+/// The next `n` events on `s`, each of them a `want`.
+async fn answers(s: &mut Session, n: usize, want: Want) -> Result<(), String> {
+    for _ in 0..n {
+        match (s.event().await?, want) {
+            (E::Granted(_), Want::Granted) | (E::Released(_), Want::Released) => {}
+            (other, _) => return Err(format!("expected {want:?} for {n} keys, got {other:?}")),
+        }
+    }
+    Ok(())
+}
+
+/// The memory store sidecar's CPU per cycle: `cycles` cycles after a warm-up.
+async fn memory_cycles(
+    channel: Channel,
+    key: &str,
+    pid: Option<u32>,
+    cycles: u64,
+) -> Result<Option<f64>, String> {
+    let mut session = Session::open(channel).await?;
+    sidecar_cycles(&mut session, key, WARMUP).await?;
+    let before = pid.map(cpu_ns).transpose()?;
+    sidecar_cycles(&mut session, key, cycles).await?;
+    let after = pid.map(cpu_ns).transpose()?;
+    let spent = before.zip(after).map(|(b, a)| a.saturating_sub(b));
+    Ok(spent.map(|ns| ns as f64 / 1e3 / cycles as f64))
+}
+
+/// The cycle lines and the commandstats table.
+fn cycle_figures(side: &Spent, direct: &Spent, on_memory: Option<f64>, report: &mut Report) {
+    let classic_cpu = direct.per_cycle_us(direct.redis_ns);
+    report.put(
+        "cost_redis_cpu_us",
+        side.per_cycle_us(side.redis_ns),
+        classic_cpu,
+    );
+    let commands = |s: &Spent| Some(s.stats.calls() as f64 / s.cycles.max(1) as f64);
+    report.put("cost_redis_commands", commands(side), commands(direct));
+    report.put(
+        "cost_sidecar_cpu_us",
+        side.per_cycle_us(side.sidecar_ns),
+        classic_cpu,
+    );
+    report.put("cost_memory_store_cpu_us", on_memory, classic_cpu);
+
+    let mut table = Table::new(
+        "INFO commandstats per uncontended cycle (a script's µs include its commands')",
+        &["sidecar calls", "sidecar µs", "classic calls", "classic µs"],
+    );
+    let names = side.stats.0.keys().chain(direct.stats.0.keys());
+    let mut names: Vec<&String> = names.collect();
+    names.sort_unstable();
+    names.dedup();
+    for name in names {
+        let per = |s: &Spent, f: fn(&(u64, u64)) -> u64| {
+            Some(s.stats.0.get(name).map_or(0, f) as f64 / s.cycles.max(1) as f64)
+        };
+        let cells = vec![
+            per(side, |c| c.0),
+            per(side, |c| c.1),
+            per(direct, |c| c.0),
+            per(direct, |c| c.1),
+        ];
+        table.row(name.to_uppercase(), cells);
+    }
+    report.tables.push(table);
+    report.notes.push(format!(
+        "cost cycles: {} uncontended exclusive cycles per side on one key, in {ROUNDS} \
+         alternating rounds; the classic recipe is SET NX PX + a compare-and-delete \
+         EVALSHA from the bench; CPU is /proc/PID/task/*/schedstat (run time) of \
+         redis-server and of the sidecar; main's memory-store figure: \
+         {MAIN_MEMORY_CYCLE_US} µs",
+        side.cycles
+    ));
+}
+
+#[cfg(test)]
+mod tests {
+    // Run by tests/bench_units.rs; the bench target itself has no harness, so there
+    // the tests below are compiled out and this import goes unused.
+    #[allow(unused_imports)]
+    use super::*;
+
+    #[test]
+    fn spent_sums_rounds_and_divides_by_cycles() {
+        let mut spent = Spent::default();
+        let stats = CommandStats::parse("cmdstat_set:calls=100,usec=150\r\n");
+        spent.add(100, Some(4_000_000), Some(1_000_000), &stats);
+        spent.add(100, Some(5_000_000), Some(3_000_000), &stats);
+        assert_eq!(spent.per_cycle_us(spent.redis_ns), Some(45.0));
+        assert_eq!(spent.per_cycle_us(spent.sidecar_ns), Some(20.0));
+        assert_eq!(spent.stats.calls(), 200);
+    }
+
+    #[test]
+    fn a_remote_redis_has_no_cpu_figure() {
+        let mut spent = Spent::default();
+        spent.add(100, None, Some(1_000), &CommandStats::default());
+        spent.add(100, None, Some(1_000), &CommandStats::default());
+        assert_eq!(spent.per_cycle_us(spent.redis_ns), None);
+        assert_eq!(spent.per_cycle_us(spent.sidecar_ns), Some(0.01));
+    }
+}

@@ -55,7 +55,7 @@ pub struct RedisStore {
     /// A notice channel per key, subscribed while listened to.
     subscriptions: Arc<Subscriptions>,
     /// Cluster: which node serves each slot, for grouping renewals (`redis/renew.rs`).
-    slot_map: Arc<renew::SlotMap>,
+    slot_map: Arc<slots::SlotMap>,
     timeout: Duration,
     scripts: Scripts,
     notices: broadcast::Sender<Notice>,

@@ -1,5 +1,15 @@
-//! Redis Cluster hash slots: which slot a key lives in, for grouping renewals by node
+//! Redis Cluster hash slots: which slot a key lives in, and which node serves each slot
+//! ([`SlotMap`], read in the background), for grouping renewals by node
 //! (`redis/renew.rs`).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use deadpool_redis::redis::{self, Value};
+use tokio::time::Instant;
+
+use super::link::Link;
 
 /// The Cluster hash slot of a Redis key: CRC16 (XMODEM) of its hash tag (the part
 /// between the first `{` and the next `}`, when not empty) or of the whole key, mod 16384.
@@ -28,6 +38,115 @@ fn crc16(data: &[u8]) -> u16 {
     crc
 }
 
+/// Slots in a Cluster.
+pub(super) const SLOTS: usize = 16384;
+
+/// Shortest pause between two reads of the slot map: a topology change makes many
+/// chunks refused at once, and one read serves them all.
+const MAP_PAUSE: Duration = Duration::from_secs(1);
+
+/// Which node serves each slot (an index into the nodes of one `CLUSTER SLOTS` reply;
+/// `usize::MAX` for a slot nobody serves).
+pub(super) fn slot_owners(reply: &Value) -> Option<Vec<usize>> {
+    let Value::Array(ranges) = reply else {
+        return None;
+    };
+    let mut nodes: Vec<(Vec<u8>, i64)> = Vec::new();
+    let mut owners = vec![usize::MAX; SLOTS];
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            return None;
+        };
+        let (Some(Value::Int(first)), Some(Value::Int(last)), Some(Value::Array(master))) =
+            (fields.first(), fields.get(1), fields.get(2))
+        else {
+            return None;
+        };
+        let (Some(Value::BulkString(host)), Some(Value::Int(port))) =
+            (master.first(), master.get(1))
+        else {
+            return None;
+        };
+        let node = (host.clone(), *port);
+        let index = match nodes.iter().position(|n| *n == node) {
+            Some(index) => index,
+            None => {
+                nodes.push(node);
+                nodes.len() - 1
+            }
+        };
+        let (first, last) = (usize::try_from(*first).ok()?, usize::try_from(*last).ok()?);
+        for owner in owners.get_mut(first..=last)? {
+            *owner = index;
+        }
+    }
+    Some(owners)
+}
+
+/// Cluster: the slot map renewals are grouped by, as last read, and its refresh in the
+/// background (see the module docs).
+#[derive(Default)]
+pub(super) struct SlotMap {
+    owners: Mutex<Option<Arc<Vec<usize>>>>,
+    /// A read is under way.
+    reading: AtomicBool,
+    /// When the last read started.
+    last_read: Mutex<Option<Instant>>,
+}
+
+impl SlotMap {
+    /// The map, if one is known.
+    pub(super) fn get(&self) -> Option<Arc<Vec<usize>>> {
+        self.owners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Forgets the map (a node refused a chunk grouped by it).
+    pub(super) fn forget(&self) {
+        self.owners.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+
+    /// Reads the map again in the background, unless a read is under way or the last
+    /// one started less than [`MAP_PAUSE`] ago. Never waited for: a read that meets a
+    /// frozen node costs a background task its timeout, not a renewal.
+    pub(super) fn refresh(self: &Arc<Self>, link: &Arc<Link>, timeout: Duration) {
+        {
+            let mut last = self.last_read.lock().unwrap_or_else(|e| e.into_inner());
+            if last.is_some_and(|t| t.elapsed() < MAP_PAUSE) {
+                return;
+            }
+            if self.reading.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let (map, link) = (self.clone(), link.clone());
+        tokio::spawn(async move {
+            let read = async {
+                let mut conn = link.connection().await.ok()?;
+                redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async::<Value>(&mut conn)
+                    .await
+                    .ok()
+            };
+            match tokio::time::timeout(timeout, read).await {
+                Ok(Some(reply)) => match slot_owners(&reply) {
+                    Some(owners) => {
+                        *map.owners.lock().unwrap_or_else(|e| e.into_inner()) =
+                            Some(Arc::new(owners));
+                    }
+                    None => tracing::warn!("CLUSTER SLOTS: a reply this sidecar cannot read"),
+                },
+                _ => tracing::debug!("CLUSTER SLOTS not read; renewals go per slot meanwhile"),
+            }
+            map.reading.store(false, Ordering::Release);
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -45,5 +164,40 @@ mod tests {
             "an empty tag hashes the whole key"
         );
         assert_ne!(slot("{}a"), slot("{}b"));
+    }
+
+    fn node(port: i64) -> Value {
+        Value::Array(vec![
+            Value::BulkString(b"127.0.0.1".to_vec()),
+            Value::Int(port),
+            Value::BulkString(b"id".to_vec()),
+        ])
+    }
+
+    #[test]
+    fn the_slot_map_names_one_node_per_slot() {
+        let range = |first, last, port| {
+            Value::Array(vec![
+                Value::Int(first),
+                Value::Int(last),
+                node(port),
+                node(port + 3),
+            ])
+        };
+        let reply = Value::Array(vec![
+            range(0, 5460, 7000),
+            range(5461, 10922, 7001),
+            range(10923, 16383, 7002),
+            range(16000, 16383, 7000),
+        ]);
+        let owners = slot_owners(&reply).expect("a map");
+        assert_eq!((owners[0], owners[5460], owners[5461]), (0, 0, 1));
+        assert_eq!((owners[10923], owners[16383]), (2, 0), "later ranges win");
+        assert!(slot_owners(&Value::Int(1)).is_none());
+        let out_of_range = Value::Array(vec![range(0, 20000, 7000)]);
+        assert!(
+            slot_owners(&out_of_range).is_none(),
+            "no panic on a bad range"
+        );
     }
 }

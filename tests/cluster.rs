@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::topology::{ClusterSetup, wait_until};
-use common::{Lease, PATIENCE, Sidecar, acquire, handoff, namespace, secs, waiting_for};
+use common::{LeaseStream, PATIENCE, Sidecar, acquire, handoff, namespace, secs, waiting_for};
 use lockside::proto::{self, lease_response::Event};
 use lockside::store::Store;
 use lockside::store::redis::{RedisOptions, RedisStore};
@@ -126,8 +126,8 @@ async fn fifty_locks_across_slots_are_renewed_past_two_ttls() {
 struct Contended {
     holding: Sidecar,
     _waiting: Sidecar,
-    holder: Lease,
-    waiter: Lease,
+    holder: LeaseStream,
+    waiter: LeaseStream,
     first: proto::Granted,
     wait_id: u64,
 }

@@ -210,14 +210,17 @@ async fn holds_are_counted(s: Subject) {
     let ttl = Duration::from_secs(10);
     fence(&s, &claim("k", "a", 10_000)).await;
     assert_eq!(
-        s.store.hold("k", "a", 2, ttl).await.expect("answer"),
+        s.store.reenter("k", "a", 2, ttl).await.expect("answer"),
         Some(2)
     );
     assert_eq!(
-        s.store.hold("k", "a", 3, ttl).await.expect("answer"),
+        s.store.reenter("k", "a", 3, ttl).await.expect("answer"),
         Some(3)
     );
-    assert_eq!(s.store.hold("k", "b", 2, ttl).await.expect("answer"), None);
+    assert_eq!(
+        s.store.reenter("k", "b", 2, ttl).await.expect("answer"),
+        None
+    );
     assert_eq!(
         s.store.describe("k").await.expect("answer").holders[0].hold_count,
         3
@@ -237,7 +240,10 @@ async fn holds_are_counted(s: Subject) {
             .expect("answer"),
         Some(0)
     );
-    assert_eq!(s.store.hold("k", "a", 2, ttl).await.expect("answer"), None);
+    assert_eq!(
+        s.store.reenter("k", "a", 2, ttl).await.expect("answer"),
+        None
+    );
     fence(&s, &claim("k", "b", 10_000)).await;
 }
 
@@ -260,7 +266,7 @@ async fn holds_and_releases_are_idempotent(s: Subject) {
     fence(&s, &claim("k", "a", 10_000)).await;
     for _ in 0..2 {
         assert_eq!(
-            s.store.hold("k", "a", 2, ttl).await.expect("answer"),
+            s.store.reenter("k", "a", 2, ttl).await.expect("answer"),
             Some(2)
         );
     }
@@ -278,7 +284,7 @@ async fn holds_and_releases_are_idempotent(s: Subject) {
     assert!(is_busy(&s, &claim("k", "b", 10_000)).await, "still held");
     // A hold that ran but whose answer was lost, then the release of the one hold the
     // session knows of: the store follows the session.
-    s.store.hold("k", "a", 2, ttl).await.expect("answer");
+    s.store.reenter("k", "a", 2, ttl).await.expect("answer");
     assert_eq!(
         s.store
             .release("k", "a", 0, NO_DELAY)
@@ -844,7 +850,7 @@ async fn values_are_kept_proclaimed_and_shown(s: Subject) {
     // A hold keeps the value.
     assert_eq!(
         s.store
-            .hold("k", "b", 2, Duration::from_secs(10))
+            .reenter("k", "b", 2, Duration::from_secs(10))
             .await
             .expect("answer"),
         Some(2)
@@ -927,7 +933,7 @@ async fn watched_keys_announce_their_changes_and_others_nothing(mut s: Subject) 
     );
     assert!(about(&one_change(&mut s).await, "watched"), "a proclaim");
     s.store
-        .hold("watched", "a", 2, Duration::from_secs(10))
+        .reenter("watched", "a", 2, Duration::from_secs(10))
         .await
         .expect("answer");
     assert!(about(&one_change(&mut s).await, "watched"), "a hold count");

@@ -56,14 +56,14 @@ impl Store for Switchable {
     fn acquire<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, Acquired> {
         guarded!(self, self.inner.acquire(claim))
     }
-    fn hold<'a>(
+    fn reenter<'a>(
         &'a self,
         key: &'a str,
         owner: &'a str,
         count: u32,
         ttl: Duration,
     ) -> StoreFuture<'a, Option<u32>> {
-        guarded!(self, self.inner.hold(key, owner, count, ttl))
+        guarded!(self, self.inner.reenter(key, owner, count, ttl))
     }
     fn release<'a>(
         &'a self,

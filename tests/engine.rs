@@ -96,7 +96,7 @@ impl Store for Switchable {
             Ok(answer)
         })
     }
-    fn hold<'a>(
+    fn reenter<'a>(
         &'a self,
         key: &'a str,
         owner: &'a str,
@@ -105,7 +105,7 @@ impl Store for Switchable {
     ) -> StoreFuture<'a, Option<u32>> {
         Box::pin(async move {
             self.check()?;
-            self.answer(self.inner.hold(key, owner, count, ttl).await)
+            self.answer(self.inner.reenter(key, owner, count, ttl).await)
         })
     }
     fn release<'a>(

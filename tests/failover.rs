@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::proxy::{Fault, Proxy};
 use common::topology::{ClusterSetup, SentinelSetup, wait_until};
 use common::workload::{self, Outcome, Plan, percentile, takeovers};
-use common::{Lease, Sidecar, Verdict, acquire, check_history, namespace, secs};
+use common::{LeaseStream, Sidecar, Verdict, acquire, check_history, namespace, secs};
 use lockside::proto::{self, lease_response::Event};
 use lockside::store::Store;
 use lockside::store::redis::{RedisOptions, RedisStore};
@@ -39,7 +39,7 @@ fn with_ttl(key: &str, ttl: f64) -> proto::Acquire {
 /// Acquires `key` until granted or `limit` passes, retrying UNAVAILABLE (a store in
 /// failover) and BUSY; returns the grant.
 async fn grant_eventually(
-    lease: &mut Lease,
+    lease: &mut LeaseStream,
     key: &str,
     ttl: f64,
     limit: Duration,
@@ -264,7 +264,7 @@ struct Partitioned {
     proxy: Proxy,
     _near: Sidecar,
     far: Sidecar,
-    holder: Lease,
+    holder: LeaseStream,
     token: u64,
     _redis: common::Redis,
 }

@@ -20,7 +20,7 @@ async fn in_process(redis: &Redis, ns: &str) -> Sidecar {
 }
 
 /// Starts a wait for `key` and returns its request id once `Waiting` arrived.
-async fn wait_for(lease: &mut common::Lease, key: &str) -> u64 {
+async fn wait_for(lease: &mut common::LeaseStream, key: &str) -> u64 {
     let id = lease.send_acquire(waiting_for(key, 30.0)).await;
     lease.expect_waiting(id).await;
     id

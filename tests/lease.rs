@@ -219,7 +219,7 @@ async fn renewal_keeps_short_leases(s: Setup) {
 
 /// Sends a raw request and expects it rejected with `code`; returns the rejection.
 async fn rejected(
-    lease: &mut common::Lease,
+    lease: &mut common::LeaseStream,
     request: proto::LeaseRequest,
     code: Code,
 ) -> proto::Rejected {

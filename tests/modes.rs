@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{
-    Client, HolderProcess, Interval, Lease, Redis, Rng, Setup, Sidecar, SidecarProcess, StoreKind,
-    acquire, make_store, max_concurrent, namespace, secs,
+    Client, HolderProcess, Interval, LeaseStream, Redis, Rng, Setup, Sidecar, SidecarProcess,
+    StoreKind, acquire, make_store, max_concurrent, namespace, secs,
 };
 use lockside::engine::EngineConfig;
 use lockside::proto::{self, lease_response, not_acquired::Reason};
@@ -38,17 +38,17 @@ fn fair_wait(a: proto::Acquire) -> proto::Acquire {
     }
 }
 
-async fn granted(lease: &mut Lease, a: proto::Acquire) -> proto::Granted {
+async fn granted(lease: &mut LeaseStream, a: proto::Acquire) -> proto::Granted {
     let id = lease.send_acquire(a).await;
     lease.expect_granted(id).await
 }
 
-async fn busy(lease: &mut Lease, a: proto::Acquire) {
+async fn busy(lease: &mut LeaseStream, a: proto::Acquire) {
     let id = lease.send_acquire(a).await;
     assert_eq!(lease.expect_not_acquired(id).await, Reason::Busy as i32);
 }
 
-async fn rejected(lease: &mut Lease, a: proto::Acquire) -> proto::Rejected {
+async fn rejected(lease: &mut LeaseStream, a: proto::Acquire) -> proto::Rejected {
     let id = lease.send_acquire(a).await;
     let r = lease.expect_rejected(id).await;
     assert_eq!(r.code, Code::FailedPrecondition as i32, "{r:?}");
@@ -56,7 +56,7 @@ async fn rejected(lease: &mut Lease, a: proto::Acquire) -> proto::Rejected {
 }
 
 /// Sends a fair wait and returns its request id and queue position.
-async fn queue(lease: &mut Lease, a: proto::Acquire) -> (u64, u32) {
+async fn queue(lease: &mut LeaseStream, a: proto::Acquire) -> (u64, u32) {
     let id = lease.send_acquire(fair_wait(a)).await;
     match lease.next().await {
         lease_response::Event::Waiting(w) if w.request_id == id => (id, w.position),

@@ -18,8 +18,8 @@ use std::time::Duration;
 use common::proxy::Proxy;
 use common::topology::{ClusterSetup, SentinelSetup, cli, wait_until};
 use common::{
-    Lease, PATIENCE, Redis, Sidecar, StoreKind, acquire, handoff, make_store, namespace, secs,
-    waiting_for,
+    LeaseStream, PATIENCE, Redis, Sidecar, StoreKind, acquire, handoff, make_store, namespace,
+    secs, waiting_for,
 };
 use lockside::proto::{self, lease_response::Event};
 use lockside::store::Store;
@@ -59,7 +59,7 @@ fn fair_wait(key: &str) -> proto::Acquire {
 /// each release has waiters (and publishes a notice) and the order is known.
 async fn hand_around(sidecar: &Sidecar, key: &str, rounds: usize) {
     let client = sidecar.client().await;
-    let mut leases: Vec<Lease> = Vec::new();
+    let mut leases: Vec<LeaseStream> = Vec::new();
     for _ in 0..4 {
         leases.push(client.lease().await);
     }
@@ -237,7 +237,7 @@ async fn a_waiter_is_woken_across_sidecars_on_redlock() {
 
 /// `holder` holds "k" and `waiter` waits for it, both with a TTL whose fallback look
 /// is 10 s away; returns the waiter's request id.
-async fn hold_and_wait(holder: &mut Lease, waiter: &mut Lease) -> u64 {
+async fn hold_and_wait(holder: &mut LeaseStream, waiter: &mut LeaseStream) -> u64 {
     let id = holder
         .send_acquire(proto::Acquire {
             ttl: Some(secs(LONG_TTL)),

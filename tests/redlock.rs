@@ -127,7 +127,7 @@ async fn a_release_answers_what_a_majority_of_masters_has_left() {
     // The hold that reached master 0 only.
     let held = masters
         .single(0)
-        .hold("k", "s1", 2, Duration::from_secs(30))
+        .reenter("k", "s1", 2, Duration::from_secs(30))
         .await;
     assert_eq!(held.expect("master 0"), Some(2));
     let frozen = masters.redis[2].pid();
@@ -157,7 +157,7 @@ async fn a_grant_the_majority_lost_is_cleaned_up_where_it_is_left() {
     let redlock = masters.redlock();
     let got = redlock.acquire(&claim("k", "s1")).await;
     assert!(matches!(got, Ok(Acquired::Granted { .. })), "{got:?}");
-    let held = redlock.hold("k", "s1", 2, Duration::from_secs(30)).await;
+    let held = redlock.reenter("k", "s1", 2, Duration::from_secs(30)).await;
     assert_eq!(held.expect("a majority answers"), Some(2));
     // Master 1 loses the grant (as a master restarted empty would).
     let lost = masters

@@ -71,7 +71,7 @@ pub(crate) enum RenewEvent {
 }
 
 /// A grant to keep alive.
-pub(crate) struct Lease {
+pub(crate) struct Renewable {
     pub(crate) id: u64,
     pub(crate) key: String,
     pub(crate) owner: String,
@@ -83,7 +83,7 @@ pub(crate) struct Lease {
 }
 
 enum Cmd {
-    Add(Lease),
+    Add(Renewable),
     Remove(u64),
 }
 
@@ -115,7 +115,7 @@ impl Renewer {
         Self { tx }
     }
 
-    pub(crate) fn add(&self, lease: Lease) {
+    pub(crate) fn add(&self, lease: Renewable) {
         // The task only ends at shutdown, after which nothing needs renewing.
         let _ = self.tx.send(Cmd::Add(lease));
     }
@@ -126,7 +126,7 @@ impl Renewer {
 }
 
 struct Entry {
-    lease: Lease,
+    lease: Renewable,
     due: Instant,
     failing: bool,
 }
@@ -301,7 +301,7 @@ impl Task {
 
     /// Releases a grant whose renewal landed after its session dropped it, so the
     /// store does not keep it for a whole TTL.
-    fn undo(&self, lease: &Lease) {
+    fn undo(&self, lease: &Renewable) {
         super::release_in_background(&self.store, lease.key.clone(), lease.owner.clone());
     }
 }

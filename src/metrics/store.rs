@@ -61,14 +61,14 @@ impl Store for MeteredStore {
         self.meter(Operation::Acquire, self.inner.acquire(claim))
     }
 
-    fn hold<'a>(
+    fn reenter<'a>(
         &'a self,
         key: &'a str,
         owner: &'a str,
         count: u32,
         ttl: Duration,
     ) -> StoreFuture<'a, Option<u32>> {
-        self.meter(Operation::Hold, self.inner.hold(key, owner, count, ttl))
+        self.meter(Operation::Hold, self.inner.reenter(key, owner, count, ttl))
     }
 
     fn release<'a>(

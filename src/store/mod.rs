@@ -52,7 +52,7 @@ pub trait Store: Send + Sync + 'static {
     /// carries the count the session wants, not "one more", so it is idempotent. A call
     /// that timed out but ran leaves the count the session would have had after it, and
     /// the session's next hold or release sets the count it actually keeps.
-    fn hold<'a>(
+    fn reenter<'a>(
         &'a self,
         key: &'a str,
         owner: &'a str,
@@ -62,7 +62,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Leaves `count` holds on a grant: 0 releases it (waiters are notified), N > 0 sets
     /// the hold count to N. Returns the holds left, or `None` when `owner` did not hold
-    /// `key`. Idempotent, as [`Store::hold`]. A non-zero `delay` on the last holder of an
+    /// `key`. Idempotent, as [`Store::reenter`]. A non-zero `delay` on the last holder of an
     /// exclusive lock keeps the lock from anyone for that long (lock-delay).
     fn release<'a>(
         &'a self,

@@ -13,7 +13,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{Done, Outcome};
+use super::{AcquireResult, Done};
 use crate::engine::wakers::WaitGuard;
 use crate::store::{Acquired, Claim, Store};
 
@@ -30,7 +30,7 @@ pub(super) struct AcquireOp {
 
 pub(super) async fn acquire(op: AcquireOp) -> Done {
     let outcome = attempts(&op).await;
-    if op.claim.wait && !matches!(outcome, Outcome::Granted { .. }) {
+    if op.claim.wait && !matches!(outcome, AcquireResult::Granted { .. }) {
         // Leave the waiters of the key in the store, in the background: the answer
         // need not wait for it, and the registration expires anyway.
         let store = op.store.clone();
@@ -76,7 +76,7 @@ impl Drop for Listening {
 /// Tries to acquire; while busy and allowed to wait, sleeps until a release notice, the
 /// time the store said to look again (a holder's expiry, the end of a lock-delay, a
 /// fair waiter ahead expiring), or a refresh of the waiter registration at TTL/3.
-async fn attempts(op: &AcquireOp) -> Outcome {
+async fn attempts(op: &AcquireOp) -> AcquireResult {
     let mut told = false;
     // Held until this function returns: granted, timed out, cancelled or failed.
     let mut listening: Option<Listening> = None;
@@ -86,26 +86,26 @@ async fn attempts(op: &AcquireOp) -> Outcome {
         let answer = op.store.acquire(&op.claim).await;
         drop(turn);
         let (expires_in, position) = match answer {
-            Ok(Acquired::Granted { fence }) => return Outcome::Granted { fence, sent_at },
+            Ok(Acquired::Granted { fence }) => return AcquireResult::Granted { fence, sent_at },
             Ok(Acquired::Busy {
                 expires_in,
                 position,
             }) => (expires_in, position),
-            Ok(Acquired::Conflict { limit }) => return Outcome::Conflict { limit },
-            Err(e) => return Outcome::Unavailable(e),
+            Ok(Acquired::Conflict { limit }) => return AcquireResult::Conflict { limit },
+            Err(e) => return AcquireResult::Unavailable(e),
         };
         let (Some(until), Some(guard)) = (op.wait_until, op.guard.as_ref()) else {
-            return Outcome::Busy;
+            return AcquireResult::Busy;
         };
         if Instant::now() >= until {
-            return Outcome::Timeout;
+            return AcquireResult::Timeout;
         }
         if listening.is_none() {
             let listen = Listening::start(&op.store, &op.claim.key);
             tokio::select! {
                 listened = listen => listening = Some(listened),
-                _ = op.cancel.cancelled() => return Outcome::Cancelled,
-                _ = tokio::time::sleep_until(until) => return Outcome::Timeout,
+                _ = op.cancel.cancelled() => return AcquireResult::Cancelled,
+                _ = tokio::time::sleep_until(until) => return AcquireResult::Timeout,
             }
             // Notices flow now; a release since the busy answer freed the key unheard.
             continue;
@@ -123,8 +123,8 @@ async fn attempts(op: &AcquireOp) -> Outcome {
             // A wake first: a woken waiter always tries once more, so no wake is lost.
             biased;
             _ = guard.notified() => {}
-            _ = op.cancel.cancelled() => return Outcome::Cancelled,
-            _ = tokio::time::sleep_until(until) => return Outcome::Timeout,
+            _ = op.cancel.cancelled() => return AcquireResult::Cancelled,
+            _ = tokio::time::sleep_until(until) => return AcquireResult::Timeout,
             _ = tokio::time::sleep_until(look_again) => {}
         }
     }

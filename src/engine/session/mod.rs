@@ -81,9 +81,9 @@ enum Done {
     Acquire {
         request_id: u64,
         claim: Claim,
-        outcome: Outcome,
+        outcome: AcquireResult,
     },
-    Hold {
+    Reenter {
         key: String,
         lease_id: u64,
         request: AcquireRequest,
@@ -103,7 +103,8 @@ enum Done {
     },
 }
 
-enum Outcome {
+/// How one acquire ended, as its store calls and its waiting decided.
+enum AcquireResult {
     Granted { fence: u64, sent_at: Instant },
     Busy,
     Timeout,
@@ -336,7 +337,7 @@ impl Session {
             while let Some(done) = ops.next().await {
                 if let Done::Acquire {
                     claim,
-                    outcome: Outcome::Granted { .. },
+                    outcome: AcquireResult::Granted { .. },
                     ..
                 } = done
                 {

@@ -179,7 +179,7 @@ impl Session {
                 let value = request.value.clone();
                 self.ops.push(Box::pin(async move {
                     let _turn = turns.acquire().await;
-                    let mut result = store.hold(&key, &owner, count, ttl).await;
+                    let mut result = store.reenter(&key, &owner, count, ttl).await;
                     if let Ok(Some(_)) = result
                         && !value.is_empty()
                     {
@@ -190,7 +190,7 @@ impl Session {
                             Err(e) => Err(e),
                         };
                     }
-                    Done::Hold {
+                    Done::Reenter {
                         key,
                         lease_id,
                         request,

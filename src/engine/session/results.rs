@@ -6,28 +6,28 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::{Acquiring, Done, Held, Outcome, Session, Slot};
-use crate::engine::renewer::{Lease, LeaseClock, RenewEvent};
+use super::{AcquireResult, Acquiring, Done, Held, Session, Slot};
+use crate::engine::renewer::{LeaseClock, RenewEvent, Renewable};
 use crate::engine::{Command, Event, NotAcquiredReason, RejectCode};
 use crate::metrics::Loss;
 use crate::store::Claim;
 use crate::store::drift_margin;
 
 /// Records how an acquire ended on its span.
-fn trace_outcome(a: &Acquiring, outcome: &Outcome) {
+fn trace_outcome(a: &Acquiring, outcome: &AcquireResult) {
     let span = &a.span;
     span.record("waited_ms", a.started.elapsed().as_millis() as u64);
     let name = match outcome {
         _ if a.cancelled => "cancelled",
-        Outcome::Granted { fence, .. } => {
+        AcquireResult::Granted { fence, .. } => {
             span.record("fencing_token", fence);
             "granted"
         }
-        Outcome::Busy => "busy",
-        Outcome::Timeout => "timeout",
-        Outcome::Cancelled => "cancelled",
-        Outcome::Conflict { .. } => "conflict",
-        Outcome::Unavailable(_) => {
+        AcquireResult::Busy => "busy",
+        AcquireResult::Timeout => "timeout",
+        AcquireResult::Cancelled => "cancelled",
+        AcquireResult::Conflict { .. } => "conflict",
+        AcquireResult::Unavailable(_) => {
             span.record("otel.status_code", "ERROR");
             "unavailable"
         }
@@ -61,7 +61,7 @@ impl Session {
                 claim,
                 outcome,
             } => self.acquired(request_id, claim, outcome),
-            Done::Hold {
+            Done::Reenter {
                 key,
                 lease_id,
                 request,
@@ -206,25 +206,25 @@ impl Session {
         }
     }
 
-    pub(super) fn acquired(&mut self, request_id: u64, claim: Claim, outcome: Outcome) {
+    pub(super) fn acquired(&mut self, request_id: u64, claim: Claim, outcome: AcquireResult) {
         self.pending.remove(&request_id);
         let key = claim.key.clone();
         let Some(Slot::Acquiring(a)) = self.slots.remove(&key) else {
             // Cannot happen: an Acquiring slot only leaves through here.
             tracing::error!(%key, "acquire finished without its slot");
-            if let Outcome::Granted { .. } = outcome {
+            if let AcquireResult::Granted { .. } = outcome {
                 self.release_in_background(key, claim.owner);
             }
             return;
         };
         trace_outcome(&a, &outcome);
         let reason = match outcome {
-            Outcome::Granted { .. } if a.cancelled => {
+            AcquireResult::Granted { .. } if a.cancelled => {
                 self.release_in_background(key.clone(), claim.owner);
                 Some(NotAcquiredReason::Cancelled)
             }
             _ if a.cancelled => Some(NotAcquiredReason::Cancelled),
-            Outcome::Granted { fence, sent_at } => {
+            AcquireResult::Granted { fence, sent_at } => {
                 let drift = self.shared.config.clock_drift;
                 let valid_until = sent_at + claim.ttl - drift_margin(claim.ttl, drift);
                 if valid_until <= Instant::now() {
@@ -244,17 +244,17 @@ impl Session {
                     return self.drain(&key);
                 }
             }
-            Outcome::Busy => Some(NotAcquiredReason::Busy),
-            Outcome::Timeout => Some(NotAcquiredReason::Timeout),
-            Outcome::Cancelled => Some(NotAcquiredReason::Cancelled),
-            Outcome::Conflict { limit } => {
+            AcquireResult::Busy => Some(NotAcquiredReason::Busy),
+            AcquireResult::Timeout => Some(NotAcquiredReason::Timeout),
+            AcquireResult::Cancelled => Some(NotAcquiredReason::Cancelled),
+            AcquireResult::Conflict { limit } => {
                 let message = format!(
                     "the key is held with limit {limit}; a request must use the holders' limit"
                 );
                 self.reject(request_id, &key, RejectCode::FailedPrecondition, message);
                 None
             }
-            Outcome::Unavailable(e) => {
+            AcquireResult::Unavailable(e) => {
                 // A call that timed out may still have been granted: the grant's owner
                 // token is unique, so releasing it blindly is safe and frees the key
                 // now rather than at its TTL.
@@ -285,7 +285,7 @@ impl Session {
         let lease_id = self.shared.next_lease_id();
         let clock = Arc::new(LeaseClock::new(valid_until));
         let key = claim.key;
-        self.shared.renewer.add(Lease {
+        self.shared.renewer.add(Renewable {
             id: lease_id,
             key: key.clone(),
             owner: claim.owner.clone(),

@@ -193,7 +193,7 @@ impl Store for MemoryStore {
         ready(self.acquire_now(claim))
     }
 
-    fn hold<'a>(
+    fn reenter<'a>(
         &'a self,
         key: &'a str,
         owner: &'a str,

@@ -59,7 +59,10 @@ async fn describes_of_keys_nobody_locked_create_nothing() {
             .iter()
             .all(|r| !r.is_extended())
     );
-    assert_eq!(store.hold("gone", "o", 2, TTL).await.expect("memory"), None);
+    assert_eq!(
+        store.reenter("gone", "o", 2, TTL).await.expect("memory"),
+        None
+    );
     assert_eq!(
         store
             .release("gone", "o", 0, Duration::ZERO)

@@ -292,7 +292,7 @@ impl Store for RedisStore {
         })
     }
 
-    fn hold<'a>(
+    fn reenter<'a>(
         &'a self,
         key: &'a str,
         owner: &'a str,
@@ -310,7 +310,7 @@ impl Store for RedisStore {
                 key.as_bytes(),
                 sharded.as_bytes(),
             ];
-            let n: i64 = self.invoke(&self.scripts.hold, key, &args).await?;
+            let n: i64 = self.invoke(&self.scripts.reenter, key, &args).await?;
             Ok(held_count(n))
         })
     }

@@ -52,7 +52,7 @@ impl Lua {
 /// Every script of the store.
 pub(super) struct Scripts {
     pub(super) acquire: Lua,
-    pub(super) hold: Lua,
+    pub(super) reenter: Lua,
     pub(super) release: Lua,
     pub(super) renew: Lua,
     /// `renew_across.lua`, flagged `allow-cross-slot-keys` (Redis 7): on a Cluster, one
@@ -70,7 +70,7 @@ impl Scripts {
         let lua = |text| Lua::new(text, None);
         Self {
             acquire: lua(include_str!("../lua/acquire.lua")),
-            hold: lua(include_str!("../lua/hold.lua")),
+            reenter: lua(include_str!("../lua/reenter.lua")),
             release: lua(include_str!("../lua/release.lua")),
             renew: lua(include_str!("../lua/renew.lua")),
             renew_across_slots: Lua::new(

@@ -167,7 +167,7 @@ impl Store for RedlockStore {
         Box::pin(self.acquire_once(claim))
     }
 
-    fn hold<'a>(
+    fn reenter<'a>(
         &'a self,
         key: &'a str,
         owner: &'a str,
@@ -178,7 +178,7 @@ impl Store for RedlockStore {
             let (k, o) = (key.to_owned(), owner.to_owned());
             let hold = move |m: Arc<RedisStore>| -> StoreFuture<'static, Option<u32>> {
                 let (k, o) = (k.clone(), o.clone());
-                Box::pin(async move { m.hold(&k, &o, count, ttl).await })
+                Box::pin(async move { m.reenter(&k, &o, count, ttl).await })
             };
             self.settle(key, owner, hold).await
         })
@@ -268,9 +268,27 @@ impl Store for RedlockStore {
                 let answered = answers.iter().filter(|a| a.is_ok()).count();
                 yes >= quorum || (answered >= quorum && yes + (n - answers.len()) < quorum)
             };
-            let answers = self
-                .gather(|m| m.proclaim(key, owner, value), decided)
-                .await;
+            // Every master gets the value, also after the answer is known (the rest
+            // finish in the background), so that a later Describe finds it on all.
+            let (k, o, v) = (key.to_owned(), owner.to_owned(), value.to_vec());
+            let mut calls: futures_util::stream::FuturesUnordered<_> = self
+                .masters
+                .iter()
+                .map(|m| {
+                    let (m, k, o, v) = (m.clone(), k.clone(), o.clone(), v.clone());
+                    async move { m.proclaim(&k, &o, &v).await }
+                })
+                .collect();
+            let mut answers = Vec::with_capacity(n);
+            while let Some(answer) = calls.next().await {
+                answers.push(answer);
+                if decided(&answers) {
+                    break;
+                }
+            }
+            if !calls.is_empty() {
+                tokio::spawn(async move { while calls.next().await.is_some() {} });
+            }
             let yes = answers.iter().filter(|a| matches!(a, Ok(true))).count();
             let answered = answers.iter().filter(|a| a.is_ok()).count();
             if yes >= quorum {

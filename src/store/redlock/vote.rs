@@ -108,7 +108,26 @@ pub(super) fn merge(states: Vec<KeyState>, quorum: usize) -> KeyState {
                 .map(|o| o.fence)
                 .max()
                 .unwrap_or(h.fence);
-            holders.push(HolderState { fence, ..h.clone() });
+            // The value most masters have: a proclaim that reached a majority wins
+            // over a master it has not reached yet.
+            let mut values: Vec<(&Vec<u8>, usize)> = Vec::new();
+            for o in states.iter().flat_map(|s| &s.holders) {
+                if o.session_id == h.session_id {
+                    match values.iter_mut().find(|(v, _)| *v == &o.value) {
+                        Some((_, n)) => *n += 1,
+                        None => values.push((&o.value, 1)),
+                    }
+                }
+            }
+            let value = values
+                .iter()
+                .max_by_key(|(_, n)| *n)
+                .map_or_else(|| h.value.clone(), |(v, _)| (*v).clone());
+            holders.push(HolderState {
+                fence,
+                value,
+                ..h.clone()
+            });
         }
     }
     let fence = states.iter().map(|s| s.fence).max().unwrap_or_default();

@@ -1,0 +1,165 @@
+//! A `redis-server` on a free loopback port, started for a test and killed on drop.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::{PATIENCE, TempDir, free_port};
+
+/// A `redis-server` on a free loopback port, killed on drop.
+pub struct Redis {
+    pub port: u16,
+    child: Option<Child>,
+    dir: TempDir,
+    /// `requirepass`, when the server wants one.
+    password: Option<String>,
+    /// More `redis-server` arguments (ACL users, TLS files).
+    server_args: Vec<String>,
+    /// How `redis-cli` reaches it (`--tls --cacert ...`, `--user ... --pass ...`).
+    cli_args: Vec<String>,
+    /// Serve TLS only (`--port 0 --tls-port P`).
+    tls: bool,
+}
+
+impl Redis {
+    pub fn start() -> Self {
+        Self::start_with_password(None)
+    }
+
+    /// A server that requires `password` (AUTH).
+    pub fn start_with_password(password: Option<&str>) -> Self {
+        Self::start_custom(password, &[], &[], false)
+    }
+
+    /// A server with more arguments; `cli_args` tell `redis-cli` how to reach it, `tls`
+    /// serves TLS only.
+    pub fn start_custom(
+        password: Option<&str>,
+        server_args: &[String],
+        cli_args: &[String],
+        tls: bool,
+    ) -> Self {
+        let dir = TempDir::new("redis");
+        let mut redis = Self {
+            port: 0,
+            child: None,
+            dir,
+            password: password.map(str::to_owned),
+            server_args: server_args.to_vec(),
+            cli_args: cli_args.to_vec(),
+            tls,
+        };
+        // A port found free can be taken before redis binds it: retry on failure.
+        for _ in 0..5 {
+            redis.port = free_port();
+            if redis.spawn() {
+                return redis;
+            }
+        }
+        panic!("redis-server did not start");
+    }
+
+    fn spawn(&mut self) -> bool {
+        let port = self.port.to_string();
+        let ports = match self.tls {
+            true => vec!["--port", "0", "--tls-port", &port],
+            false => vec!["--port", &port],
+        };
+        let child = Command::new("redis-server")
+            .args(ports)
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(&self.server_args)
+            .args(["--dir", &self.dir.0.to_string_lossy()])
+            .args(
+                self.password
+                    .iter()
+                    .flat_map(|p| ["--requirepass", p.as_str()]),
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (.ci/run installs it)");
+        self.child = Some(child);
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while std::time::Instant::now() < deadline {
+            if self.ping() {
+                return true;
+            }
+            if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
+                self.child = None;
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.kill();
+        false
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Whether the server on our port answers and is *our* child: a port found free
+    /// may have been taken by another test's server, which would answer PING too.
+    fn ping(&self) -> bool {
+        let Some(pid) = self.child.as_ref().map(|c| c.id()) else {
+            return false;
+        };
+        Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(&self.cli_args)
+            .args(
+                self.password
+                    .iter()
+                    .flat_map(|p| ["--no-auth-warning", "-a", p.as_str()]),
+            )
+            .args(["info", "server"])
+            .output()
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .any(|l| l.trim() == format!("process_id:{pid}"))
+            })
+            .unwrap_or(false)
+    }
+
+    /// Runs one redis-cli command and returns its output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(&self.cli_args)
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// Kills the server (SIGKILL) and waits for it to go.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.kill();
+        for _ in 0..50 {
+            if self.spawn() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("redis-server did not restart on port {}", self.port);
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

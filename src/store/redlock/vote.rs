@@ -89,7 +89,8 @@ pub(super) fn renewal_vote(
 }
 
 /// One view of a lock from the masters' views: the holders a majority knows (with the
-/// largest token any master gave them), the largest counter, the first master's queue.
+/// largest token any master gave them, the hold count and the value a majority has),
+/// the largest counter, the first master's queue.
 pub(super) fn merge(states: Vec<KeyState>, quorum: usize) -> KeyState {
     let mut holders: Vec<HolderState> = Vec::new();
     for state in &states {
@@ -123,9 +124,24 @@ pub(super) fn merge(states: Vec<KeyState>, quorum: usize) -> KeyState {
                 .iter()
                 .max_by_key(|(_, n)| *n)
                 .map_or_else(|| h.value.clone(), |(v, _)| (*v).clone());
+            // The hold count a majority has (the quorum-th largest), as holds and
+            // releases answer it: a master a background call has not reached yet does
+            // not decide.
+            let mut counts: Vec<u32> = states
+                .iter()
+                .flat_map(|s| &s.holders)
+                .filter(|o| o.session_id == h.session_id)
+                .map(|o| o.hold_count)
+                .collect();
+            counts.sort_unstable_by(|a, b| b.cmp(a));
+            let hold_count = counts
+                .get(quorum.saturating_sub(1))
+                .copied()
+                .unwrap_or(h.hold_count);
             holders.push(HolderState {
                 fence,
                 value,
+                hold_count,
                 ..h.clone()
             });
         }
@@ -268,5 +284,37 @@ mod tests {
             "one node of a master failed: too few to tell"
         );
         assert_eq!(renewal_vote(&[down(), down()], 3, 2, 0), None);
+    }
+
+    /// A reentrant hold or a proclaim answered by a majority may not have reached the
+    /// last master yet: Describe shows what the majority has, whichever master answers
+    /// first.
+    #[test]
+    fn a_view_shows_what_the_majority_has() {
+        let state = |count: u32, value: &[u8]| KeyState {
+            holders: vec![HolderState {
+                session_id: "s".into(),
+                client_name: String::new(),
+                hold_count: count,
+                ttl_remaining: std::time::Duration::from_secs(1),
+                fence: 7,
+                value: value.to_vec(),
+            }],
+            ..KeyState::default()
+        };
+        let merged = merge(
+            vec![state(2, b"old"), state(3, b"new"), state(3, b"new")],
+            2,
+        );
+        assert_eq!(merged.holders[0].hold_count, 3);
+        assert_eq!(merged.holders[0].value, b"new");
+        let merged = merge(
+            vec![state(3, b"new"), state(2, b"old"), state(2, b"old")],
+            2,
+        );
+        assert_eq!(
+            merged.holders[0].hold_count, 2,
+            "one master's count is not a majority's"
+        );
     }
 }

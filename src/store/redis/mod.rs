@@ -157,7 +157,15 @@ impl RedisStore {
 
     /// The Redis key of one part of a lock (see `lua/common.lua`).
     fn key(&self, key: &str, part: &str) -> String {
-        format!("{{{}:{}}}:{}", self.namespace, key, part)
+        // Pushed rather than format!-ed: every store call makes four of these.
+        let mut name = String::with_capacity(self.namespace.len() + key.len() + 4 + part.len());
+        name.push('{');
+        name.push_str(&self.namespace);
+        name.push(':');
+        name.push_str(key);
+        name.push_str("}:");
+        name.push_str(part);
+        name
     }
 
     /// Where the scripts publish the notices of `key` (its own channel `{ns:KEY}:n`),
@@ -174,7 +182,14 @@ impl RedisStore {
     /// The keys of one lock, in the order the scripts take them: its hash, its
     /// waiters, its fair queue, its watchers (see `lua/common.lua`).
     fn keys(&self, key: &str) -> [String; 4] {
-        ["h", "w", "q", "l"].map(|part| self.key(key, part))
+        let h = self.key(key, "h");
+        let part = |p: &str| {
+            let mut name = h.clone();
+            name.replace_range(name.len() - 1.., p);
+            name
+        };
+        let (w, q, l) = (part("w"), part("q"), part("l"));
+        [h, w, q, l]
     }
 
     /// Runs `f` on the shared connection within the timeout. On a broken connection, a

@@ -124,7 +124,11 @@ impl Subscriptions {
 
     /// The notice channel of `key`.
     pub(crate) fn channel(&self, key: &str) -> String {
-        format!("{}{key}{SUFFIX}", self.prefix)
+        let mut channel = String::with_capacity(self.prefix.len() + key.len() + SUFFIX.len());
+        channel.push_str(&self.prefix);
+        channel.push_str(key);
+        channel.push_str(SUFFIX);
+        channel
     }
 
     /// Whether the scripts publish with `SPUBLISH` (Cluster).

@@ -6,7 +6,8 @@
 //! Requests share one connection (`redis/link.rs`); release notices come from one
 //! pub/sub subscription per sidecar (`redis/notices.rs`), or on a Cluster from sharded
 //! subscriptions to the keys this sidecar waits on (`redis/shards.rs`). Batched
-//! renewals are in `redis/renew.rs`, replica acknowledgement in `redis/acked.rs`.
+//! renewals are in `redis/renew.rs`, replica acknowledgement in `redis/acked.rs`,
+//! session records and resuming in `redis/sessions.rs`.
 
 mod acked;
 mod link;
@@ -15,6 +16,7 @@ mod options;
 mod renew;
 mod replies;
 mod scripts;
+mod sessions;
 mod shards;
 mod watchers;
 
@@ -27,7 +29,10 @@ use tokio::task::JoinHandle;
 
 pub use options::RedisOptions;
 
-use super::{Acquired, Claim, KeyState, Notice, Renewal, Renewed, Store, StoreError, StoreFuture};
+use super::{
+    Acquired, Claim, KeyState, Notice, RecordWrite, Recorded, Renewal, Renewed, ResumeClaim,
+    Resumption, Store, StoreError, StoreFuture,
+};
 use link::{Conn, Link};
 use options::Topology;
 use replies::{acquired, held_count, key_state, ms};
@@ -454,6 +459,22 @@ impl Store for RedisStore {
         if watch {
             self.watchers.remove(key);
         }
+    }
+
+    fn keeps_sessions(&self) -> bool {
+        true
+    }
+
+    fn record<'a>(&'a self, writes: &'a [RecordWrite]) -> StoreFuture<'a, Vec<Option<Recorded>>> {
+        Box::pin(async move { Ok(self.write_records(writes).await) })
+    }
+
+    fn attach<'a>(&'a self, sidecar: &'a str, ttl: Duration) -> StoreFuture<'a, ()> {
+        Box::pin(self.write_attachment(sidecar, ttl))
+    }
+
+    fn resume<'a>(&'a self, claim: &'a ResumeClaim) -> StoreFuture<'a, Resumption> {
+        Box::pin(self.resume_session(claim))
     }
 
     fn kind(&self) -> &'static str {

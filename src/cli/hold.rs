@@ -104,6 +104,7 @@ pub async fn hold(args: HoldArgs) -> u8 {
         shared: matches!(args.mode, ModeArg::Shared),
         limit: args.limit,
         fair: args.fair,
+        ..LockOptions::default()
     };
     let locked = tokio::select! {
         locked = client.lock_with(&args.key, options) => locked,

@@ -17,15 +17,20 @@
 //! ```
 //!
 //! Each guard has its own `Lease` stream, so dropping a guard releases its lock (the
-//! sidecar releases on stream end) and the lock is lost with the stream: any stream
-//! error counts as `Lost`, as the contract advises. The channel uses HTTP/2 keepalive of
-//! 1 s / 1 s, well below any TTL, so a frozen sidecar is noticed in time.
+//! sidecar releases on stream end). When the stream breaks (the sidecar died, was
+//! killed or restarted), the guard resumes its session with the session's resume
+//! token, on the restarted sidecar or any other on the same store, and keeps the lock
+//! if it comes back; it reports the lock lost only when resuming fails, when the lock
+//! comes back `Lost` or not at all, or when it may no longer be safe to use
+//! (`resume.rs` says how long that is). The channel uses HTTP/2 keepalive of 1 s /
+//! 1 s, well below any TTL, so a frozen sidecar is noticed in time.
 
 use std::time::Duration;
 
 mod connect;
 mod error;
 mod guard;
+mod resume;
 
 use hyper_util::rt::TokioIo;
 use tokio::sync::{mpsc, watch};
@@ -41,6 +46,7 @@ pub use connect::{Bearer, ClientTls, ConnectOptions};
 pub use error::{ClientError, NotAcquired, code_words};
 use error::{from_status, unreachable};
 pub use guard::LockGuard;
+pub use resume::{DEFAULT_RENEWAL_SLACK, safe_window};
 
 pub use crate::proto::limits::DEFAULT_ADDR;
 
@@ -57,12 +63,22 @@ pub struct LockOptions {
     pub limit: u32,
     /// Wait in arrival order.
     pub fair: bool,
+    /// After the stream to the sidecar broke, the client resumes the session (the
+    /// sidecar was restarted, or another one serves) and keeps the lock for as long as
+    /// it is surely still held: `TTL × 2/3 − renewal_slack − drift margin`. The slack is
+    /// how late a sidecar may confirm a renewal without `Jeopardy`: twice its
+    /// `--store-timeout`. `None`: [`DEFAULT_RENEWAL_SLACK`] (2 s, for the default
+    /// 1 s store timeout).
+    pub renewal_slack: Option<Duration>,
 }
+
+/// The gRPC client of a sidecar, with the bearer token.
+type Grpc = LockServiceClient<InterceptedService<Channel, Bearer>>;
 
 /// A connection to a sidecar. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Client {
-    grpc: LockServiceClient<InterceptedService<Channel, Bearer>>,
+    grpc: Grpc,
     channel: Channel,
 }
 
@@ -157,6 +173,7 @@ impl Client {
             ttl: options.ttl.and_then(duration),
         };
         send(&tx, lease_request::Command::Acquire(acquire)).await?;
+        let mut started = None;
         let granted = loop {
             let event = events
                 .next()
@@ -165,6 +182,7 @@ impl Client {
                 .map_err(|s| from_status(&s))?
                 .event;
             match event {
+                Some(lease_response::Event::Started(s)) => started = Some(s),
                 Some(lease_response::Event::Granted(g)) => break g,
                 Some(lease_response::Event::NotAcquired(n)) => {
                     use proto::not_acquired::Reason;
@@ -182,34 +200,31 @@ impl Client {
                         message: r.message,
                     });
                 }
-                _ => continue, // SessionStarted, Waiting
+                _ => continue, // Waiting
             }
         };
+        let started = started.unwrap_or_default();
+        let default_ttl = started.default_ttl.and_then(|d| Duration::try_from(d).ok());
         let (lost_tx, lost_rx) = watch::channel(None);
         let (released_tx, released_rx) = watch::channel(None);
-        // Reads the rest of the stream: Released answers the release; Lost, an error or
-        // the end of the stream before it means the lock is gone.
-        let reader = tokio::spawn(async move {
-            let why = loop {
-                match events.next().await.map(|m| m.map(|m| m.event)) {
-                    Some(Ok(Some(lease_response::Event::Released(r)))) => {
-                        let _ = released_tx.send(Some(r.hold_count));
-                        return;
-                    }
-                    Some(Ok(Some(lease_response::Event::Lost(lost)))) => break lost.reason,
-                    Some(Err(status)) => {
-                        break format!("the stream broke: {}", from_status(&status));
-                    }
-                    None => break "the sidecar ended the stream".to_owned(),
-                    Some(Ok(_)) => {}
-                }
-            };
-            let _ = lost_tx.send(Some(why));
-        });
+        let (requests, requests_rx) = mpsc::channel(4);
+        // Reads the rest of the stream, and resumes the session when it breaks (see
+        // `resume.rs`): Released answers the release; Lost, or a stream that cannot be
+        // resumed while the lock is surely held, means the lock is gone.
+        let lock = resume::Followed {
+            grpc: self.grpc.clone(),
+            key: key.to_owned(),
+            token: started.resume_token,
+            ttl: options.ttl.or(default_ttl).unwrap_or_default(),
+            renewal_slack: options.renewal_slack.unwrap_or(DEFAULT_RENEWAL_SLACK),
+            tx,
+            events,
+        };
+        let reader = tokio::spawn(resume::follow(lock, requests_rx, lost_tx, released_tx));
         Ok(LockGuard {
             key: key.to_owned(),
             token: granted.fencing_token,
-            tx,
+            tx: requests,
             lost: lost_rx,
             released: released_rx,
             reader,

@@ -358,6 +358,18 @@ impl SidecarProcess {
         Self::launch(store, namespace, extra, &[], None)
     }
 
+    /// On `addr` (e.g. the address of one that was killed), retrying while the port is
+    /// still taken.
+    pub fn start_at(addr: &str, store: &str, namespace: &str, extra: &[&str]) -> Self {
+        for _ in 0..50 {
+            if let Some(process) = Self::try_launch(addr, store, namespace, extra, &[], None) {
+                return process;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("lockside serve did not start on {addr}");
+    }
+
     /// With environment variables, and stderr appended to `log` (else discarded).
     pub fn launch(
         store: &str,
@@ -367,64 +379,79 @@ impl SidecarProcess {
         log: Option<&Path>,
     ) -> Self {
         for _ in 0..5 {
-            let stderr = match log {
-                None => Stdio::null(),
-                Some(path) => std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .expect("open the sidecar's log")
-                    .into(),
-            };
             let addr = format!("127.0.0.1:{}", free_port());
-            let child = Command::new(env!("CARGO_BIN_EXE_lockside"))
-                .args([
-                    "serve",
-                    "--listen",
-                    &addr,
-                    "--store",
-                    store,
-                    "--namespace",
-                    namespace,
-                    // Tests run sidecars side by side: no fixed admin port.
-                    "--admin-listen",
-                    "127.0.0.1:0",
-                ])
-                .args([
-                    "--keepalive-interval",
-                    "300ms",
-                    "--keepalive-timeout",
-                    "300ms",
-                ])
-                .args(extra)
-                .envs(env.iter().copied())
-                .stdout(Stdio::null())
-                .stderr(stderr)
-                .spawn()
-                .expect("spawn lockside");
-            let mut process = Self {
-                addr: addr.clone(),
-                child: Some(child),
-            };
-            let deadline = std::time::Instant::now() + PATIENCE;
-            while std::time::Instant::now() < deadline {
-                if std::net::TcpStream::connect(&addr).is_ok() {
-                    // Someone else may own the port: ours would then exit on its
-                    // failed bind, so make sure it is still running.
-                    std::thread::sleep(Duration::from_millis(20));
-                    if let Some(Ok(None)) = process.child.as_mut().map(|c| c.try_wait()) {
-                        return process;
-                    }
-                    break;
-                }
-                if let Some(Ok(Some(_))) = process.child.as_mut().map(|c| c.try_wait()) {
-                    break; // port taken: try another
-                }
-                std::thread::sleep(Duration::from_millis(10));
+            if let Some(process) = Self::try_launch(&addr, store, namespace, extra, env, log) {
+                return process;
             }
-            process.kill();
         }
         panic!("lockside serve did not start");
+    }
+
+    /// Starts one on `addr`; `None` if it did not come up (the port is taken).
+    fn try_launch(
+        addr: &str,
+        store: &str,
+        namespace: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        log: Option<&Path>,
+    ) -> Option<Self> {
+        let stderr = match log {
+            None => Stdio::null(),
+            Some(path) => std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .expect("open the sidecar's log")
+                .into(),
+        };
+        let child = Command::new(env!("CARGO_BIN_EXE_lockside"))
+            .args([
+                "serve",
+                "--listen",
+                addr,
+                "--store",
+                store,
+                "--namespace",
+                namespace,
+                // Tests run sidecars side by side: no fixed admin port.
+                "--admin-listen",
+                "127.0.0.1:0",
+            ])
+            .args([
+                "--keepalive-interval",
+                "300ms",
+                "--keepalive-timeout",
+                "300ms",
+            ])
+            .args(extra)
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn lockside");
+        let mut process = Self {
+            addr: addr.to_owned(),
+            child: Some(child),
+        };
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while std::time::Instant::now() < deadline {
+            if std::net::TcpStream::connect(addr).is_ok() {
+                // Someone else may own the port: ours would then exit on its
+                // failed bind, so make sure it is still running.
+                std::thread::sleep(Duration::from_millis(20));
+                if let Some(Ok(None)) = process.child.as_mut().map(|c| c.try_wait()) {
+                    return Some(process);
+                }
+                break;
+            }
+            if let Some(Ok(Some(_))) = process.child.as_mut().map(|c| c.try_wait()) {
+                break; // port taken: try another
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        process.kill();
+        None
     }
 
     pub fn pid(&self) -> u32 {
@@ -576,17 +603,24 @@ impl Client {
             .expect("lease in time")
             .expect("lease accepted")
             .into_inner();
-        let mut lease = Lease {
-            tx: Some(tx),
-            rx: responses,
-            session_id: String::new(),
-            next_id: 1,
-        };
-        match lease.next().await {
-            lease_response::Event::Started(s) => lease.session_id = s.session_id,
-            other => panic!("first event must be SessionStarted, got {other:?}"),
-        }
-        lease
+        Lease::open(tx, responses).await
+    }
+
+    /// Opens a Lease stream that resumes the session of `token`; the refusal's status
+    /// if it is refused.
+    pub async fn resume(&self, token: &str) -> Result<Lease, tonic::Status> {
+        let (tx, rx) = mpsc::channel(1024);
+        let mut request = tonic::Request::new(ReceiverStream::new(rx));
+        let value = token
+            .parse()
+            .map_err(|_| tonic::Status::invalid_argument("not a header value"))?;
+        request.metadata_mut().insert("lockside-resume", value);
+        let mut grpc = self.grpc.clone();
+        let responses = tokio::time::timeout(PATIENCE, grpc.lease(request))
+            .await
+            .expect("lease in time")?
+            .into_inner();
+        Ok(Lease::open(tx, responses).await)
     }
 
     pub async fn describe(&self, key: &str) -> proto::DescribeResponse {
@@ -603,6 +637,10 @@ pub struct Lease {
     tx: Option<mpsc::Sender<proto::LeaseRequest>>,
     rx: tonic::Streaming<proto::LeaseResponse>,
     pub session_id: String,
+    /// `SessionStarted.resume_token`.
+    pub resume_token: String,
+    /// `SessionStarted.resumed_locks`.
+    pub resumed_locks: u32,
     next_id: u64,
 }
 
@@ -619,6 +657,30 @@ pub fn acquire(key: &str) -> proto::Acquire {
 }
 
 impl Lease {
+    /// The stream's first event must be `SessionStarted`.
+    async fn open(
+        tx: mpsc::Sender<proto::LeaseRequest>,
+        rx: tonic::Streaming<proto::LeaseResponse>,
+    ) -> Self {
+        let mut lease = Lease {
+            tx: Some(tx),
+            rx,
+            session_id: String::new(),
+            resume_token: String::new(),
+            resumed_locks: 0,
+            next_id: 1,
+        };
+        match lease.next().await {
+            lease_response::Event::Started(s) => {
+                lease.session_id = s.session_id;
+                lease.resume_token = s.resume_token;
+                lease.resumed_locks = s.resumed_locks;
+            }
+            other => panic!("first event must be SessionStarted, got {other:?}"),
+        }
+        lease
+    }
+
     pub async fn send(&self, command: lease_request::Command) {
         self.tx
             .as_ref()

@@ -3,12 +3,12 @@
 //! sidecar if this one dies.
 //!
 //! Sessions tell the journal when a grant is handed out, when a lock leaves them and
-//! when they end; the journal gathers the changes and writes them every
-//! [`FLUSH_EVERY`], all sessions' writes of a flush in one store call (pipelined). A lock
-//! granted and released within that window costs the store nothing, and a session
-//! that never holds a lock writes nothing. The price: a lock granted just before the
-//! sidecar died may be missing from the record; a resumed client treats a lock it held
-//! that did not come back as lost.
+//! when they end; the journal gathers the changes and writes a grant once it has been
+//! held for [`FLUSH_EVERY`], all sessions' writes of a flush in one store call
+//! (pipelined). A lock granted and released within that time costs the store nothing,
+//! and a session that never holds a lock writes nothing. The price: a lock granted
+//! less than about twice that before the sidecar died may be missing from the record;
+//! a resumed client treats a lock it held that did not come back as lost.
 //!
 //! While some session of this sidecar has a record, the journal keeps the sidecar's
 //! attachment alive (refreshed every third of its TTL), written before the first record
@@ -121,8 +121,9 @@ struct Tracked {
     session: Option<Arc<SessionRef>>,
     /// What the store's record lists (as far as the journal knows).
     listed: HashMap<String, RecordLine>,
-    /// Changes not written yet: a line to list, or `None` to take the key off.
-    pending: HashMap<String, Option<RecordLine>>,
+    /// Changes not written yet: a line to list (with when it was granted), or `None`
+    /// to take the key off.
+    pending: HashMap<String, Option<(RecordLine, Instant)>>,
     ended: bool,
     /// The record is another generation's: never written again.
     foreign: bool,
@@ -133,7 +134,7 @@ struct Tracked {
 impl Tracked {
     /// The longest TTL of the locks listed or about to be.
     fn longest_ttl(&self) -> Duration {
-        let pending = self.pending.values().flatten();
+        let pending = self.pending.values().flatten().map(|(line, _)| line);
         (self.listed.values().chain(pending))
             .map(|l| l.ttl)
             .max()
@@ -226,7 +227,7 @@ impl Task {
         }
         match line {
             Some(line) => {
-                tracked.pending.insert(key, Some(line));
+                tracked.pending.insert(key, Some((line, Instant::now())));
             }
             None if tracked.listed.contains_key(&key) => {
                 tracked.pending.insert(key, None);
@@ -291,35 +292,26 @@ impl Task {
         self.refreshes.insert((at, serial));
     }
 
-    /// Writes what has gathered, and the records due for extending (`all`: every
-    /// record with a change, at once).
+    /// Writes what has gathered, and the records due for extending. A grant is
+    /// written once it has been held for [`FLUSH_EVERY`] (`all`: at once, with every
+    /// other change): one taken and given back sooner costs the store nothing.
     async fn flush(&mut self, all: bool) {
         let now = Instant::now();
         if all || self.flush_at.is_some_and(|at| at <= now) {
             self.flush_at = None;
         }
-        let mut serials: Vec<u64> = self.dirty.drain().collect();
-        serials.extend(
-            (self.refreshes.iter())
-                .take_while(|(at, _)| *at <= now)
-                .map(|(_, serial)| *serial),
-        );
+        let due: HashSet<u64> = (self.refreshes.iter())
+            .take_while(|(at, _)| *at <= now)
+            .map(|(_, serial)| *serial)
+            .collect();
+        let mut serials: Vec<u64> = self.dirty.drain().chain(due.iter().copied()).collect();
         serials.sort_unstable();
         serials.dedup();
-        let creates = serials.iter().any(|s| {
-            self.tracked
-                .get(s)
-                .is_some_and(|t| t.listed.is_empty() && t.has_record() && !t.ended)
-        });
-        // The attachment exists before a record names this sidecar: else a resume
-        // elsewhere could take a session that is still attached here.
-        if creates && self.attach_at.is_none() && !self.attach().await {
-            self.dirty.extend(serials);
-            self.flush_at = Some(now + RETRY);
-            return;
-        }
         let mut writes = Vec::new();
-        let mut written = Vec::new();
+        // Per write: its session, and the keys it takes from the pending changes.
+        let mut written: Vec<(u64, Vec<String>)> = Vec::new();
+        let mut creates = false;
+        let mut young: Option<Instant> = None;
         for serial in serials {
             let Some(tracked) = self.tracked.get_mut(&serial) else {
                 continue;
@@ -342,30 +334,56 @@ impl Task {
                 ttl: tracked.longest_ttl().max(Duration::from_secs(1)) * 2,
                 ..RecordWrite::default()
             };
+            let mut taken = Vec::new();
+            let mut deferred = false;
             if !tracked.ended {
-                if tracked.pending.is_empty() {
-                    // An extension only: the lines go again, so a record that expired
-                    // meanwhile (a long store outage) is made again whole.
-                    write.set = (tracked.listed.iter())
-                        .map(|(key, line)| (key.clone(), line.clone()))
-                        .collect();
-                }
-                for (key, line) in &tracked.pending {
-                    match line {
-                        Some(line) => write.set.push((key.clone(), line.clone())),
+                for (key, change) in &tracked.pending {
+                    match change {
+                        Some((_, since)) if !all && *since + FLUSH_EVERY > now => {
+                            let ready = *since + FLUSH_EVERY;
+                            young = Some(young.map_or(ready, |y| y.min(ready)));
+                            deferred = true;
+                        }
+                        Some((line, _)) => write.set.push((key.clone(), line.clone())),
                         None => write.remove.push(key.clone()),
                     }
                 }
+                taken = (write.set.iter().map(|(k, _)| k.clone()))
+                    .chain(write.remove.iter().cloned())
+                    .collect();
+                if due.contains(&serial) {
+                    // An extension: the lines go again, so a record that expired
+                    // meanwhile (a long store outage) is made again whole.
+                    for (key, line) in &tracked.listed {
+                        if !tracked.pending.contains_key(key) {
+                            write.set.push((key.clone(), line.clone()));
+                        }
+                    }
+                }
+            }
+            if deferred {
+                self.dirty.insert(serial);
             }
             if !write.end && write.set.is_empty() && write.remove.is_empty() {
-                // Granted and dropped within the window: the store never hears of it.
                 self.schedule_refresh(serial);
                 continue;
             }
+            creates |= tracked.listed.is_empty() && !write.set.is_empty();
             writes.push(write);
-            written.push(serial);
+            written.push((serial, taken));
+        }
+        if let Some(ready) = young {
+            self.flush_at = Some(self.flush_at.map_or(ready, |at| at.min(ready)));
         }
         if writes.is_empty() {
+            return;
+        }
+        // The attachment exists before a record names this sidecar: else a resume
+        // elsewhere could take a session that is still attached here.
+        if creates && self.attach_at.is_none() && !self.attach().await {
+            self.dirty
+                .extend(written.into_iter().map(|(serial, _)| serial));
+            self.flush_at = Some(now + RETRY);
             return;
         }
         let answers = match self.store.record(&writes).await {
@@ -377,7 +395,7 @@ impl Task {
             }
         };
         let mut retry = false;
-        for ((serial, write), answer) in written.into_iter().zip(&writes).zip(answers) {
+        for (((serial, taken), write), answer) in written.into_iter().zip(&writes).zip(answers) {
             let Some(tracked) = self.tracked.get_mut(&serial) else {
                 continue;
             };
@@ -389,7 +407,9 @@ impl Task {
                     for key in &write.remove {
                         tracked.listed.remove(key);
                     }
-                    tracked.pending.clear();
+                    for key in &taken {
+                        tracked.pending.remove(key);
+                    }
                 }
                 Some(Recorded::Foreign) => {
                     // Resumed elsewhere: this sidecar's copy of the session is a

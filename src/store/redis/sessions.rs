@@ -17,9 +17,10 @@
 use deadpool_redis::redis::{self, FromRedisValue, Value};
 use futures_util::future::join_all;
 
-use super::RedisStore;
+use super::link::Conn;
 use super::replies::{bytes, int, sharing, text};
 use super::scripts::Lua;
+use super::{RedisStore, unavailable};
 use crate::store::{
     RecordLine, RecordWrite, Recorded, ResumeClaim, ResumedGrant, ResumedLock, Resumption,
     StoreError,
@@ -36,14 +37,43 @@ impl RedisStore {
         format!("{{{}:sidecar/{sidecar}}}:a", self.namespace)
     }
 
-    /// Runs `lua` on `keys` with `args` within the store's timeout.
+    /// As [`RedisStore::run`], except that a call that times out leaves the shared
+    /// connection in place: a slow call made off the lock path (a session record, a
+    /// first `NOSCRIPT` round trip through a slow link) must never cost the grants and
+    /// renewals a reconnect, which through a slow link could itself time out. A
+    /// connection that broke is still dropped, and the lock path's own timeouts still
+    /// drop one that hangs.
+    async fn run_quietly<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        let attempt = async {
+            let conn = self.link.connection().await?;
+            f(conn).await.map_err(|e| {
+                self.link.failed(&e);
+                unavailable(e)
+            })
+        };
+        tokio::time::timeout(self.timeout, attempt)
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError::Unavailable(format!(
+                    "no answer within {:?}",
+                    self.timeout
+                )))
+            })
+    }
+
+    /// Runs `lua` on `keys` with `args` within the store's timeout (quietly: see
+    /// [`RedisStore::run_quietly`]).
     async fn call<T: FromRedisValue>(
         &self,
         lua: &Lua,
         keys: &[String],
         args: &[&[u8]],
     ) -> Result<T, StoreError> {
-        self.run(|mut conn| async move {
+        self.run_quietly(|mut conn| async move {
             let mut call = lua.script.prepare_invoke();
             for k in keys {
                 call.key(k);
@@ -102,7 +132,7 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         let key = self.attachment_key(sidecar);
         let ttl = ttl.as_millis().max(1) as u64;
-        self.run(|mut conn| async move {
+        self.run_quietly(|mut conn| async move {
             redis::cmd("SET")
                 .arg(&key)
                 .arg(1)

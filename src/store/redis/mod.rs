@@ -215,6 +215,16 @@ impl RedisStore {
         F: FnOnce(Conn) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
+        self.run_within(f, true).await
+    }
+
+    /// [`RedisStore::run`], saying whether a timeout drops the shared connection
+    /// (calls off the lock path keep it: see `redis/sessions.rs`).
+    async fn run_within<T, F, Fut>(&self, f: F, forget_on_timeout: bool) -> Result<T, StoreError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
         let attempt = async {
             let conn = self.link.connection().await?;
             f(conn).await.map_err(|e| {
@@ -225,7 +235,9 @@ impl RedisStore {
         match tokio::time::timeout(self.timeout, attempt).await {
             Ok(result) => result,
             Err(_) => {
-                self.link.forget();
+                if forget_on_timeout {
+                    self.link.forget();
+                }
                 Err(StoreError::Unavailable(format!(
                     "no answer within {:?}",
                     self.timeout

@@ -17,10 +17,10 @@
 use deadpool_redis::redis::{self, FromRedisValue, Value};
 use futures_util::future::join_all;
 
+use super::RedisStore;
 use super::link::Conn;
 use super::replies::{bytes, int, sharing, text};
 use super::scripts::Lua;
-use super::{RedisStore, unavailable};
 use crate::store::{
     RecordLine, RecordWrite, Recorded, ResumeClaim, ResumedGrant, ResumedLock, Resumption,
     StoreError,
@@ -48,21 +48,7 @@ impl RedisStore {
         F: FnOnce(Conn) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
-        let attempt = async {
-            let conn = self.link.connection().await?;
-            f(conn).await.map_err(|e| {
-                self.link.failed(&e);
-                unavailable(e)
-            })
-        };
-        tokio::time::timeout(self.timeout, attempt)
-            .await
-            .unwrap_or_else(|_| {
-                Err(StoreError::Unavailable(format!(
-                    "no answer within {:?}",
-                    self.timeout
-                )))
-            })
+        self.run_within(f, false).await
     }
 
     /// Runs `lua` on `keys` with `args` within the store's timeout (quietly: see

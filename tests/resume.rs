@@ -220,30 +220,38 @@ async fn a_session_resumed_after_the_ttl_hears_lost_and_goes_on() {
     let other = SidecarProcess::start(&redis.url(), &ns, &args);
     let mut app = Client::connect(&doomed.addr).await.lease().await;
     let mut tokens = BTreeMap::new();
-    for key in ["k1", "k2"] {
-        let id = app.send_acquire(with_ttl(key, 1.0)).await;
+    // Two short locks that expire before the resume, one long one that survives it.
+    for (key, ttl) in [("k1", 1.0), ("k2", 1.0), ("long", 10.0)] {
+        let id = app.send_acquire(with_ttl(key, ttl)).await;
         tokens.insert(key, app.expect_granted(id).await.fencing_token);
     }
-    recorded(&redis, &ns, &app.session_id, 2).await;
+    recorded(&redis, &ns, &app.session_id, 3).await;
     doomed.kill();
-    // Past the 1 s TTL: nobody renewed the locks, the store let them go.
+    // Past the 1 s TTL: nobody renewed the short locks, the store let them go.
     tokio::time::sleep(Duration::from_millis(1300)).await;
     let on_other = Client::connect(&other.addr).await;
     let mut resumed = resume(&on_other, &app.resume_token).await;
     assert_eq!(resumed.session_id, app.session_id);
-    let events = greeting(&mut resumed).await;
-    assert_eq!(events.len(), 2);
-    for (key, event) in &events {
-        match event {
-            Event::Lost(l) => assert_eq!(l.fencing_token, tokens[key.as_str()], "{key}"),
+    assert_eq!(resumed.resumed_locks, 3);
+    // The locks kept come first, then the ones lost.
+    match resumed.next().await {
+        Event::Granted(g) => {
+            assert_eq!((g.key.as_str(), g.fencing_token), ("long", tokens["long"]));
+        }
+        other => panic!("expected Granted for the long lock first, got {other:?}"),
+    }
+    for key in ["k1", "k2"] {
+        match resumed.next().await {
+            Event::Lost(l) => assert_eq!((l.key.as_str(), l.fencing_token), (key, tokens[key])),
             other => panic!("{key}: expected Lost, got {other:?}"),
         }
     }
     // The session goes on: new grants, with larger tokens.
     for key in ["k1", "k3"] {
         let g = resumed.grant(key).await;
-        assert!(g.fencing_token > tokens["k2"], "{key}");
+        assert!(g.fencing_token > tokens["long"], "{key}");
     }
+    assert_eq!(resumed.release("long").await, 0);
 }
 
 /// Garbage, altered and still-attached tokens end the new stream FAILED_PRECONDITION

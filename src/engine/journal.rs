@@ -31,7 +31,7 @@ pub(crate) const FLUSH_EVERY: Duration = Duration::from_millis(50);
 const RETRY: Duration = Duration::from_millis(100);
 
 /// A session as its record knows it. Shared by the session and its journal messages.
-#[derive(Debug)]
+/// Not `Debug`: it holds the session's secret.
 pub(crate) struct SessionRef {
     /// Tells apart sessions of one sidecar, even two generations of one session id.
     pub(crate) serial: u64,

@@ -50,7 +50,8 @@ impl RecordLine {
 /// Changes to one session's record, written by the sidecar the session is attached to.
 /// Applied only while the record is this session's (its secret's hash matches): a
 /// session resumed elsewhere never has its record changed by the sidecar it left.
-#[derive(Clone, Debug, Default)]
+/// Its `Debug` leaves the secret out.
+#[derive(Clone, Default)]
 pub struct RecordWrite {
     /// The public session id.
     pub session_id: String,
@@ -71,6 +72,19 @@ pub struct RecordWrite {
     pub ttl: Duration,
 }
 
+impl std::fmt::Debug for RecordWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordWrite")
+            .field("session_id", &self.session_id)
+            .field("sidecar", &self.sidecar)
+            .field("set", &self.set)
+            .field("remove", &self.remove)
+            .field("end", &self.end)
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
 /// What a [`RecordWrite`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Recorded {
@@ -81,8 +95,8 @@ pub enum Recorded {
     Foreign,
 }
 
-/// A request to resume a session.
-#[derive(Clone, Debug)]
+/// A request to resume a session. Its `Debug` leaves both secrets out.
+#[derive(Clone)]
 pub struct ResumeClaim {
     /// The public session id.
     pub session_id: String,
@@ -92,6 +106,15 @@ pub struct ResumeClaim {
     pub new_secret: String,
     /// The resuming sidecar's id: the record's new attachment.
     pub sidecar: String,
+}
+
+impl std::fmt::Debug for ResumeClaim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResumeClaim")
+            .field("session_id", &self.session_id)
+            .field("sidecar", &self.sidecar)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ResumeClaim {
@@ -148,6 +171,23 @@ pub struct ResumedGrant {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secrets_stay_out_of_debug_output() {
+        let claim = ResumeClaim {
+            session_id: "sid".into(),
+            secret: "old-s3cret".into(),
+            new_secret: "new-s3cret".into(),
+            sidecar: "a".into(),
+        };
+        let write = RecordWrite {
+            secret: "old-s3cret".into(),
+            ..RecordWrite::default()
+        };
+        let shown = format!("{claim:?} {write:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("sid"), "{shown}");
+    }
 
     #[test]
     fn lines_round_trip_and_refuse_garbage() {

@@ -13,7 +13,10 @@ use std::time::Duration;
 use common::topology::ClusterSetup;
 use common::{Redis, StoreKind, make_store, namespace};
 use lockside::store::redlock::RedlockStore;
-use lockside::store::{Acquired, Claim, Notice, Renewal, Renewed, Sharing, Store};
+use lockside::store::{
+    Acquired, Claim, Notice, RecordLine, RecordWrite, Recorded, Renewal, Renewed, ResumeClaim,
+    Resumption, Sharing, Store,
+};
 
 const NO_DELAY: Duration = Duration::ZERO;
 
@@ -959,6 +962,212 @@ async fn pings(s: Subject) {
     s.store.ping().await.expect("ping");
 }
 
+/// A session's record listing `lines`, written as sidecar `sidecar` with `secret`.
+fn record(sid: &str, secret: &str, sidecar: &str, lines: &[(&str, RecordLine)]) -> RecordWrite {
+    RecordWrite {
+        session_id: sid.into(),
+        secret: secret.into(),
+        client_name: "app".into(),
+        sidecar: sidecar.into(),
+        set: lines
+            .iter()
+            .map(|(k, l)| ((*k).into(), l.clone()))
+            .collect(),
+        ttl: Duration::from_secs(20),
+        ..RecordWrite::default()
+    }
+}
+
+fn line(grant: u64, fence: u64) -> RecordLine {
+    RecordLine {
+        grant,
+        ttl: Duration::from_secs(10),
+        fence,
+    }
+}
+
+fn resume_claim(sid: &str, secret: &str, new_secret: &str, sidecar: &str) -> ResumeClaim {
+    ResumeClaim {
+        session_id: sid.into(),
+        secret: secret.into(),
+        new_secret: new_secret.into(),
+        sidecar: sidecar.into(),
+    }
+}
+
+async fn write(s: &Subject, w: RecordWrite) -> Recorded {
+    let answers = s.store.record(&[w]).await.expect("store answers");
+    answers[0].clone().expect("written")
+}
+
+/// A record names its session's grants; a resume with the session's secret, once its
+/// sidecar's attachment is gone, takes them over under a new secret: same tokens,
+/// counts, modes and values, extended; the old owner can neither renew nor release
+/// them, nor write the record again. Wrong secrets and live attachments are refused.
+async fn sessions_resume_with_their_secret_only(s: Subject) {
+    assert!(s.store.keeps_sessions());
+    let (sid, old, new) = ("5e55105e55105e55", "secret-one", "secret-two");
+    let mut k1 = claim("k1", &format!("{sid}.{old}.1"), 10_000);
+    k1.value = b"leader at 10.0.0.7".to_vec();
+    let f1 = fence(&s, &k1).await;
+    assert_eq!(
+        s.store
+            .hold("k1", &k1.owner, 2, k1.ttl)
+            .await
+            .expect("hold"),
+        Some(2)
+    );
+    let k2 = Claim {
+        sharing: Sharing::Shared,
+        ..claim("k2", &format!("{sid}.{old}.2"), 10_000)
+    };
+    let f2 = fence(&s, &k2).await;
+    let gone = claim("k3", &format!("{sid}.{old}.3"), 300);
+    let f3 = fence(&s, &gone).await;
+    let lines = [
+        ("k1", line(1, f1)),
+        ("k2", line(2, f2)),
+        ("k3", line(3, f3)),
+    ];
+    assert_eq!(
+        write(&s, record(sid, old, "A", &lines)).await,
+        Recorded::Written
+    );
+    s.store
+        .attach("A", Duration::from_millis(400))
+        .await
+        .expect("attach");
+
+    for (secret, why) in [("secret-on", "altered"), ("", "empty"), (new, "not yet")] {
+        let refused = s.store.resume(&resume_claim(sid, secret, "x", "B")).await;
+        assert_eq!(refused.expect("answer"), Resumption::Refused, "{why}");
+    }
+    let attached = s.store.resume(&resume_claim(sid, old, new, "B")).await;
+    assert_eq!(
+        attached.expect("answer"),
+        Resumption::Refused,
+        "A is attached"
+    );
+    let unknown = resume_claim("0000000000000000", old, new, "B");
+    assert_eq!(
+        s.store.resume(&unknown).await.expect("answer"),
+        Resumption::Refused
+    );
+
+    // A dies: its attachment and k3 (TTL 300 ms) expire.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let claimed = s.store.resume(&resume_claim(sid, old, new, "B")).await;
+    let Resumption::Claimed(mut locks) = claimed.expect("answer") else {
+        panic!("resumed once A is gone");
+    };
+    locks.sort_by(|a, b| a.key.cmp(&b.key));
+    let keys: Vec<&str> = locks.iter().map(|l| l.key.as_str()).collect();
+    assert_eq!(keys, ["k1", "k2", "k3"]);
+    let g1 = locks[0].held.as_ref().expect("k1 held");
+    assert_eq!(
+        (g1.count, g1.fence, g1.sharing, g1.limit),
+        (2, f1, Sharing::Exclusive, 1)
+    );
+    assert_eq!(g1.value, b"leader at 10.0.0.7");
+    let g2 = locks[1].held.as_ref().expect("k2 held");
+    assert_eq!((g2.count, g2.fence, g2.sharing), (1, f2, Sharing::Shared));
+    assert_eq!(locks[2].held, None, "k3 expired before the resume");
+    assert_eq!(locks[2].line, line(3, f3));
+
+    // The old owners are fenced off; the new ones hold.
+    let (n1, n2) = (format!("{sid}.{new}.1"), format!("{sid}.{new}.2"));
+    let batch = [
+        renewal("k1", &k1.owner, 10_000),
+        renewal("k2", &k2.owner, 10_000),
+        renewal("k1", &n1, 10_000),
+        renewal("k2", &n2, 10_000),
+    ];
+    assert_eq!(renewed(&s, &batch).await, [false, false, true, true]);
+    assert_eq!(
+        s.store
+            .release("k1", &k1.owner, 0, NO_DELAY)
+            .await
+            .expect("answer"),
+        None
+    );
+    let state = s.store.describe("k1").await.expect("describe");
+    assert_eq!(state.holders.len(), 1);
+    assert_eq!(
+        (state.holders[0].hold_count, state.holders[0].fence),
+        (2, f1)
+    );
+    assert!(
+        !format!("{state:?}").contains(new),
+        "owner tokens stay secret"
+    );
+    assert!(is_busy(&s, &claim("k1", "other", 10_000)).await);
+
+    // The old secret neither resumes nor writes the record any more.
+    let again = s
+        .store
+        .resume(&resume_claim(sid, old, "secret-three", "C"))
+        .await;
+    assert_eq!(again.expect("answer"), Resumption::Refused);
+    let zombie = RecordWrite {
+        end: true,
+        ..record(sid, old, "A", &[])
+    };
+    assert_eq!(write(&s, zombie).await, Recorded::Foreign);
+    // The new secret does; a resume made twice re-keys nothing twice (B never
+    // attached, so it may be taken over again).
+    let twice = s.store.resume(&resume_claim(sid, new, new, "C")).await;
+    let Resumption::Claimed(locks) = twice.expect("answer") else {
+        panic!("the new secret resumes");
+    };
+    assert_eq!(locks.iter().filter(|l| l.held.is_some()).count(), 2);
+    // The session ends: its record goes.
+    let end = RecordWrite {
+        end: true,
+        ..record(sid, new, "C", &[])
+    };
+    assert_eq!(write(&s, end).await, Recorded::Written);
+    let after = s.store.resume(&resume_claim(sid, new, "x", "D")).await;
+    assert_eq!(after.expect("answer"), Resumption::Refused);
+}
+
+/// A record lists what it is told and goes with its last lock; writes of one session
+/// do not touch another's.
+async fn records_follow_their_locks(s: Subject) {
+    let (a, b) = ("aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb");
+    for (sid, grant) in [(a, 1), (b, 1)] {
+        let c = claim("shared-key", &format!("{sid}.s.{grant}"), 10_000);
+        let c = Claim {
+            sharing: Sharing::Shared,
+            ..c
+        };
+        let f = fence(&s, &c).await;
+        let w = record(sid, "s", "A", &[("shared-key", line(grant, f))]);
+        assert_eq!(write(&s, w).await, Recorded::Written);
+    }
+    // a drops its lock: its record goes, b's stays.
+    let drop_a = RecordWrite {
+        remove: vec!["shared-key".into()],
+        ..record(a, "s", "A", &[])
+    };
+    assert_eq!(write(&s, drop_a).await, Recorded::Written);
+    let gone = s.store.resume(&resume_claim(a, "s", "t", "B")).await;
+    assert_eq!(
+        gone.expect("answer"),
+        Resumption::Refused,
+        "no lock, no record"
+    );
+    let kept = s.store.resume(&resume_claim(b, "s", "t", "B")).await;
+    assert!(matches!(kept.expect("answer"), Resumption::Claimed(l) if l.len() == 1));
+    // Writing nothing creates nothing.
+    let empty = record("cccccccccccccccc", "s", "A", &[]);
+    assert_eq!(write(&s, empty).await, Recorded::Written);
+    let none = s
+        .store
+        .resume(&resume_claim("cccccccccccccccc", "s", "t", "B"))
+        .await;
+    assert_eq!(none.expect("answer"), Resumption::Refused);
+}
+
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -996,6 +1205,8 @@ conformance!(
     lock_delay_keeps_an_abandoned_lock_free_of_holders,
     unwait_leaves_the_fair_queue,
     only_grants_that_leave_room_pass_the_wake_on,
+    sessions_resume_with_their_secret_only,
+    records_follow_their_locks,
 );
 
 /// Holder values, proclaim and the notices watchers rely on (issue 14), on every store.

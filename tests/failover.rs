@@ -327,17 +327,25 @@ async fn scenario_5_redis_unreachable_for_half_a_ttl_is_survived() {
     let other = first_grant_elsewhere(&p.far, fault + Duration::from_secs(1)).await;
     assert_eq!(other, None, "nobody else gets the key meanwhile");
     p.proxy.heal();
-    // Jeopardy (renewals failing), then Restored: the store still held it.
+    // Jeopardy (renewals failing), then Restored: the store still held it. Or nothing
+    // at all: the renewal that met the outage waited for a connection another call
+    // was making (a session record's write) and was answered once the link healed,
+    // within its own timeout. Either way, no Lost for two TTLs.
     let mut events = Vec::new();
     while !matches!(events.last(), Some(Event::Restored(_))) {
-        match p.holder.next().await {
-            Event::Lost(l) => panic!("false Lost after a 1 s outage of a 2 s TTL: {l:?}"),
-            e => events.push(e),
+        match tokio::time::timeout(Duration::from_secs(4), p.holder.next()).await {
+            Ok(Event::Lost(l)) => panic!("false Lost after a 1 s outage of a 2 s TTL: {l:?}"),
+            Ok(e) => events.push(e),
+            Err(_) => break,
         }
     }
     assert!(
-        matches!(events.first(), Some(Event::Jeopardy(_))),
+        events.is_empty() || matches!(events.first(), Some(Event::Jeopardy(_))),
         "{events:?}"
+    );
+    assert!(
+        events.is_empty() || matches!(events.last(), Some(Event::Restored(_))),
+        "Jeopardy is followed by Restored: {events:?}"
     );
     let describe = p.far.client().await.describe("k").await;
     assert_eq!(describe.holders.len(), 1);

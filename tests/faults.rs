@@ -271,3 +271,124 @@ async fn namespaces_keep_apps_apart_on_one_redis() {
         "{keys}"
     );
 }
+
+/// Scenario 4 with resuming clients: clients of `lockside::client` contend for a few
+/// keys through two sidecar processes, which are SIGKILLed in turn and restarted on
+/// the same address. A client whose sidecar died resumes its session on the restarted
+/// one and keeps its lock, or reports it lost while the lock is still surely held: the
+/// history checker finds no overlap and no token regression.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_4_sidecar_kills_with_resuming_clients() {
+    use common::{Interval, Rng, check_history};
+    use lockside::client::{Client as Rust, LockOptions};
+    use std::sync::{Arc, Mutex};
+
+    const CLIENTS: u64 = 8;
+    const KEYS: u64 = 3;
+    const RUN: Duration = Duration::from_secs(9);
+    const TTL: Duration = Duration::from_secs(4);
+    // Sidecars answer within 250 ms or fail a call: a renewal is confirmed or in
+    // Jeopardy within twice that.
+    let sidecar_args = ["--attachment-ttl", "600ms", "--store-timeout", "250ms"];
+    let redis = Redis::start();
+    let ns = namespace();
+    let mut sidecars: Vec<SidecarProcess> = (0..2)
+        .map(|_| SidecarProcess::start(&redis.url(), &ns, &sidecar_args))
+        .collect();
+    let addrs: Vec<String> = sidecars.iter().map(|s| s.addr.clone()).collect();
+    // Every hold, and whether it ended lost.
+    let history = Arc::new(Mutex::new(Vec::<(Interval, bool)>::new()));
+    let start = Instant::now();
+    let deadline = start + RUN;
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|i| {
+            let addr = addrs[(i % 2) as usize].clone();
+            let history = history.clone();
+            tokio::spawn(async move {
+                let mut rng = Rng::new(i + 1);
+                let client = loop {
+                    if let Ok(client) = Rust::connect(&addr).await {
+                        break client;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                };
+                let mut n = 0u64;
+                while Instant::now() < deadline {
+                    n += 1;
+                    let key = format!("key-{}", rng.below(KEYS));
+                    let options = LockOptions {
+                        wait: Some(Duration::from_secs(1)),
+                        ttl: Some(TTL),
+                        renewal_slack: Some(Duration::from_millis(500)),
+                        ..LockOptions::default()
+                    };
+                    let Ok(lock) = client.lock_with(&key, options).await else {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    };
+                    let begin = Instant::now();
+                    // Some holds span a kill and a restart.
+                    let hold = if n % 4 == 0 {
+                        Duration::from_millis(1500)
+                    } else {
+                        Duration::from_millis(20 + rng.below(100))
+                    };
+                    let lost = tokio::select! {
+                        _ = tokio::time::sleep(hold) => false,
+                        _ = lock.lost() => true,
+                    };
+                    let end = Instant::now();
+                    let token = lock.fencing_token();
+                    let interval = Interval {
+                        key: key.clone(),
+                        start: begin,
+                        end,
+                        token,
+                    };
+                    history.lock().expect("history").push((interval, lost));
+                    if !lost {
+                        let _ = lock.release().await;
+                    }
+                }
+            })
+        })
+        .collect();
+    // Kill a sidecar every 1.5 s, in turn, and restart it on its address at once.
+    let mut kills = Vec::new();
+    let mut next = start + Duration::from_secs(1);
+    while next + Duration::from_secs(2) < deadline {
+        tokio::time::sleep_until(next).await;
+        let i = kills.len() % 2;
+        kills.push(Instant::now());
+        sidecars[i].kill();
+        sidecars[i] = SidecarProcess::start_at(&addrs[i], &redis.url(), &ns, &sidecar_args);
+        next += Duration::from_millis(1500);
+    }
+    for client in clients {
+        client.await.expect("client");
+    }
+    let holds = std::mem::take(&mut *history.lock().expect("history"));
+    let lost = holds.iter().filter(|(_, lost)| *lost).count();
+    // Holds that went on through a kill of their sidecar or the other's: resumed.
+    let through = holds
+        .iter()
+        .filter(|(i, lost)| !lost && kills.iter().any(|k| i.start < *k && *k < i.end))
+        .count();
+    let history: Vec<Interval> = holds.into_iter().map(|(i, _)| i).collect();
+    let verdict = check_history(&history);
+    eprintln!(
+        "SCENARIO 4 with resuming clients: {} sidecar kills, {} holds, {through} held \
+         through a kill, {lost} lost, overlaps {}, regressions {}",
+        kills.len(),
+        verdict.intervals,
+        verdict.overlaps,
+        verdict.token_regressions
+    );
+    assert!(kills.len() >= 3 && verdict.intervals > 30, "{verdict:?}");
+    assert!(through > 0, "some holds went on through a kill");
+    assert_eq!(
+        (verdict.overlaps, verdict.token_regressions),
+        (0, 0),
+        "{verdict:?}"
+    );
+}

@@ -388,3 +388,76 @@ async fn a_signal_while_waiting_ends_hold_without_running_the_command() {
     assert!(!ran.exists(), "the command never ran");
     assert!(free(&client, "k").await, "nothing left behind");
 }
+
+/// `lockside hold` across a sidecar restart shorter than the TTL: the sidecar is
+/// SIGKILLed 1 s into `sleep 5` and restarted on the same address; `hold` resumes its
+/// session there and CMD's status comes through, not 77. Default TTL and attachment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_keeps_the_command_running_across_a_sidecar_restart() {
+    let redis = Redis::start();
+    let ns = namespace();
+    let mut sidecar = common::SidecarProcess::start(&redis.url(), &ns, &[]);
+    let addr = sidecar.addr.clone();
+    let child = hold(&addr, &["k", "--", "sh", "-c", "sleep 5; exit 3"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let client = Client::connect(&addr).await.expect("connect");
+    held(&client, "k").await;
+    let token = client.describe("k").await.expect("describe").fencing_token;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    sidecar.kill();
+    let restarted = common::SidecarProcess::start_at(&addr, &redis.url(), &ns, &[]);
+    // Held all along: nobody else gets it on the restarted sidecar.
+    let other = Client::connect(&restarted.addr).await.expect("connect");
+    let busy = other.lock_with("k", LockOptions::default()).await;
+    assert!(
+        matches!(busy, Err(ClientError::NotAcquired(NotAcquired::Busy))),
+        "{busy:?}"
+    );
+    let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("hold exits in time")
+        .expect("hold ran");
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "CMD's status, not {EXIT_LOST}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let state = other.describe("k").await.expect("describe");
+    assert!(state.holders.is_empty(), "released when CMD exited");
+    assert_eq!(state.fencing_token, token, "the same grant all along");
+}
+
+/// A lock whose sidecar does not come back is lost once it may no longer be safe to
+/// use (TTL × 2/3 − the renewal slack − the drift margin after the stream broke), not
+/// before, and not at the end of the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rust_client_reports_loss_when_the_sidecar_does_not_come_back_in_time() {
+    let redis = Redis::start();
+    let mut sidecar = common::SidecarProcess::start(&redis.url(), &namespace(), &[]);
+    let client = Client::connect(&sidecar.addr).await.expect("connect");
+    let ttl = Duration::from_secs(3);
+    let slack = Duration::from_millis(500);
+    let options = LockOptions {
+        ttl: Some(ttl),
+        renewal_slack: Some(slack),
+        ..LockOptions::default()
+    };
+    let lock = client.lock_with("k", options).await.expect("lock");
+    let window = lockside::client::safe_window(ttl, slack);
+    assert_eq!(window, Duration::from_millis(2000 - 500 - 32));
+    let killed = Instant::now();
+    sidecar.kill();
+    tokio::time::timeout(PATIENCE, lock.lost())
+        .await
+        .expect("lost in time");
+    let took = killed.elapsed();
+    assert!(
+        took >= window && took < window + Duration::from_millis(500),
+        "lost {took:?} after the kill; the window is {window:?}"
+    );
+    let why = lock.lost_reason().expect("a reason");
+    assert!(why.contains("not resumed"), "{why}");
+}

@@ -2,7 +2,8 @@
 //! left behind once a lock is released and its TTL has passed, fencing tokens keep
 //! increasing when a key's state is gone (expired, or Redis restarted empty), and a lock
 //! of the previous data model (a sidecar not yet upgraded) is respected, never granted
-//! over. Counts and keys, read with `redis-cli`, not timings.
+//! over; a session's record and its sidecar's attachment carry expiries and keep no
+//! secret. Counts and keys, read with `redis-cli`, not timings.
 
 mod common;
 
@@ -245,5 +246,81 @@ async fn values_proclaims_and_watch_registrations() {
             "the registration stayed"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Issue 15: a session holding a lock has a record (the hash of its secret, never the
+/// secret; its sidecar; a line per lock) that lives twice the lock's TTL, and its
+/// sidecar an attachment of 3 s; both carry expiries, and the record goes with the
+/// session. A session that never holds a lock, and an idle sidecar, write nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_record_and_its_sidecar_attachment() {
+    use common::{Sidecar, StoreKind, acquire, make_store, secs};
+    use lockside::proto;
+    let redis = Redis::start();
+    let ns = namespace();
+    let sidecar = Sidecar::start(make_store(&StoreKind::Redis(redis.url()), &ns)).await;
+    let client = sidecar.client().await;
+    let idle = client.lease().await;
+    let mut app = client.lease().await;
+    let id = app
+        .send_acquire(proto::Acquire {
+            ttl: Some(secs(4.0)),
+            ..acquire("orders")
+        })
+        .await;
+    let g = app.expect_granted(id).await;
+    let record = format!("{{{ns}:session/{}}}:s", app.session_id);
+    let deadline = std::time::Instant::now() + common::PATIENCE;
+    while redis.cli(&["exists", &record]) != "1" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the record is written"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let kept = keys_of(&redis, &ns);
+    let names: Vec<&str> = kept.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        names.len(),
+        3,
+        "the lock, the record, the attachment: {names:?}"
+    );
+    for (key, pttl) in &kept {
+        let most = if key == &record {
+            8_000
+        } else if key.ends_with(":a") {
+            3_000
+        } else {
+            4_000
+        };
+        assert!(*pttl > 0 && *pttl <= most, "{key} lives {pttl} ms");
+    }
+    let fields = redis.cli(&["hgetall", &record]);
+    let (_, secret) = app.resume_token.split_once('.').expect("id.secret");
+    assert!(!fields.contains(secret), "the secret is not kept: {fields}");
+    let line = redis.cli(&["hget", &record, "k:orders"]);
+    assert!(
+        line.ends_with(&format!("|4000|{}", g.fencing_token)),
+        "{line}"
+    );
+    assert!(
+        !redis.cli(&["hget", &record, "t"]).is_empty(),
+        "the secret's hash"
+    );
+    // The session ends: its lock is released and its record goes at once; what is
+    // left expires (the released lock's last token, the attachment within 3 s).
+    drop(app);
+    drop(idle);
+    let deadline = std::time::Instant::now() + common::PATIENCE;
+    while redis.cli(&["exists", &record]) != "0" {
+        assert!(std::time::Instant::now() < deadline, "the record goes");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let lock = format!("{{{ns}:orders}}:h");
+    assert!(redis.cli(&["get", &lock]).starts_with("f|"), "released");
+    for (key, pttl) in keys_of(&redis, &ns) {
+        assert!(key == lock || key.ends_with(":a"), "{key} was left");
+        assert!(pttl > 0 && pttl <= 4_000, "{key} lives {pttl} ms");
     }
 }

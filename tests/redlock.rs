@@ -324,6 +324,28 @@ async fn semaphores_and_fair_queues_are_refused() {
     sidecar.shutdown().await;
 }
 
+/// Sessions cannot be resumed on Redlock (each master would need its own record and a
+/// majority's re-keying): `SessionStarted` carries no resume token, a resume is
+/// UNIMPLEMENTED, and no session record is written on any master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_cannot_be_resumed_on_redlock() {
+    let masters = Masters::start(3);
+    let sidecar = masters.sidecar().await;
+    let client = sidecar.client().await;
+    let mut lease = client.lease().await;
+    assert!(lease.resume_token.is_empty(), "no token to resume with");
+    lease.grant("k").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let token = format!("{}.AAAAAAAAAAAAAAAAAAAAAA", lease.session_id);
+    let refused = client.resume(&token).await.err().expect("refused");
+    assert_eq!(refused.code(), tonic::Code::Unimplemented, "{refused}");
+    for master in &masters.redis {
+        let records = master.cli(&["--scan", "--pattern", "*session/*"]);
+        assert!(records.is_empty(), "no record: {records}");
+    }
+    sidecar.shutdown().await;
+}
+
 /// Scenario 9: clients on two sidecars contend for a few keys on Redlock while a
 /// master fails; returns what they saw (printed as a table line).
 async fn scenario_9(masters: &mut Masters, what: &str, fault: Fault9) -> common::Verdict {

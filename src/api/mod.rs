@@ -15,7 +15,7 @@ pub use wire::{reject_code, status};
 
 use crate::engine::{self, Engine, Inbound};
 use crate::proto;
-use crate::proto::limits::{CLIENT_NAME_HEADER, MAX_CLIENT_NAME_BYTES};
+use crate::proto::limits::{CLIENT_NAME_HEADER, MAX_CLIENT_NAME_BYTES, RESUME_HEADER};
 use crate::proto::lock_service_server::LockService;
 
 /// Largest `LeaseRequest` the sidecar answers; larger ones are `Rejected`
@@ -67,14 +67,25 @@ impl LockService for LockApi {
             })
             .unwrap_or_default();
         let trace = trace_context(request.metadata());
+        // A header that is not text is no token either: refused like a wrong one.
+        let resume = request
+            .metadata()
+            .get(RESUME_HEADER)
+            .map(|v| v.to_str().unwrap_or_default().to_owned());
         let inbound = request.into_inner().map(|message| match message {
             Ok(message) => decode(message),
             Err(status) => Inbound::Broken(status.message().to_owned()),
         });
         let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
-        self.engine
-            .start_session(client_name, trace, inbound, tx)
-            .map_err(status)?;
+        match resume {
+            None => self.engine.start_session(client_name, trace, inbound, tx),
+            Some(token) => {
+                self.engine
+                    .resume_session(&token, client_name, trace, inbound, tx)
+                    .await
+            }
+        }
+        .map_err(status)?;
         let outbound = ReceiverStream::new(rx).map(encode);
         Ok(Response::new(Box::pin(outbound)))
     }

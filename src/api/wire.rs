@@ -30,6 +30,11 @@ pub fn status(error: EngineError) -> Status {
             tracing::error!(error = %e, "no randomness");
             Status::internal("the sidecar cannot create session tokens")
         }
+        EngineError::NotResumable => Status::failed_precondition(
+            "the session cannot be resumed: its token is malformed, unknown or expired, \
+             or the session is still attached to a live stream",
+        ),
+        EngineError::Unimplemented(m) => Status::unimplemented(m),
     }
 }
 
@@ -166,9 +171,16 @@ pub(super) fn encode(event: Event) -> Result<proto::LeaseResponse, Status> {
         Event::Started {
             session_id,
             default_ttl,
+            resume_token,
+            resumed,
         } => E::Started(proto::SessionStarted {
             session_id,
             default_ttl: Some(duration(default_ttl)),
+            resume_token: resume_token
+                .as_ref()
+                .map(|t| t.expose().to_owned())
+                .unwrap_or_default(),
+            resumed_locks: resumed,
         }),
         Event::Granted {
             request_id,

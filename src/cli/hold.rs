@@ -97,7 +97,7 @@ pub async fn hold(args: HoldArgs) -> u8 {
         shared: matches!(args.mode, ModeArg::Shared),
         limit: args.limit,
         fair: args.fair,
-        value: Vec::new(),
+        ..LockOptions::default()
     };
     let key = args.key.clone();
     let take = |client: Client| async move { client.lock_with(&key, options).await };

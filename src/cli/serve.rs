@@ -118,6 +118,13 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKSIDE_CLOCK_DRIFT", default_value_t = DEFAULT_CLOCK_DRIFT)]
     pub clock_drift: f64,
 
+    /// How long this sidecar's attachment lives in the store without a refresh (one
+    /// every third of it while it has sessions holding locks). A session of a sidecar
+    /// that died can be resumed elsewhere (or by the restarted sidecar) once this has
+    /// passed: keep it well below the TTL of your locks. Allowed: 300ms to 1m.
+    #[arg(long, env = "LOCKSIDE_ATTACHMENT_TTL", default_value = "3s", value_parser = parse_duration)]
+    pub attachment_ttl: Duration,
+
     /// A file holding a bearer token: every LockService call must then carry
     /// `authorization: Bearer <token>` (health excepted). The token is read once and
     /// never logged.
@@ -228,6 +235,9 @@ impl ServeArgs {
         if self.max_sessions > u32::MAX as usize {
             return Err("--max-sessions is too large".into());
         }
+        if !(Duration::from_millis(300)..=Duration::from_secs(60)).contains(&self.attachment_ttl) {
+            return Err("--attachment-ttl must be from 300ms to 1m".into());
+        }
         Ok(EngineConfig {
             default_ttl: self.default_ttl,
             max_ttl: self.max_ttl,
@@ -238,6 +248,7 @@ impl ServeArgs {
             lock_delay: self.lock_delay,
             clock_drift: self.clock_drift,
             max_watches: self.max_watches,
+            attachment_ttl: self.attachment_ttl,
         })
     }
 

@@ -17,9 +17,13 @@
 //! ```
 //!
 //! Each guard has its own `Lease` stream, so dropping a guard releases its lock (the
-//! sidecar releases on stream end) and the lock is lost with the stream: any stream
-//! error counts as `Lost`, as the contract advises. The channel uses HTTP/2 keepalive of
-//! 1 s / 1 s, well below any TTL, so a frozen sidecar is noticed in time.
+//! sidecar releases on stream end). When the stream breaks (the sidecar died, was
+//! killed or restarted), the guard resumes its session with the session's resume
+//! token, on the restarted sidecar or any other on the same store, and keeps the lock
+//! if it comes back; it reports the lock lost only when resuming fails, when the lock
+//! comes back `Lost` or not at all, or when it may no longer be safe to use
+//! (`resume.rs` says how long that is). The channel uses HTTP/2 keepalive of 1 s /
+//! 1 s, well below any TTL, so a frozen sidecar is noticed in time.
 //!
 //! Leader election: [`Client::campaign`] waits its turn (a fair lock) and returns a
 //! [`Leader`] whose value ([`LockGuard::proclaim`]) tells followers who leads;
@@ -48,6 +52,7 @@ use std::time::Duration;
 mod connect;
 mod error;
 mod guard;
+mod resume;
 mod states;
 
 use hyper_util::rt::TokioIo;
@@ -64,6 +69,7 @@ pub use connect::{Bearer, ClientTls, ConnectOptions};
 pub use error::{ClientError, NotAcquired, code_words};
 use error::{from_status, unreachable};
 pub use guard::{Leader, LockGuard};
+pub use resume::{DEFAULT_RENEWAL_SLACK, safe_window};
 pub use states::WatchStream;
 
 pub use crate::proto::limits::DEFAULT_ADDR;
@@ -83,6 +89,13 @@ pub struct LockOptions {
     pub fair: bool,
     /// The holder's value, shown by `Describe` and `Watch` (at most 4 KiB).
     pub value: Vec<u8>,
+    /// After the stream to the sidecar broke, the client resumes the session (the
+    /// sidecar was restarted, or another one serves) and keeps the lock for as long as
+    /// it is surely still held: `TTL × 2/3 − renewal_slack − drift margin`. The slack is
+    /// how late a sidecar may confirm a renewal without `Jeopardy`: twice its
+    /// `--store-timeout`. `None`: [`DEFAULT_RENEWAL_SLACK`] (2 s, for the default
+    /// 1 s store timeout).
+    pub renewal_slack: Option<Duration>,
 }
 
 /// Answers awaited on a guard's stream, by request id.
@@ -99,10 +112,13 @@ fn answer_id(event: &lease_response::Event) -> Option<u64> {
     }
 }
 
+/// The gRPC client of a sidecar, with the bearer token.
+type Grpc = LockServiceClient<InterceptedService<Channel, Bearer>>;
+
 /// A connection to a sidecar. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Client {
-    grpc: LockServiceClient<InterceptedService<Channel, Bearer>>,
+    grpc: Grpc,
     channel: Channel,
 }
 
@@ -198,6 +214,7 @@ impl Client {
             value: options.value,
         };
         send(&tx, lease_request::Command::Acquire(acquire)).await?;
+        let mut started = None;
         let granted = loop {
             let event = events
                 .next()
@@ -206,6 +223,7 @@ impl Client {
                 .map_err(|s| from_status(&s))?
                 .event;
             match event {
+                Some(lease_response::Event::Started(s)) => started = Some(s),
                 Some(lease_response::Event::Granted(g)) => break g,
                 Some(lease_response::Event::NotAcquired(n)) => {
                     use proto::not_acquired::Reason;
@@ -223,47 +241,32 @@ impl Client {
                         message: r.message,
                     });
                 }
-                _ => continue, // SessionStarted, Waiting
+                _ => continue, // Waiting
             }
         };
+        let started = started.unwrap_or_default();
+        let default_ttl = started.default_ttl.and_then(|d| Duration::try_from(d).ok());
         let (lost_tx, lost_rx) = watch::channel(None);
         let answers = Answers::default();
-        let awaited = answers.clone();
-        // Reads the rest of the stream: answers go to whoever awaits them (the last
-        // Released ends the stream's use); Lost, an error or the end of the stream
-        // before it means the lock is gone, and fails what is still awaited.
-        let reader = tokio::spawn(async move {
-            let why = loop {
-                match events.next().await.map(|m| m.map(|m| m.event)) {
-                    Some(Ok(Some(lease_response::Event::Lost(lost)))) => break lost.reason,
-                    Some(Ok(Some(event))) => {
-                        let last = matches!(&event, lease_response::Event::Released(r) if r.hold_count == 0);
-                        let waiter =
-                            answer_id(&event).and_then(|id| awaited.lock().ok()?.remove(&id));
-                        if let Some(waiter) = waiter {
-                            let _ = waiter.send(event);
-                        }
-                        if last {
-                            return;
-                        }
-                    }
-                    Some(Ok(None)) => {}
-                    Some(Err(status)) => {
-                        break format!("the stream broke: {}", from_status(&status));
-                    }
-                    None => break "the sidecar ended the stream".to_owned(),
-                }
-            };
-            // Set before the awaited answers fail, so their callers see the loss.
-            let _ = lost_tx.send(Some(why));
-            if let Ok(mut awaited) = awaited.lock() {
-                awaited.clear();
-            }
-        });
+        let (requests, requests_rx) = mpsc::channel(4);
+        // Reads the rest of the stream, and resumes the session when it breaks (see
+        // `resume.rs`): answers go to whoever awaits them; Lost, or a stream that
+        // cannot be resumed while the lock is surely held, means the lock is gone.
+        let lock = resume::Followed {
+            grpc: self.grpc.clone(),
+            key: key.to_owned(),
+            token: started.resume_token,
+            ttl: options.ttl.or(default_ttl).unwrap_or_default(),
+            renewal_slack: options.renewal_slack.unwrap_or(DEFAULT_RENEWAL_SLACK),
+            tx,
+            events,
+            answers: answers.clone(),
+        };
+        let reader = tokio::spawn(resume::follow(lock, requests_rx, lost_tx));
         Ok(LockGuard {
             key: key.to_owned(),
             token: granted.fencing_token,
-            tx,
+            tx: requests,
             lost: lost_rx,
             answers,
             next_id: std::sync::atomic::AtomicU64::new(2),

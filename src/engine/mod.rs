@@ -2,8 +2,10 @@
 //! Redis and no protobuf: the API hands it [`Command`]s and turns its [`Event`]s into
 //! messages; a [`Store`] keeps the locks.
 
+mod journal;
 mod protocol;
 mod renewer;
+mod resume;
 mod session;
 mod view;
 mod wakers;
@@ -22,9 +24,10 @@ use crate::metrics::Metrics;
 use crate::metrics::store::MeteredStore;
 use crate::proto::limits::MAX_KEY_BYTES;
 use crate::store::{Notice, Store};
+use journal::Journal;
 pub use protocol::{
     AcquireRequest, Command, EndReason, EngineError, Event, Inbound, Mode, NotAcquiredReason,
-    RejectCode, Rejection,
+    RejectCode, Rejection, ResumeToken,
 };
 use renewer::Renewer;
 pub use view::{HolderView, KeyView, QueuedView};
@@ -63,6 +66,10 @@ pub struct EngineConfig {
     pub clock_drift: f64,
     /// Open `Watch` streams per sidecar.
     pub max_watches: usize,
+    /// How long this sidecar's attachment lives in the store without being refreshed
+    /// (every third of it, while the sidecar has sessions holding locks): after the
+    /// sidecar died, its sessions can be resumed elsewhere once this has passed.
+    pub attachment_ttl: Duration,
 }
 
 impl Default for EngineConfig {
@@ -84,6 +91,10 @@ impl Default for EngineConfig {
             // As many as sessions: a pod's followers each watch a key or two, and a
             // watch costs a receiver here (the key's reads are shared).
             max_watches: 10_000,
+            // A sidecar killed and restarted in place gets its sessions back within
+            // this (plus the restart): well inside the default 10 s TTL, and long
+            // enough that a sidecar that misses two refreshes is not taken for dead.
+            attachment_ttl: Duration::from_secs(3),
         }
     }
 }
@@ -144,6 +155,10 @@ pub(crate) struct Shared {
     pub(crate) wakers: Arc<Wakers>,
     pub(crate) watches: Arc<Watches>,
     pub(crate) renewer: Renewer,
+    /// Keeps the sessions' records in the store (resuming).
+    pub(crate) journal: Journal,
+    /// This process's id in the store (its attachment, its sessions' records).
+    pub(crate) sidecar_id: String,
     pub(crate) shutdown: CancellationToken,
     next_lease: AtomicU64,
 }
@@ -203,6 +218,8 @@ impl Engine {
             shutdown.clone(),
             config.clock_drift,
         );
+        let sidecar_id = crate::store::random_id();
+        let journal = Journal::spawn(store.clone(), sidecar_id.clone(), config.attachment_ttl);
         let sessions = Arc::new(Semaphore::new(config.max_sessions));
         metrics.watch_store_calls(store_calls.clone(), MAX_STORE_CALLS);
         Self {
@@ -213,6 +230,8 @@ impl Engine {
                 wakers,
                 watches,
                 renewer,
+                journal,
+                sidecar_id,
                 shutdown,
                 store_calls,
                 next_lease: AtomicU64::new(1),
@@ -243,20 +262,27 @@ impl Engine {
     where
         S: Stream<Item = Inbound> + Send + Unpin + 'static,
     {
-        if self.shared.shutdown.is_cancelled() {
-            return Err(EngineError::ShuttingDown);
-        }
-        let permit = self.sessions.clone().try_acquire_owned().map_err(|_| {
-            EngineError::ResourceExhausted(format!(
-                "this sidecar already has {} sessions, its limit",
-                self.shared.config.max_sessions
-            ))
-        })?;
+        let permit = self.session_permit()?;
         let session = session::Session::new(self.shared.clone(), client_name, outbound)?;
+        self.spawn_session(session, inbound, permit, &trace);
+        Ok(())
+    }
+
+    /// Runs `session` on `inbound` in its own task, holding `permit` until it has
+    /// released everything.
+    fn spawn_session<S>(
+        &self,
+        session: session::Session,
+        inbound: S,
+        permit: tokio::sync::OwnedSemaphorePermit,
+        trace: &crate::telemetry::TraceContext,
+    ) where
+        S: Stream<Item = Inbound> + Send + Unpin + 'static,
+    {
         // INFO: exported as a trace span when traces are on (a sidecar's sessions are
         // few and long; this is not per request).
         let span = tracing::info_span!("session", session = %session.id(), client = %session.client_name());
-        crate::telemetry::set_remote_parent(&span, &trace);
+        crate::telemetry::set_remote_parent(&span, trace);
         let sessions = self.shared.metrics.sessions.clone();
         sessions.inc();
         tokio::spawn(
@@ -267,7 +293,19 @@ impl Engine {
             }
             .instrument(span),
         );
-        Ok(())
+    }
+
+    /// A permit for one more session, unless the sidecar shuts down or is full.
+    fn session_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, EngineError> {
+        if self.shared.shutdown.is_cancelled() {
+            return Err(EngineError::ShuttingDown);
+        }
+        self.sessions.clone().try_acquire_owned().map_err(|_| {
+            EngineError::ResourceExhausted(format!(
+                "this sidecar already has {} sessions, its limit",
+                self.shared.config.max_sessions
+            ))
+        })
     }
 
     /// The state of `key` in the store.
@@ -303,11 +341,13 @@ impl Engine {
         self.shared.shutdown.cancel();
     }
 
-    /// Completes when every session has ended and released its locks.
+    /// Completes when every session has ended and released its locks, and their
+    /// records are gone from the store.
     pub async fn drained(&self) {
         let all = u32::try_from(self.shared.config.max_sessions).unwrap_or(u32::MAX);
         // Every session holds one permit until it has released everything.
         let _ = self.sessions.acquire_many(all).await;
+        self.shared.journal.flush().await;
     }
 
     /// Open sessions.

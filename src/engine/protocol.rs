@@ -151,6 +151,25 @@ pub enum EndReason {
     Overflow,
 }
 
+/// A session's resume token, `session_id.secret`: whoever has it can take over the
+/// session's locks, so it is never logged (its `Debug` shows nothing of it) and never
+/// shown by `Describe`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ResumeToken(pub(crate) String);
+
+impl ResumeToken {
+    /// The token itself, for the wire.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for ResumeToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ResumeToken(..)")
+    }
+}
+
 /// An event for the client of a session, in the order it must be sent.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -160,6 +179,12 @@ pub enum Event {
         session_id: String,
         /// TTL of an `Acquire` without one.
         default_ttl: Duration,
+        /// Resumes the session on a new stream; `None` when the store cannot resume
+        /// sessions (Redlock).
+        resume_token: Option<ResumeToken>,
+        /// A resumed session: how many `Granted` (request id 0) and `Lost` events follow
+        /// at once, one per lock its record listed. 0 for a new session.
+        resumed: u32,
     },
     /// A grant.
     Granted {
@@ -255,4 +280,12 @@ pub enum EngineError {
     /// The operating system's random source failed.
     #[error("no randomness for session tokens: {0}")]
     Random(String),
+    /// A resume token that is malformed, unknown, expired, altered, or whose session is
+    /// still attached to a live stream: one error for all, telling nothing about other
+    /// sessions.
+    #[error("the session cannot be resumed")]
+    NotResumable,
+    /// Something this sidecar's store cannot do (resuming, on Redlock).
+    #[error("{0}")]
+    Unimplemented(String),
 }

@@ -84,11 +84,19 @@ pub enum Operation {
     Ping,
     /// `proclaim` (a holder's new value).
     Proclaim,
+    /// `record` (a batch of session record changes, every ~50 ms at most).
+    Record,
+    /// `attach` (this sidecar's attachment, every second while it has sessions with
+    /// locks).
+    Attach,
+    /// `resume` (a session resumed here).
+    Resume,
 }
 
 impl Operation {
-    pub(super) const LABELS: [&'static str; 8] = [
-        "acquire", "hold", "release", "renew", "unwait", "describe", "ping", "proclaim",
+    pub(super) const LABELS: [&'static str; 11] = [
+        "acquire", "hold", "release", "renew", "unwait", "describe", "ping", "proclaim", "record",
+        "attach", "resume",
     ];
 }
 

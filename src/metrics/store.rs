@@ -13,7 +13,8 @@ use tokio::time::Instant;
 
 use super::{Operation, StoreCalls};
 use crate::store::{
-    Acquired, Claim, KeyState, Notice, Renewal, Renewed, Sharing, Store, StoreError, StoreFuture,
+    Acquired, Claim, KeyState, Notice, RecordWrite, Recorded, Renewal, Renewed, ResumeClaim,
+    Resumption, Sharing, Store, StoreError, StoreFuture,
 };
 
 /// A [`Store`] that meters the calls it passes to `inner`. A call dropped before it
@@ -123,6 +124,22 @@ impl Store for MeteredStore {
 
     fn supports(&self, sharing: Sharing, limit: u32, fair: bool) -> Result<(), String> {
         self.inner.supports(sharing, limit, fair)
+    }
+
+    fn keeps_sessions(&self) -> bool {
+        self.inner.keeps_sessions()
+    }
+
+    fn record<'a>(&'a self, writes: &'a [RecordWrite]) -> StoreFuture<'a, Vec<Option<Recorded>>> {
+        self.meter(Operation::Record, self.inner.record(writes))
+    }
+
+    fn attach<'a>(&'a self, sidecar: &'a str, ttl: Duration) -> StoreFuture<'a, ()> {
+        self.meter(Operation::Attach, self.inner.attach(sidecar, ttl))
+    }
+
+    fn resume<'a>(&'a self, claim: &'a ResumeClaim) -> StoreFuture<'a, Resumption> {
+        self.meter(Operation::Resume, self.inner.resume(claim))
     }
 
     fn kind(&self) -> &'static str {

@@ -26,3 +26,7 @@ pub const CLIENT_NAME_HEADER: &str = "lockside-client-name";
 
 /// Longest holder value (`Acquire.value`, `Proclaim.value`), in bytes.
 pub const MAX_VALUE_BYTES: usize = 4 * 1024;
+
+/// The request metadata header that resumes a session on `Lease`: its value is the
+/// `SessionStarted.resume_token` of the session.
+pub const RESUME_HEADER: &str = "lockside-resume";

@@ -19,8 +19,12 @@
 pub mod memory;
 pub mod redis;
 pub mod redlock;
+mod sessions;
 mod types;
 
+pub use sessions::{
+    RecordLine, RecordWrite, Recorded, ResumeClaim, ResumedGrant, ResumedLock, Resumption,
+};
 pub use types::{
     Acquired, CHANGED, Claim, HolderState, KeyState, Notice, QueuedState, Renewal, Renewed,
     Sharing, StoreError,
@@ -127,6 +131,37 @@ pub trait Store: Send + Sync + 'static {
     /// before the first acquire of a key.
     fn supports(&self, _sharing: Sharing, _limit: u32, _fair: bool) -> Result<(), String> {
         Ok(())
+    }
+
+    /// Whether this store keeps session records, so that a session can be resumed on
+    /// another sidecar after its own died (`store/sessions.rs`). When not, the methods
+    /// below are never called, and sessions cannot be resumed.
+    fn keeps_sessions(&self) -> bool {
+        false
+    }
+
+    /// Applies changes to session records, one answer per write, in order: `None` when
+    /// that write could not be made (the store could not be asked; try again later).
+    /// Writes of different sessions are independent (a Cluster keeps each record in its
+    /// own slot).
+    fn record<'a>(&'a self, writes: &'a [RecordWrite]) -> StoreFuture<'a, Vec<Option<Recorded>>> {
+        Box::pin(std::future::ready(Ok(vec![
+            Some(Recorded::Written);
+            writes.len()
+        ])))
+    }
+
+    /// Says that the sidecar `sidecar` is alive for the next `ttl`: while it is, the
+    /// sessions whose records name it cannot be resumed elsewhere.
+    fn attach<'a>(&'a self, _sidecar: &'a str, _ttl: Duration) -> StoreFuture<'a, ()> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// Resumes a session on this sidecar (see `store/sessions.rs`): checks the secret,
+    /// refuses while the session's sidecar is attached, claims the record under the new
+    /// secret and re-keys every lock it lists that the old owner still holds.
+    fn resume<'a>(&'a self, _claim: &'a ResumeClaim) -> StoreFuture<'a, Resumption> {
+        Box::pin(std::future::ready(Ok(Resumption::Refused)))
     }
 
     /// What kind of store this is, in lower snake case (`memory`, `redis`,

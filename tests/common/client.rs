@@ -51,17 +51,24 @@ impl Client {
             .expect("lease in time")
             .expect("lease accepted")
             .into_inner();
-        let mut lease = LeaseStream {
-            tx: Some(tx),
-            rx: responses,
-            session_id: String::new(),
-            next_id: 1,
-        };
-        match lease.next().await {
-            lease_response::Event::Started(s) => lease.session_id = s.session_id,
-            other => panic!("first event must be SessionStarted, got {other:?}"),
-        }
-        lease
+        LeaseStream::open(tx, responses).await
+    }
+
+    /// Opens a LeaseStream that resumes the session of `token`; the refusal's status
+    /// if it is refused.
+    pub async fn resume(&self, token: &str) -> Result<LeaseStream, tonic::Status> {
+        let (tx, rx) = mpsc::channel(1024);
+        let mut request = tonic::Request::new(ReceiverStream::new(rx));
+        let value = token
+            .parse()
+            .map_err(|_| tonic::Status::invalid_argument("not a header value"))?;
+        request.metadata_mut().insert("lockside-resume", value);
+        let mut grpc = self.grpc.clone();
+        let responses = tokio::time::timeout(PATIENCE, grpc.lease(request))
+            .await
+            .expect("lease in time")?
+            .into_inner();
+        Ok(LeaseStream::open(tx, responses).await)
     }
 
     pub async fn describe(&self, key: &str) -> proto::DescribeResponse {
@@ -78,6 +85,10 @@ pub struct LeaseStream {
     tx: Option<mpsc::Sender<proto::LeaseRequest>>,
     rx: tonic::Streaming<proto::LeaseResponse>,
     pub session_id: String,
+    /// `SessionStarted.resume_token`.
+    pub resume_token: String,
+    /// `SessionStarted.resumed_locks`.
+    pub resumed_locks: u32,
     next_id: u64,
 }
 
@@ -94,6 +105,30 @@ pub fn acquire(key: &str) -> proto::Acquire {
 }
 
 impl LeaseStream {
+    /// The stream's first event must be `SessionStarted`.
+    async fn open(
+        tx: mpsc::Sender<proto::LeaseRequest>,
+        rx: tonic::Streaming<proto::LeaseResponse>,
+    ) -> Self {
+        let mut lease = LeaseStream {
+            tx: Some(tx),
+            rx,
+            session_id: String::new(),
+            resume_token: String::new(),
+            resumed_locks: 0,
+            next_id: 1,
+        };
+        match lease.next().await {
+            lease_response::Event::Started(s) => {
+                lease.session_id = s.session_id;
+                lease.resume_token = s.resume_token;
+                lease.resumed_locks = s.resumed_locks;
+            }
+            other => panic!("first event must be SessionStarted, got {other:?}"),
+        }
+        lease
+    }
+
     pub async fn send(&self, command: lease_request::Command) {
         self.tx
             .as_ref()

@@ -112,6 +112,18 @@ impl SidecarProcess {
         Self::launch(store, namespace, extra, &[], None)
     }
 
+    /// On `addr` (e.g. the address of one that was killed), retrying while the port is
+    /// still taken.
+    pub fn start_at(addr: &str, store: &str, namespace: &str, extra: &[&str]) -> Self {
+        for _ in 0..50 {
+            if let Some(process) = Self::try_launch(addr, store, namespace, extra, &[], None) {
+                return process;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("lockside serve did not start on {addr}");
+    }
+
     /// With environment variables, and stderr appended to `log` (else discarded).
     pub fn launch(
         store: &str,
@@ -121,64 +133,79 @@ impl SidecarProcess {
         log: Option<&Path>,
     ) -> Self {
         for _ in 0..5 {
-            let stderr = match log {
-                None => Stdio::null(),
-                Some(path) => std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .expect("open the sidecar's log")
-                    .into(),
-            };
             let addr = format!("127.0.0.1:{}", free_port());
-            let child = Command::new(env!("CARGO_BIN_EXE_lockside"))
-                .args([
-                    "serve",
-                    "--listen",
-                    &addr,
-                    "--store",
-                    store,
-                    "--namespace",
-                    namespace,
-                    // Tests run sidecars side by side: no fixed admin port.
-                    "--admin-listen",
-                    "127.0.0.1:0",
-                ])
-                .args([
-                    "--keepalive-interval",
-                    "300ms",
-                    "--keepalive-timeout",
-                    "300ms",
-                ])
-                .args(extra)
-                .envs(env.iter().copied())
-                .stdout(Stdio::null())
-                .stderr(stderr)
-                .spawn()
-                .expect("spawn lockside");
-            let mut process = Self {
-                addr: addr.clone(),
-                child: Some(child),
-            };
-            let deadline = std::time::Instant::now() + PATIENCE;
-            while std::time::Instant::now() < deadline {
-                if std::net::TcpStream::connect(&addr).is_ok() {
-                    // Someone else may own the port: ours would then exit on its
-                    // failed bind, so make sure it is still running.
-                    std::thread::sleep(Duration::from_millis(20));
-                    if let Some(Ok(None)) = process.child.as_mut().map(|c| c.try_wait()) {
-                        return process;
-                    }
-                    break;
-                }
-                if let Some(Ok(Some(_))) = process.child.as_mut().map(|c| c.try_wait()) {
-                    break; // port taken: try another
-                }
-                std::thread::sleep(Duration::from_millis(10));
+            if let Some(process) = Self::try_launch(&addr, store, namespace, extra, env, log) {
+                return process;
             }
-            process.kill();
         }
         panic!("lockside serve did not start");
+    }
+
+    /// Starts one on `addr`; `None` if it did not come up (the port is taken).
+    fn try_launch(
+        addr: &str,
+        store: &str,
+        namespace: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        log: Option<&Path>,
+    ) -> Option<Self> {
+        let stderr = match log {
+            None => Stdio::null(),
+            Some(path) => std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .expect("open the sidecar's log")
+                .into(),
+        };
+        let child = Command::new(env!("CARGO_BIN_EXE_lockside"))
+            .args([
+                "serve",
+                "--listen",
+                addr,
+                "--store",
+                store,
+                "--namespace",
+                namespace,
+                // Tests run sidecars side by side: no fixed admin port.
+                "--admin-listen",
+                "127.0.0.1:0",
+            ])
+            .args([
+                "--keepalive-interval",
+                "300ms",
+                "--keepalive-timeout",
+                "300ms",
+            ])
+            .args(extra)
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn lockside");
+        let mut process = Self {
+            addr: addr.to_owned(),
+            child: Some(child),
+        };
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while std::time::Instant::now() < deadline {
+            if std::net::TcpStream::connect(addr).is_ok() {
+                // Someone else may own the port: ours would then exit on its
+                // failed bind, so make sure it is still running.
+                std::thread::sleep(Duration::from_millis(20));
+                if let Some(Ok(None)) = process.child.as_mut().map(|c| c.try_wait()) {
+                    return Some(process);
+                }
+                break;
+            }
+            if let Some(Ok(Some(_))) = process.child.as_mut().map(|c| c.try_wait()) {
+                break; // port taken: try another
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        process.kill();
+        None
     }
 
     pub fn pid(&self) -> u32 {

@@ -17,6 +17,7 @@
 mod attempt;
 mod requests;
 mod results;
+mod resume;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use tokio::time::Instant;
 use tokio_stream::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 
+use super::journal::SessionRef;
 use super::renewer::{LeaseClock, RenewEvent};
 use super::{
     AcquireRequest, Command, EndReason, EngineError, Event, Inbound, NotAcquiredReason, RejectCode,
@@ -141,6 +143,12 @@ pub(crate) struct Session {
     renew_rx: mpsc::UnboundedReceiver<RenewEvent>,
     waiting_tx: mpsc::UnboundedSender<(u64, String, u32)>,
     waiting_rx: mpsc::UnboundedReceiver<(u64, String, u32)>,
+    /// The session as its record in the store knows it (`journal.rs`).
+    record: Arc<SessionRef>,
+    /// The journal has heard of this session (it held a lock): it must hear its end.
+    journaled: bool,
+    /// A resumed session: what its client hears right after `SessionStarted`.
+    greeting: Vec<Event>,
 }
 
 fn random_hex(bytes: usize) -> Result<String, EngineError> {
@@ -149,7 +157,7 @@ fn random_hex(bytes: usize) -> Result<String, EngineError> {
 
 /// 128 random bits in URL-safe base64 (22 characters): a secret as strong as 32 hex
 /// digits in two thirds of the bytes, which every held lock carries in the store.
-fn random_secret() -> Result<String, EngineError> {
+pub(crate) fn random_secret() -> Result<String, EngineError> {
     use base64::Engine as _;
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).map_err(|e| EngineError::Random(e.to_string()))?;
@@ -162,14 +170,33 @@ impl Session {
         client_name: String,
         out: mpsc::Sender<Event>,
     ) -> Result<Self, EngineError> {
+        // Public: shown by Describe. 64 bits tell sessions apart in logs.
+        let id = random_hex(8)?;
+        // Secret: 128 bits make owner tokens unguessable.
+        let secret = random_secret()?;
+        Ok(Self::with_identity(shared, client_name, out, id, secret))
+    }
+
+    /// A session with a given id and secret (a resumed one keeps its id).
+    fn with_identity(
+        shared: Arc<Shared>,
+        client_name: String,
+        out: mpsc::Sender<Event>,
+        id: String,
+        secret: String,
+    ) -> Self {
         let (renew_tx, renew_rx) = mpsc::unbounded_channel();
         let (waiting_tx, waiting_rx) = mpsc::unbounded_channel();
-        Ok(Self {
+        let record = Arc::new(SessionRef {
+            serial: shared.next_lease_id(),
+            id: id.clone(),
+            secret: secret.clone(),
+            client_name: client_name.clone(),
+        });
+        Self {
             shared,
-            // Public: shown by Describe. 64 bits tell sessions apart in logs.
-            id: random_hex(8)?,
-            // Secret: 128 bits make owner tokens unguessable.
-            secret: random_secret()?,
+            id,
+            secret,
             client_name,
             grants: 0,
             out,
@@ -182,7 +209,10 @@ impl Session {
             renew_rx,
             waiting_tx,
             waiting_rx,
-        })
+            record,
+            journaled: false,
+            greeting: Vec::new(),
+        }
     }
 
     pub(crate) fn id(&self) -> &str {
@@ -201,7 +231,10 @@ impl Session {
         self.send(Event::Started {
             session_id: self.id.clone(),
             default_ttl: self.shared.config.default_ttl,
+            resume_token: self.resume_token(),
+            resumed: u32::try_from(self.greeting.len()).unwrap_or(u32::MAX),
         });
+        self.greet();
         let shutdown = self.shared.shutdown.clone();
         let end = loop {
             if self.overflow {
@@ -302,6 +335,10 @@ impl Session {
             if let Slot::Acquiring(a) = slot {
                 a.cancel.cancel();
             }
+        }
+        if self.journaled {
+            // Its record goes: only a dead sidecar leaves something to resume.
+            self.shared.journal.ended(&self.record);
         }
         let mut held = Vec::new();
         for (key, slot) in self.slots.drain() {

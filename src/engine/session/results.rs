@@ -296,6 +296,7 @@ impl Session {
         });
         self.leases.insert(lease_id, key.clone());
         self.shared.metrics.locks_held.inc();
+        self.journal_granted(&key, &claim.owner, claim.ttl, fence);
         let remaining = valid_until.saturating_duration_since(Instant::now());
         self.slots.insert(
             key.clone(),
@@ -332,6 +333,7 @@ impl Session {
                 self.shared.renewer.remove(h.lease_id);
                 self.leases.remove(&h.lease_id);
                 self.forget(&h);
+                self.shared.journal.dropped(&self.record, &key);
                 h.queue
             }
             _ => VecDeque::new(),
@@ -356,6 +358,7 @@ impl Session {
         self.forget(&h);
         self.shared.renewer.remove(h.lease_id);
         self.leases.remove(&h.lease_id);
+        self.shared.journal.dropped(&self.record, key);
         // If the store is reachable again, let the others in now rather than at expiry.
         self.release_in_background(key.to_owned(), h.owner);
         self.send(Event::Lost {

@@ -23,14 +23,15 @@ use tokio::time::Instant;
 
 mod lock;
 mod locks;
+mod sessions;
 
 use lock::{Admit, Holder, Lock, busy};
 use locks::Locks;
 pub use locks::{FORGET_AFTER, SWEEP_BUDGET};
 
 use super::{
-    Acquired, Claim, HolderState, KeyState, Notice, QueuedState, Renewal, Renewed, Sharing, Store,
-    StoreFuture, next_fence, unix_ms,
+    Acquired, Claim, HolderState, KeyState, Notice, QueuedState, RecordWrite, Recorded, Renewal,
+    Renewed, ResumeClaim, Resumption, Sharing, Store, StoreFuture, next_fence, unix_ms,
 };
 
 /// How many notices a slow sidecar task may fall behind before it resyncs.
@@ -45,6 +46,8 @@ pub struct MemoryStore {
     notices: broadcast::Sender<Notice>,
     /// Keys with watchers here, and how many ([`Store::listen`] with `watch`).
     watched: Mutex<HashMap<String, usize>>,
+    /// Session records and sidecar attachments (`memory/sessions.rs`).
+    sessions: Mutex<sessions::Sessions>,
 }
 
 impl Default for MemoryStore {
@@ -60,6 +63,7 @@ impl MemoryStore {
             locks: Mutex::new(Locks::default()),
             notices: broadcast::channel(NOTICE_BUFFER).0,
             watched: Mutex::new(HashMap::new()),
+            sessions: Mutex::default(),
         }
     }
 
@@ -362,6 +366,23 @@ impl Store for MemoryStore {
 
     fn notices(&self) -> broadcast::Receiver<Notice> {
         self.notices.subscribe()
+    }
+
+    fn keeps_sessions(&self) -> bool {
+        true
+    }
+
+    fn record<'a>(&'a self, writes: &'a [RecordWrite]) -> StoreFuture<'a, Vec<Option<Recorded>>> {
+        ready(self.write_records(writes))
+    }
+
+    fn attach<'a>(&'a self, sidecar: &'a str, ttl: Duration) -> StoreFuture<'a, ()> {
+        self.write_attachment(sidecar, ttl);
+        ready(())
+    }
+
+    fn resume<'a>(&'a self, claim: &'a ResumeClaim) -> StoreFuture<'a, Resumption> {
+        ready(self.resume_session(claim))
     }
 
     fn kind(&self) -> &'static str {

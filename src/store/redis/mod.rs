@@ -6,7 +6,8 @@
 //! Requests share one connection (`redis/link.rs`); notices come on the same connection,
 //! from subscriptions to the channels of the keys this sidecar listens to
 //! (`redis/subscriptions.rs`). Batched renewals are in `redis/renew.rs` (grouped by
-//! Cluster slot, `redis/slots.rs`), replica acknowledgement in `redis/acked.rs`.
+//! Cluster slot, `redis/slots.rs`), replica acknowledgement in `redis/acked.rs`,
+//! session records and resuming in `redis/sessions.rs`.
 
 mod acked;
 mod link;
@@ -14,6 +15,7 @@ mod options;
 mod renew;
 mod replies;
 mod scripts;
+mod sessions;
 mod slots;
 mod subscriptions;
 mod watchers;
@@ -27,7 +29,10 @@ use tokio::task::JoinHandle;
 
 pub use options::RedisOptions;
 
-use super::{Acquired, Claim, KeyState, Notice, Renewal, Renewed, Store, StoreError, StoreFuture};
+use super::{
+    Acquired, Claim, KeyState, Notice, RecordWrite, Recorded, Renewal, Renewed, ResumeClaim,
+    Resumption, Store, StoreError, StoreFuture,
+};
 use link::{Conn, Link};
 use options::Topology;
 use replies::{acquired, held_count, key_state, ms};
@@ -200,6 +205,16 @@ impl RedisStore {
         F: FnOnce(Conn) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
+        self.run_within(f, true).await
+    }
+
+    /// [`RedisStore::run`], saying whether a timeout drops the shared connection
+    /// (calls off the lock path keep it: see `redis/sessions.rs`).
+    async fn run_within<T, F, Fut>(&self, f: F, forget_on_timeout: bool) -> Result<T, StoreError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
         let attempt = async {
             let conn = self.link.connection().await?;
             f(conn).await.map_err(|e| {
@@ -210,7 +225,9 @@ impl RedisStore {
         match tokio::time::timeout(self.timeout, attempt).await {
             Ok(result) => result,
             Err(_) => {
-                self.link.forget();
+                if forget_on_timeout {
+                    self.link.forget();
+                }
                 Err(StoreError::Unavailable(format!(
                     "no answer within {:?}",
                     self.timeout
@@ -436,6 +453,22 @@ impl Store for RedisStore {
         if watch {
             self.watchers.remove(key);
         }
+    }
+
+    fn keeps_sessions(&self) -> bool {
+        true
+    }
+
+    fn record<'a>(&'a self, writes: &'a [RecordWrite]) -> StoreFuture<'a, Vec<Option<Recorded>>> {
+        Box::pin(async move { Ok(self.write_records(writes).await) })
+    }
+
+    fn attach<'a>(&'a self, sidecar: &'a str, ttl: Duration) -> StoreFuture<'a, ()> {
+        Box::pin(self.write_attachment(sidecar, ttl))
+    }
+
+    fn resume<'a>(&'a self, claim: &'a ResumeClaim) -> StoreFuture<'a, Resumption> {
+        Box::pin(self.resume_session(claim))
     }
 
     fn kind(&self) -> &'static str {

@@ -108,7 +108,7 @@ pub(super) fn key_state(reply: &[Value]) -> Result<KeyState, StoreError> {
     })
 }
 
-fn bytes(v: &Value) -> Vec<u8> {
+pub(super) fn bytes(v: &Value) -> Vec<u8> {
     match v {
         Value::BulkString(b) => b.clone(),
         Value::SimpleString(s) => s.clone().into_bytes(),

@@ -63,6 +63,10 @@ pub(super) struct Scripts {
     pub(super) fence: Lua,
     pub(super) proclaim: Lua,
     pub(super) watch: Lua,
+    /// Session records and resuming (`redis/sessions.rs`).
+    pub(super) record: Lua,
+    pub(super) resume: Lua,
+    pub(super) rekey: Lua,
 }
 
 impl Scripts {
@@ -82,6 +86,9 @@ impl Scripts {
             fence: lua(include_str!("../lua/fence.lua")),
             proclaim: lua(include_str!("../lua/proclaim.lua")),
             watch: lua(include_str!("../lua/watch.lua")),
+            record: lua(include_str!("../lua/record.lua")),
+            resume: lua(include_str!("../lua/resume.lua")),
+            rekey: lua(include_str!("../lua/rekey.lua")),
         }
     }
 }

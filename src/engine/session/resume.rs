@@ -1,0 +1,152 @@
+//! A session's side of resuming: its token, what it tells the journal about its
+//! grants, and a resumed session taking back the grants its record listed.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::{Held, Session, Slot};
+use crate::engine::renewer::{Lease, LeaseClock};
+use crate::engine::{Event, ResumeToken, Shared, validate_key};
+use crate::metrics::Loss;
+use crate::store::{RecordLine, ResumedLock, drift_margin};
+
+/// The reason of a `Lost` for a lock that did not survive until its session resumed.
+const EXPIRED: &str = "the lock expired, or the store lost it, before the session was resumed";
+
+impl Session {
+    /// The session's resume token, when its store keeps session records.
+    pub(super) fn resume_token(&self) -> Option<ResumeToken> {
+        self.shared
+            .store
+            .keeps_sessions()
+            .then(|| ResumeToken(format!("{}.{}", self.id, self.secret)))
+    }
+
+    /// Tells the journal that `key` was granted to `owner` (`session.secret.n`).
+    pub(super) fn journal_granted(&mut self, key: &str, owner: &str, ttl: Duration, fence: u64) {
+        let Some(grant) = owner.rsplit('.').next().and_then(|n| n.parse().ok()) else {
+            return;
+        };
+        self.journaled = true;
+        let line = RecordLine { grant, ttl, fence };
+        self.shared.journal.granted(&self.record, key, line);
+    }
+
+    /// A resumed session: id `id`, new secret `secret`, holding again every grant of
+    /// `locks` that survived. `sent_at` is when the resume was sent to the store: the
+    /// re-keyed grants were extended by their TTL after it.
+    pub(crate) fn resumed(
+        shared: Arc<Shared>,
+        client_name: String,
+        out: mpsc::Sender<Event>,
+        id: String,
+        secret: String,
+        sent_at: Instant,
+        mut locks: Vec<ResumedLock>,
+    ) -> Self {
+        let mut session = Self::with_identity(shared, client_name, out, id, secret);
+        // The client hears the locks it keeps first, then those it lost, by key.
+        locks.sort_by(|a, b| (a.held.is_none(), &a.key).cmp(&(b.held.is_none(), &b.key)));
+        session.grants = locks.iter().map(|l| l.line.grant).max().unwrap_or(0);
+        session.journaled = !locks.is_empty();
+        let listed = locks
+            .iter()
+            .map(|l| (l.key.clone(), l.line.clone()))
+            .collect();
+        session.shared.journal.adopted(&session.record, listed);
+        for lock in locks {
+            session.take_back(lock, sent_at);
+        }
+        session
+    }
+
+    /// Holds one resumed grant again, or says it is lost.
+    fn take_back(&mut self, lock: ResumedLock, sent_at: Instant) {
+        let ResumedLock { key, line, held } = lock;
+        let owner = format!("{}.{}.{}", self.id, self.secret, line.grant);
+        let ttl = line.ttl;
+        let margin = drift_margin(ttl, self.shared.config.clock_drift);
+        let now = Instant::now();
+        let valid_until = (sent_at + ttl).checked_sub(margin).unwrap_or(now);
+        let grant = match held {
+            Some(grant)
+                if valid_until > now
+                    && validate_key(&key).is_ok()
+                    && self.slots.len() < self.shared.config.max_locks_per_session =>
+            {
+                grant
+            }
+            other => {
+                if other.is_some() {
+                    // Answered too late to be safe (or not a lock this sidecar takes):
+                    // let the others in now rather than at its expiry.
+                    self.release_in_background(key.clone(), owner);
+                }
+                self.shared.metrics.lost(Loss::NotHeld);
+                self.shared.journal.dropped(&self.record, &key);
+                self.greeting.push(Event::Lost {
+                    key,
+                    reason: EXPIRED.to_owned(),
+                    fence: line.fence,
+                });
+                return;
+            }
+        };
+        let lease_id = self.shared.next_lease_id();
+        let clock = Arc::new(LeaseClock::new(valid_until));
+        self.shared.renewer.add(Lease {
+            id: lease_id,
+            key: key.clone(),
+            owner: owner.clone(),
+            ttl,
+            confirmed_at: sent_at,
+            clock: clock.clone(),
+            events: self.renew_tx.clone(),
+        });
+        self.leases.insert(lease_id, key.clone());
+        self.shared.metrics.locks_held.inc();
+        self.slots.insert(
+            key.clone(),
+            Slot::Held(Held {
+                lease_id,
+                owner,
+                fence: grant.fence,
+                ttl,
+                sharing: grant.sharing,
+                limit: grant.limit,
+                count: grant.count.max(1),
+                clock,
+                granted_at: now,
+                valid_until,
+                jeopardy: false,
+                busy: false,
+                queue: VecDeque::new(),
+            }),
+        );
+        tracing::debug!(%key, fence = grant.fence, "resumed");
+        self.greeting.push(Event::Granted {
+            request_id: 0,
+            key,
+            fence: grant.fence,
+            ttl: Duration::ZERO,
+            hold_count: grant.count.max(1),
+        });
+    }
+
+    /// Sends what a resumed session says right after `SessionStarted`: `Granted` with
+    /// the validity left at the moment of sending, and `Lost`.
+    pub(super) fn greet(&mut self) {
+        for mut event in std::mem::take(&mut self.greeting) {
+            if let Event::Granted { key, ttl, .. } = &mut event
+                && let Some(Slot::Held(h)) = self.slots.get(key.as_str())
+            {
+                *ttl = h.clock.get().saturating_duration_since(Instant::now());
+            }
+            self.send(event);
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! Session records, attachments and resuming in the memory store: the rules of
+//! `lua/record.lua`, `lua/resume.lua` and `lua/rekey.lua`, in one process. A sidecar
+//! on the memory store that restarts has lost every lock and record, so its sessions
+//! cannot be resumed; within one process (two engines on one store, as tests do) they
+//! behave as on Redis.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::MemoryStore;
+use crate::store::{
+    RecordLine, RecordWrite, Recorded, ResumeClaim, ResumedGrant, ResumedLock, Resumption,
+};
+
+/// How often at most expired records and attachments are swept.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// One session's record.
+#[derive(Debug)]
+struct Record {
+    /// The session's current secret (Redis keeps its SHA-1; this process keeps it).
+    secret: String,
+    /// The sidecar the session is attached to.
+    sidecar: String,
+    lines: HashMap<String, RecordLine>,
+    expires: Instant,
+}
+
+/// Every record and attachment of the store.
+#[derive(Debug, Default)]
+pub(super) struct Sessions {
+    records: HashMap<String, Record>,
+    /// Sidecar id → until when it is attached.
+    attached: HashMap<String, Instant>,
+    last_sweep: Option<Instant>,
+}
+
+impl Sessions {
+    fn sweep(&mut self, now: Instant) {
+        if self.last_sweep.is_some_and(|t| now - t < SWEEP_EVERY) {
+            return;
+        }
+        self.last_sweep = Some(now);
+        self.records.retain(|_, r| r.expires > now);
+        self.attached.retain(|_, until| *until > now);
+    }
+
+    /// The record of `session_id`, unless it expired.
+    fn live(&mut self, session_id: &str, now: Instant) -> Option<&mut Record> {
+        if self.records.get(session_id)?.expires <= now {
+            self.records.remove(session_id);
+            return None;
+        }
+        self.records.get_mut(session_id)
+    }
+
+    fn write(&mut self, write: &RecordWrite, now: Instant) -> Recorded {
+        if self.live(&write.session_id, now).is_none() {
+            if write.end || write.set.is_empty() {
+                return Recorded::Written;
+            }
+            self.records.insert(
+                write.session_id.clone(),
+                Record {
+                    secret: write.secret.clone(),
+                    sidecar: write.sidecar.clone(),
+                    lines: HashMap::new(),
+                    expires: now,
+                },
+            );
+        }
+        let Some(record) = self.records.get_mut(&write.session_id) else {
+            return Recorded::Written;
+        };
+        if record.secret != write.secret {
+            return Recorded::Foreign;
+        }
+        if write.end {
+            self.records.remove(&write.session_id);
+            return Recorded::Written;
+        }
+        for (key, line) in &write.set {
+            record.lines.insert(key.clone(), line.clone());
+        }
+        for key in &write.remove {
+            record.lines.remove(key);
+        }
+        if record.lines.is_empty() {
+            self.records.remove(&write.session_id);
+        } else {
+            record.expires = now + write.ttl;
+        }
+        Recorded::Written
+    }
+}
+
+impl MemoryStore {
+    fn sessions(&self) -> std::sync::MutexGuard<'_, Sessions> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn write_records(&self, writes: &[RecordWrite]) -> Vec<Option<Recorded>> {
+        let now = Instant::now();
+        let mut sessions = self.sessions();
+        sessions.sweep(now);
+        writes
+            .iter()
+            .map(|w| Some(sessions.write(w, now)))
+            .collect()
+    }
+
+    pub(super) fn write_attachment(&self, sidecar: &str, ttl: Duration) {
+        let now = Instant::now();
+        let mut sessions = self.sessions();
+        sessions.sweep(now);
+        sessions.attached.insert(sidecar.to_owned(), now + ttl);
+    }
+
+    /// Checks and claims the record, then re-keys each lock it lists.
+    pub(super) fn resume_session(&self, claim: &ResumeClaim) -> Resumption {
+        let now = Instant::now();
+        let lines = {
+            let mut sessions = self.sessions();
+            let Some(attached) = sessions
+                .live(&claim.session_id, now)
+                .filter(|r| r.secret == claim.secret)
+                .map(|r| r.sidecar.clone())
+            else {
+                return Resumption::Refused;
+            };
+            if sessions.attached.get(&attached).is_some_and(|t| *t > now) {
+                return Resumption::Refused;
+            }
+            let Some(record) = sessions.records.get_mut(&claim.session_id) else {
+                return Resumption::Refused;
+            };
+            record.secret = claim.new_secret.clone();
+            record.sidecar = claim.sidecar.clone();
+            record.lines.clone()
+        };
+        let locks = lines
+            .into_iter()
+            .map(|(key, line)| {
+                let held = self.rekey(&key, claim, &line);
+                ResumedLock { key, line, held }
+            })
+            .collect();
+        Resumption::Claimed(locks)
+    }
+
+    /// Moves grant `line.grant` of `key` from the old owner (or, made again, the new
+    /// one) to the new owner and extends it by its TTL (see `lua/rekey.lua`).
+    fn rekey(&self, key: &str, claim: &ResumeClaim, line: &RecordLine) -> Option<ResumedGrant> {
+        let (old, new) = (claim.old_owner(line.grant), claim.new_owner(line.grant));
+        self.with_lock(key, |lock, now| {
+            let (sharing, limit) = (lock.sharing?, lock.limit);
+            let holder = lock
+                .holders
+                .iter_mut()
+                .find(|h| h.owner == old || h.owner == new)?;
+            holder.owner = new.clone();
+            holder.expires = now + line.ttl;
+            Some(ResumedGrant {
+                count: holder.count,
+                fence: holder.fence,
+                sharing,
+                limit,
+                value: holder.value.clone(),
+            })
+        })
+        .flatten()
+    }
+}

@@ -1,0 +1,205 @@
+//! Sessions that outlive their sidecar: the values of the store's session methods
+//! ([`super::Store::record`], [`super::Store::attach`], [`super::Store::resume`]).
+//!
+//! A session that holds locks has a **record** in the store, so that any sidecar of the
+//! same store and namespace can find its grants after the sidecar that served it died:
+//! who may resume it (a hash of its secret), which sidecar it is attached to, its client
+//! name, and one line per held lock (the grant's number, TTL and fencing token; the
+//! lock's mode, limit, count and value are in the lock itself). Each sidecar that has
+//! sessions with records keeps an **attachment** alive (a key with a short TTL): while
+//! it exists, the sidecar is alive and its sessions cannot be resumed elsewhere.
+//!
+//! Resuming checks the secret, refuses while the record's sidecar is attached, claims
+//! the record for the resuming sidecar with the session's new secret, then **re-keys**
+//! each listed lock still held by the old owner (`session.secret.n`) to the new owner
+//! (`session.new_secret.n`), keeping its count, token and value and extending it by its
+//! TTL. Re-keying fences a frozen sidecar off: when it comes back, its owner tokens are
+//! stale, so it can neither renew nor release the resumed grants.
+
+use std::time::Duration;
+
+use super::Sharing;
+
+/// One held lock as a session's record lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordLine {
+    /// The grant's number: the owner token is `session_id.secret.n`.
+    pub grant: u64,
+    /// The grant's TTL.
+    pub ttl: Duration,
+    /// The grant's fencing token (told to the client if the lock did not survive).
+    pub fence: u64,
+}
+
+impl RecordLine {
+    /// The line as the store keeps it: `n|ttl_ms|fence`.
+    pub fn encode(&self) -> String {
+        format!("{}|{}|{}", self.grant, self.ttl.as_millis(), self.fence)
+    }
+
+    /// Reads a line written by [`RecordLine::encode`]; `None` if it is not one.
+    pub fn decode(text: &str) -> Option<Self> {
+        let mut parts = text.split('|');
+        let grant = parts.next()?.parse().ok()?;
+        let ttl = Duration::from_millis(parts.next()?.parse().ok()?);
+        let fence = parts.next()?.parse().ok()?;
+        parts.next().is_none().then_some(Self { grant, ttl, fence })
+    }
+}
+
+/// Changes to one session's record, written by the sidecar the session is attached to.
+/// Applied only while the record is this session's (its secret's hash matches): a
+/// session resumed elsewhere never has its record changed by the sidecar it left.
+/// Its `Debug` leaves the secret out.
+#[derive(Clone, Default)]
+pub struct RecordWrite {
+    /// The public session id.
+    pub session_id: String,
+    /// The session's current secret (the record keeps only its SHA-1).
+    pub secret: String,
+    /// The client's name, kept in a record this write creates.
+    pub client_name: String,
+    /// This sidecar's id, written as the record's attachment when the write creates it.
+    pub sidecar: String,
+    /// Locks to list (key, line).
+    pub set: Vec<(String, RecordLine)>,
+    /// Keys to take off the list.
+    pub remove: Vec<String>,
+    /// The session ended: the record goes.
+    pub end: bool,
+    /// How long the record lives after this write, unless written again. A record that
+    /// lists no lock goes at once.
+    pub ttl: Duration,
+}
+
+impl std::fmt::Debug for RecordWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordWrite")
+            .field("session_id", &self.session_id)
+            .field("sidecar", &self.sidecar)
+            .field("set", &self.set)
+            .field("remove", &self.remove)
+            .field("end", &self.end)
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a [`RecordWrite`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Recorded {
+    /// Applied (or nothing was there to change).
+    Written,
+    /// The record belongs to another generation of the session (it was resumed
+    /// elsewhere): nothing was changed, and this sidecar must not write it again.
+    Foreign,
+}
+
+/// A request to resume a session. Its `Debug` leaves both secrets out.
+#[derive(Clone)]
+pub struct ResumeClaim {
+    /// The public session id.
+    pub session_id: String,
+    /// The secret the client presented (from its resume token).
+    pub secret: String,
+    /// The session's new secret: its record and its grants' owners take it.
+    pub new_secret: String,
+    /// The resuming sidecar's id: the record's new attachment.
+    pub sidecar: String,
+}
+
+impl std::fmt::Debug for ResumeClaim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResumeClaim")
+            .field("session_id", &self.session_id)
+            .field("sidecar", &self.sidecar)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ResumeClaim {
+    /// The owner token of grant `n` under the old secret.
+    pub fn old_owner(&self, n: u64) -> String {
+        format!("{}.{}.{n}", self.session_id, self.secret)
+    }
+
+    /// The owner token of grant `n` under the new secret.
+    pub fn new_owner(&self, n: u64) -> String {
+        format!("{}.{}.{n}", self.session_id, self.new_secret)
+    }
+}
+
+/// The answer to a [`ResumeClaim`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resumption {
+    /// No such session, a wrong secret, or the session is attached to a live sidecar.
+    /// Deliberately one answer: a refusal tells nothing about other sessions.
+    Refused,
+    /// The record is now this sidecar's, under the new secret; one entry per lock it
+    /// listed, in no particular order.
+    Claimed(Vec<ResumedLock>),
+}
+
+/// One lock a resumed session's record listed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResumedLock {
+    /// The lock's name.
+    pub key: String,
+    /// The line the record kept.
+    pub line: RecordLine,
+    /// The grant, re-keyed to the new owner and extended by its TTL; `None` when the
+    /// old owner no longer held it (it expired, or the store lost it), or the store
+    /// could not be asked.
+    pub held: Option<ResumedGrant>,
+}
+
+/// A grant that survived, as the lock keeps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResumedGrant {
+    /// Its hold count.
+    pub count: u32,
+    /// Its fencing token.
+    pub fence: u64,
+    /// Its mode.
+    pub sharing: Sharing,
+    /// Its limit (1 for a lock).
+    pub limit: u32,
+    /// The holder's value (empty for none).
+    pub value: Vec<u8>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_stay_out_of_debug_output() {
+        let claim = ResumeClaim {
+            session_id: "sid".into(),
+            secret: "old-s3cret".into(),
+            new_secret: "new-s3cret".into(),
+            sidecar: "a".into(),
+        };
+        let write = RecordWrite {
+            secret: "old-s3cret".into(),
+            ..RecordWrite::default()
+        };
+        let shown = format!("{claim:?} {write:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("sid"), "{shown}");
+    }
+
+    #[test]
+    fn lines_round_trip_and_refuse_garbage() {
+        let line = RecordLine {
+            grant: 7,
+            ttl: Duration::from_millis(2500),
+            fence: 1_838_492_390_858_752,
+        };
+        assert_eq!(line.encode(), "7|2500|1838492390858752");
+        assert_eq!(RecordLine::decode(&line.encode()), Some(line));
+        for bad in ["", "7", "7|x|1", "7|1|2|3", "-1|5|5"] {
+            assert_eq!(RecordLine::decode(bad), None, "{bad:?}");
+        }
+    }
+}

@@ -1012,7 +1012,7 @@ async fn sessions_resume_with_their_secret_only(s: Subject) {
     let f1 = fence(&s, &k1).await;
     assert_eq!(
         s.store
-            .hold("k1", &k1.owner, 2, k1.ttl)
+            .reenter("k1", &k1.owner, 2, k1.ttl)
             .await
             .expect("hold"),
         Some(2)

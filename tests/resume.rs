@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::{
-    Client, Interval, Lease, PATIENCE, Redis, Sidecar, SidecarProcess, StoreKind, acquire,
+    Client, Interval, LeaseStream, PATIENCE, Redis, Sidecar, SidecarProcess, StoreKind, acquire,
     check_history, make_store, namespace, secs,
 };
 use lockside::engine::EngineConfig;
@@ -52,7 +52,7 @@ async fn recorded(redis: &Redis, ns: &str, sid: &str, locks: usize) {
 
 /// Resumes `token` on `client`, retrying while its old sidecar is still attached
 /// (FAILED_PRECONDITION) or not reachable yet.
-async fn resume(client: &Client, token: &str) -> Lease {
+async fn resume(client: &Client, token: &str) -> LeaseStream {
     let deadline = Instant::now() + PATIENCE;
     loop {
         match client.resume(token).await {
@@ -66,7 +66,7 @@ async fn resume(client: &Client, token: &str) -> Lease {
 }
 
 /// The events that follow a resumed `SessionStarted`, by key.
-async fn greeting(lease: &mut Lease) -> BTreeMap<String, Event> {
+async fn greeting(lease: &mut LeaseStream) -> BTreeMap<String, Event> {
     let mut events = BTreeMap::new();
     for _ in 0..lease.resumed_locks {
         let event = lease.next().await;

@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::{Held, Session, Slot};
-use crate::engine::renewer::{Lease, LeaseClock};
+use crate::engine::renewer::{LeaseClock, Renewable};
 use crate::engine::{Event, ResumeToken, Shared, validate_key};
 use crate::metrics::Loss;
 use crate::store::{RecordLine, ResumedLock, drift_margin};
@@ -98,7 +98,7 @@ impl Session {
         };
         let lease_id = self.shared.next_lease_id();
         let clock = Arc::new(LeaseClock::new(valid_until));
-        self.shared.renewer.add(Lease {
+        self.shared.renewer.add(Renewable {
             id: lease_id,
             key: key.clone(),
             owner: owner.clone(),

@@ -17,8 +17,20 @@ local now = t[1] * 1000 + math.floor(t[2] / 1000)
 
 -- The common case: an exclusive lock nobody holds (no key, or only its last token kept
 -- after a release) and no lock-delay runs, for a fair claim with nobody queued: one
--- GET and one SET, the token max(last + 1, now * 1024).
-if ARGV[4] == 'x' and ARGV[5] == '1' and not (fair and redis.call('EXISTS', q) == 1) then
+-- EXISTS (of the queue and the watchers together: both absent is the common case), one
+-- GET and one SET, the token max(last + 1, now * 1024). Every call a script makes costs
+-- Redis about a microsecond besides its own work, hence one EXISTS for two keys.
+local fast = ARGV[4] == 'x' and ARGV[5] == '1'
+local others = 0
+if fast then
+  if fair then
+    others = redis.call('EXISTS', q, l)
+    fast = others == 0 or redis.call('EXISTS', q) == 0
+  else
+    others = redis.call('EXISTS', l)
+  end
+end
+if fast then
   local ok, v = pcall(redis.call, 'GET', h)
   local fence = now * 1024
   if ok and v then
@@ -34,7 +46,9 @@ if ARGV[4] == 'x' and ARGV[5] == '1' and not (fair and redis.call('EXISTS', q) =
     if again then
       redis.call('ZREM', w, waiter)
     end
-    changed(l, channel, key, sharded)
+    if others > 0 then
+      changed(l, channel, key, sharded)
+    end
     return {1, fence}
   end
 end

@@ -6,8 +6,9 @@
 -- ARGV: owner ttl_ms wait mode limit fair waiter tail again channel key sharded
 --   tail: 'owner|name length|name' then the value, as the lock's string keeps them.
 --   again = '1': this claim may have registered as a waiter before (not its first try).
--- Returns {1, fence} granted; {0, ms until something may change, queue position}
--- busy; {2, the holders' limit} when the holders use another limit.
+-- Returns the fence (a bare integer: a table reply costs Redis more) granted; {0, ms
+-- until something may change, queue position} busy; {2, the holders' limit} when the
+-- holders use another limit.
 local h, w, q, l = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, ttl, waiter, tail = ARGV[1], ARGV[2], ARGV[7], ARGV[8]
 local fair, again = ARGV[6] == '1', ARGV[9] == '1'
@@ -49,7 +50,7 @@ if fast then
     if others > 0 then
       changed(l, channel, key, sharded)
     end
-    return {1, fence}
+    return fence
   end
 end
 
@@ -139,4 +140,4 @@ if mode == 's' or (limit > 1 and lock.n < limit) then
 else
   changed(l, channel, key, sharded)
 end
-return {1, fence}
+return fence

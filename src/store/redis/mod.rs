@@ -297,7 +297,7 @@ impl Store for RedisStore {
                 claim.key.as_bytes(),
                 sharded.as_bytes(),
             ];
-            let reply: Vec<Value> = if self.acks.min == 0 {
+            let reply: Value = if self.acks.min == 0 {
                 self.invoke(&self.scripts.acquire, &claim.key, &args)
                     .await?
             } else {
@@ -305,9 +305,7 @@ impl Store for RedisStore {
                 let (reply, acked) = self
                     .invoke_acked(&self.scripts.acquire, &keys, &args)
                     .await?;
-                let reply: Vec<Value> = redis::FromRedisValue::from_redis_value(reply)
-                    .map_err(|e| StoreError::Protocol(e.to_string()))?;
-                if !acked && matches!(reply.first(), Some(Value::Int(1))) {
+                if !acked && matches!(acquired(&reply), Ok(Acquired::Granted { .. })) {
                     // Not on enough replicas: a failover could hand it out again. Undo
                     // it rather than hand out a grant that is not safe.
                     let _ = self

@@ -45,13 +45,21 @@ pub(super) fn held_count(n: i64) -> Option<u32> {
     u32::try_from(n).ok()
 }
 
-/// An acquire's answer: `{1, fence}` granted, `{2, limit}` conflict, `{0, look, position}`
-/// busy.
-pub(super) fn acquired(reply: &[Value]) -> Result<Acquired, StoreError> {
-    match reply {
-        [code, fence] if int(code)? == 1 => Ok(Acquired::Granted {
-            fence: int(fence)? as u64,
-        }),
+/// An acquire's answer: the token (a positive integer) granted, `{2, limit}` conflict,
+/// `{0, look, position}` busy. A grant answers a bare integer: converting a Lua table to
+/// a reply costs Redis more than a microsecond, the most common answer need not.
+pub(super) fn acquired(reply: &Value) -> Result<Acquired, StoreError> {
+    let bad = || StoreError::Protocol("acquire: bad reply".into());
+    let reply = match reply {
+        Value::Int(fence) if *fence > 0 => {
+            return Ok(Acquired::Granted {
+                fence: *fence as u64,
+            });
+        }
+        Value::Array(reply) => reply,
+        _ => return Err(bad()),
+    };
+    match reply.as_slice() {
         [code, limit] if int(code)? == 2 => Ok(Acquired::Conflict {
             limit: int(limit)?.max(0) as u32,
         }),
@@ -59,7 +67,7 @@ pub(super) fn acquired(reply: &[Value]) -> Result<Acquired, StoreError> {
             expires_in: Duration::from_millis(int(look)?.max(0) as u64),
             position: int(position)?.max(0) as u32,
         }),
-        _ => Err(StoreError::Protocol("acquire: bad reply".into())),
+        _ => Err(bad()),
     }
 }
 

@@ -143,7 +143,7 @@ pub(crate) struct Session {
     renew_rx: mpsc::UnboundedReceiver<RenewEvent>,
     waiting_tx: mpsc::UnboundedSender<(u64, String, u32)>,
     waiting_rx: mpsc::UnboundedReceiver<(u64, String, u32)>,
-    /// The session as its record in the store knows it (`journal.rs`).
+    /// The session as its record in the store knows it (`engine/journal/`).
     record: Arc<SessionRef>,
     /// The journal has heard of this session (it held a lock): it must hear its end.
     journaled: bool,

@@ -1,7 +1,7 @@
 //! The layout keeps itself: reads the `crate::` (and crate-escaping `super::`) paths of
 //! every file under `src/`, builds the graph of top-level modules, and fails on a cycle
 //! or on an edge ARCHITECTURE.md forbids. A new import that breaks the direction of
-//! flow fails here, naming the file.
+//! flow fails here, naming the file; so does a file under `src/` over [`MAX_LINES`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -326,5 +326,36 @@ fn grpc_statuses_are_made_in_the_api_only() {
     assert!(
         makers.is_empty(),
         "tonic::Status made outside src/api/: {makers:?}"
+    );
+}
+
+/// The most lines a file under `src/` may have: a room a newcomer reads in one sitting.
+/// Past it, split the file at a seam it already has (ARCHITECTURE.md, "Rooms").
+const MAX_LINES: usize = 400;
+
+#[test]
+fn no_file_under_src_is_over_the_size_limit() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    assert!(files.len() > 10, "the scan found too few files: {files:?}");
+    let mut big: Vec<(usize, String)> = files
+        .iter()
+        .map(|file| {
+            let text = std::fs::read_to_string(file).expect("read a source file");
+            let relative = file.strip_prefix(&src).expect("under src");
+            (text.lines().count(), relative.display().to_string())
+        })
+        .filter(|(lines, _)| *lines > MAX_LINES)
+        .collect();
+    big.sort_unstable_by(|a, b| b.cmp(a));
+    let named: Vec<String> = big
+        .iter()
+        .map(|(lines, file)| format!("src/{file}: {lines} lines"))
+        .collect();
+    assert!(
+        named.is_empty(),
+        "files over {MAX_LINES} lines (split each at a seam it has):\n{}",
+        named.join("\n")
     );
 }

@@ -1,8 +1,14 @@
 //! The engine: sessions, renewals, waiters and deadlines. It owns time and knows no
 //! Redis and no protobuf: the API hands it [`Command`]s and turns its [`Event`]s into
 //! messages; a [`Store`] keeps the locks.
+//!
+//! This file has the [`Engine`] handle and what its sessions share; the protocol types
+//! are in `protocol.rs`, the limits and defaults in `config.rs`, the routing of the
+//! store's notices to waiters and watchers in `notices.rs`, the sessions in `session/`.
 
+mod config;
 mod journal;
+mod notices;
 mod protocol;
 mod renewer;
 mod resume;
@@ -23,8 +29,10 @@ use tracing::Instrument;
 use crate::metrics::Metrics;
 use crate::metrics::store::MeteredStore;
 use crate::proto::limits::MAX_KEY_BYTES;
-use crate::store::{Notice, Store};
+use crate::store::Store;
+pub use config::EngineConfig;
 use journal::Journal;
+use notices::dispatch_notices;
 pub use protocol::{
     AcquireRequest, Command, EndReason, EngineError, Event, Inbound, Mode, NotAcquiredReason,
     RejectCode, Rejection, ResumeToken,
@@ -41,63 +49,6 @@ use watches::Watches;
 pub const MAX_STORE_CALLS: usize = 256;
 /// How much of bad client input an answer may echo.
 pub(crate) const ECHO_BYTES: usize = 64;
-
-/// Limits and defaults of the engine. Every value is documented in the README.
-#[derive(Clone, Debug)]
-pub struct EngineConfig {
-    /// TTL of an `Acquire` that sets none.
-    pub default_ttl: Duration,
-    /// Longest TTL a client may ask for.
-    pub max_ttl: Duration,
-    /// Sessions (open `Lease` streams) per sidecar.
-    pub max_sessions: usize,
-    /// Locks held or being acquired per session.
-    pub max_locks_per_session: usize,
-    /// Requests not yet answered per session (waits, queued and in-flight requests).
-    pub max_pending_per_session: usize,
-    /// Waiting acquires per key on this sidecar.
-    pub max_waiters_per_key: usize,
-    /// After a session ends without releasing (broken stream, keepalive timeout), its
-    /// exclusive locks stay ungranted this long (Chubby's and Consul's lock-delay).
-    pub lock_delay: Duration,
-    /// How fast the sidecar's clock may run slow against the store's, as a fraction:
-    /// every validity is shortened by this share of the TTL (plus 2 ms), so `Lost` comes
-    /// before the store lets a lock go while the rates differ by less.
-    pub clock_drift: f64,
-    /// Open `Watch` streams per sidecar.
-    pub max_watches: usize,
-    /// How long this sidecar's attachment lives in the store without being refreshed
-    /// (every third of it, while the sidecar has sessions holding locks): after the
-    /// sidecar died, its sessions can be resumed elsewhere once this has passed.
-    pub attachment_ttl: Duration,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        Self {
-            // Redisson's watchdog default is 30 s; 10 s frees a dead sidecar's locks
-            // sooner and still leaves two renewals of slack at TTL/3.
-            default_ttl: Duration::from_secs(10),
-            max_ttl: Duration::from_secs(3600),
-            max_sessions: 10_000,
-            max_locks_per_session: 1024,
-            max_pending_per_session: 1024,
-            max_waiters_per_key: 1024,
-            // Off: the contract frees locks the moment a stream ends. A delay protects
-            // resources from a client that keeps writing after its stream broke (Consul
-            // defaults to 15 s); it is an opt-in per sidecar.
-            lock_delay: Duration::ZERO,
-            clock_drift: crate::store::DEFAULT_CLOCK_DRIFT,
-            // As many as sessions: a pod's followers each watch a key or two, and a
-            // watch costs a receiver here (the key's reads are shared).
-            max_watches: 10_000,
-            // A sidecar killed and restarted in place gets its sessions back within
-            // this (plus the restart): well inside the default 10 s TTL, and long
-            // enough that a sidecar that misses two refreshes is not taken for dead.
-            attachment_ttl: Duration::from_secs(3),
-        }
-    }
-}
 
 /// `bytes` random bytes from the OS, as lowercase hex: session ids, owner secrets.
 pub fn random_hex(bytes: usize) -> Result<String, getrandom::Error> {
@@ -353,44 +304,6 @@ impl Engine {
     /// Open sessions.
     pub fn sessions(&self) -> usize {
         self.shared.config.max_sessions - self.sessions.available_permits()
-    }
-}
-
-/// Wakes local waiters on release notices from the store, and has watched keys read
-/// again on every notice.
-async fn dispatch_notices(
-    mut notices: tokio::sync::broadcast::Receiver<Notice>,
-    wakers: Arc<Wakers>,
-    metrics: Arc<Metrics>,
-    watches: Arc<Watches>,
-    shutdown: CancellationToken,
-) {
-    use crate::metrics::Heard;
-    use tokio::sync::broadcast::error::RecvError;
-    loop {
-        let notice = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            notice = notices.recv() => notice,
-        };
-        metrics.heard(match &notice {
-            Ok(Notice::Released { .. }) => Heard::Released,
-            Ok(Notice::Changed { .. }) => Heard::Changed,
-            Ok(Notice::Resync) | Err(RecvError::Lagged(_)) => Heard::Resync,
-            Err(RecvError::Closed) => return,
-        });
-        match notice {
-            Ok(Notice::Released { key, owners }) => {
-                wakers.wake(&key, &owners);
-                watches.poke(&key);
-            }
-            // A change that frees nothing: nobody waiting can go; watchers look.
-            Ok(Notice::Changed { key }) => watches.poke(&key),
-            Ok(Notice::Resync) | Err(RecvError::Lagged(_)) => {
-                wakers.wake_all();
-                watches.poke_all();
-            }
-            Err(RecvError::Closed) => return,
-        }
     }
 }
 

@@ -10,11 +10,16 @@
 //! at the earliest safe deadline of its grants, so a renewal stuck in a slow store can
 //! never delay `Lost`.
 //!
-//! Files: this one has the state and the main loop; `requests.rs` turns client
-//! commands into store calls; `results.rs` handles what the store, the renewer and the
-//! clock answer; `attempt.rs` is one acquire, with its waiting.
+//! Files: this one has the state, the main loop and what the client is sent;
+//! `requests.rs` turns client commands into store calls; `results.rs` handles what the
+//! store answers; `grants.rs` a held grant's life (released, lost by the renewer's word
+//! or the safe-deadline timer) and the commands queued behind a key; `attempt.rs` is
+//! one acquire, with its waiting; `resume.rs` a resumed session; `end.rs` releasing
+//! everything when the session ends.
 
 mod attempt;
+mod end;
+mod grants;
 mod requests;
 mod results;
 mod resume;
@@ -37,7 +42,8 @@ use super::{
     Rejection, Shared,
 };
 use crate::metrics::{Loss, Outcome as Counted};
-use crate::store::{Claim, Sharing, Store, StoreError};
+use crate::store::{Claim, Sharing, StoreError};
+use end::End;
 
 enum Slot {
     Acquiring(Acquiring),
@@ -115,18 +121,6 @@ enum AcquireResult {
     Unavailable(StoreError),
 }
 
-enum End {
-    /// The client closed its side: a graceful end.
-    Closed,
-    /// The transport broke (reset, cancel, keepalive timeout): the client may be alive
-    /// and still using what it held, so the lock-delay applies.
-    Broken,
-    /// The sidecar shuts down.
-    Shutdown,
-    /// The client stopped reading its answers (or is gone).
-    Overflow,
-}
-
 pub(crate) struct Session {
     shared: Arc<Shared>,
     id: String,
@@ -143,7 +137,7 @@ pub(crate) struct Session {
     renew_rx: mpsc::UnboundedReceiver<RenewEvent>,
     waiting_tx: mpsc::UnboundedSender<(u64, String, u32)>,
     waiting_rx: mpsc::UnboundedReceiver<(u64, String, u32)>,
-    /// The session as its record in the store knows it (`journal.rs`).
+    /// The session as its record in the store knows it (`engine/journal/`).
     record: Arc<SessionRef>,
     /// The journal has heard of this session (it held a lock): it must hear its end.
     journaled: bool,
@@ -327,86 +321,6 @@ impl Session {
             "the lock store is unavailable",
         );
     }
-
-    /// Releases everything: held grants at once, grants that in-flight calls produce as
-    /// they finish. Waits are cancelled first.
-    async fn finish(mut self, end: End) {
-        for slot in self.slots.values() {
-            if let Slot::Acquiring(a) = slot {
-                a.cancel.cancel();
-            }
-        }
-        if self.journaled {
-            // Its record goes: only a dead sidecar leaves something to resume.
-            self.shared.journal.ended(&self.record);
-        }
-        let mut held = Vec::new();
-        for (key, slot) in self.slots.drain() {
-            if let Slot::Held(h) = slot {
-                self.shared.renewer.remove(h.lease_id);
-                forget(&self.shared.metrics, &h);
-                held.push((key, h.owner, h.fence));
-            }
-        }
-        if let End::Shutdown = end {
-            for (key, _, fence) in &held {
-                let reason = lost_because(Loss::Shutdown).to_owned();
-                self.shared.metrics.lost(Loss::Shutdown);
-                let _ = self.out.try_send(Event::Lost {
-                    key: key.clone(),
-                    reason,
-                    fence: *fence,
-                });
-            }
-        }
-        let store = self.shared.store.clone();
-        let delay = match end {
-            End::Broken | End::Overflow => self.shared.config.lock_delay,
-            End::Closed | End::Shutdown => Duration::ZERO,
-        };
-        let release_held = futures_util::future::join_all(
-            held.iter()
-                .map(|(key, owner, _)| release_quietly(&store, key, owner, delay)),
-        );
-        let mut ops = std::mem::take(&mut self.ops);
-        let finish_ops = async {
-            let mut granted = Vec::new();
-            while let Some(done) = ops.next().await {
-                if let Done::Acquire {
-                    claim,
-                    outcome: AcquireResult::Granted { .. },
-                    ..
-                } = done
-                {
-                    granted.push((claim.key, claim.owner));
-                }
-            }
-            granted
-        };
-        let ((), granted) = tokio::join!(
-            async {
-                release_held.await;
-            },
-            finish_ops
-        );
-        futures_util::future::join_all(
-            granted
-                .iter()
-                // Never handed to the client: no lock-delay.
-                .map(|(key, owner)| release_quietly(&store, key, owner, Duration::ZERO)),
-        )
-        .await;
-        match end {
-            End::Shutdown => {
-                let _ = self.out.try_send(Event::Ended(EndReason::Shutdown));
-            }
-            End::Closed | End::Broken | End::Overflow => {}
-        }
-        tracing::debug!(
-            released = held.len() + granted.len(),
-            "session released its locks"
-        );
-    }
 }
 
 /// The reason a `Lost` event gives, for each way of losing a lock.
@@ -423,10 +337,4 @@ fn forget(metrics: &crate::metrics::Metrics, held: &Held) {
     metrics
         .hold_time
         .observe(held.granted_at.elapsed().as_secs_f64());
-}
-
-async fn release_quietly(store: &Arc<dyn Store>, key: &str, owner: &str, delay: Duration) {
-    if let Err(e) = store.release(key, owner, 0, delay).await {
-        tracing::warn!(%key, error = %e, "release at session end failed; the lock expires at its TTL");
-    }
 }

@@ -5,12 +5,17 @@
 //!
 //! Requests share one connection (`redis/link.rs`); notices come on the same connection,
 //! from subscriptions to the channels of the keys this sidecar listens to
-//! (`redis/subscriptions.rs`). Batched renewals are in `redis/renew.rs` (grouped by
+//! (`redis/subscriptions/`). Batched renewals are in `redis/renew.rs` (grouped by
 //! Cluster slot, `redis/slots.rs`), replica acknowledgement in `redis/acked.rs`,
 //! session records and resuming in `redis/sessions.rs`.
+//!
+//! This file has the store and its `Store` methods; opening it is in `redis/open.rs`,
+//! how one call reaches Redis (timeout, connection, script) in `redis/call.rs`.
 
 mod acked;
+mod call;
 mod link;
+mod open;
 mod options;
 mod renew;
 mod replies;
@@ -34,14 +39,10 @@ use super::{
     Resumption, Store, StoreError, StoreFuture,
 };
 use link::{Conn, Link};
-use options::Topology;
 use replies::{acquired, held_count, key_state, ms};
 use scripts::{Lua, Scripts};
 use subscriptions::Subscriptions;
 use watchers::Watchers;
-
-/// How many notices a slow sidecar task may fall behind before it resyncs.
-const NOTICE_BUFFER: usize = 4096;
 
 /// Replica acknowledgement settings (see `redis/acked.rs`).
 struct Acks {
@@ -70,14 +71,6 @@ pub struct RedisStore {
     watchers: Arc<Watchers>,
 }
 
-impl Drop for RedisStore {
-    fn drop(&mut self) {
-        for task in &self.tasks {
-            task.abort();
-        }
-    }
-}
-
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The URL may carry a password: never print it.
@@ -87,69 +80,7 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-fn unavailable(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(e.to_string())
-}
-
 impl RedisStore {
-    /// Connects lazily to `url`; keys live under `namespace`; every call gives up after
-    /// `timeout`. Must be called inside a tokio runtime.
-    pub fn new(url: &str, namespace: &str, timeout: Duration) -> Result<Self, StoreError> {
-        let options = RedisOptions {
-            timeout,
-            ..RedisOptions::default()
-        };
-        Self::with_options(url, namespace, &options)
-    }
-
-    /// Connects lazily to `url` with `options` (certificates, replica acknowledgement).
-    /// Must be called inside a tokio runtime.
-    pub fn with_options(
-        url: &str,
-        namespace: &str,
-        options: &RedisOptions,
-    ) -> Result<Self, StoreError> {
-        let topology = Topology::parse(url, options)?;
-        if options.min_replica_acks > 0 && options.replica_ack_timeout >= options.timeout {
-            return Err(StoreError::Config(
-                "the replica acknowledgement timeout must be shorter than the store timeout".into(),
-            ));
-        }
-        let kind = match topology {
-            Topology::Standalone(_) => "redis",
-            Topology::Sentinel { .. } => "redis_sentinel",
-            Topology::Cluster { .. } => "redis_cluster",
-        };
-        let link = Arc::new(Link::new(topology, options.timeout)?);
-        let notices = broadcast::channel(NOTICE_BUFFER).0;
-        let (subscriptions, mut tasks) =
-            Subscriptions::start(link.clone(), namespace, options.timeout, notices.clone());
-        let scripts = Scripts::new();
-        let watchers = Arc::new(Watchers::new(
-            link.clone(),
-            namespace,
-            scripts.watch.clone(),
-            options.timeout,
-        ));
-        tasks.push(tokio::spawn(watchers.clone().refresh()));
-        Ok(Self {
-            kind,
-            acks: Acks {
-                min: options.min_replica_acks,
-                timeout: options.replica_ack_timeout,
-            },
-            link,
-            namespace: namespace.to_owned(),
-            subscriptions,
-            slot_map: Arc::default(),
-            timeout: options.timeout,
-            scripts,
-            notices,
-            tasks,
-            watchers,
-        })
-    }
-
     /// Raises the fencing counter of `key` to `fence` when it is lower (Redlock writes
     /// a majority's token back this way; see `redlock.rs`).
     pub async fn raise_fence(&self, key: &str, fence: u64) -> Result<(), StoreError> {
@@ -195,65 +126,6 @@ impl RedisStore {
         };
         let (w, q, l) = (part("w"), part("q"), part("l"));
         [h, w, q, l]
-    }
-
-    /// Runs `f` on the shared connection within the timeout. On a broken connection, a
-    /// server that is no longer the master, or a timeout, the connection is dropped, so
-    /// the next call takes a fresh one (after a failover: to the new master).
-    async fn run<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
-    where
-        F: FnOnce(Conn) -> Fut,
-        Fut: std::future::Future<Output = redis::RedisResult<T>>,
-    {
-        self.run_within(f, true).await
-    }
-
-    /// [`RedisStore::run`], saying whether a timeout drops the shared connection
-    /// (calls off the lock path keep it: see `redis/sessions.rs`).
-    async fn run_within<T, F, Fut>(&self, f: F, forget_on_timeout: bool) -> Result<T, StoreError>
-    where
-        F: FnOnce(Conn) -> Fut,
-        Fut: std::future::Future<Output = redis::RedisResult<T>>,
-    {
-        let attempt = async {
-            let conn = self.link.connection().await?;
-            f(conn).await.map_err(|e| {
-                self.link.failed(&e);
-                unavailable(e)
-            })
-        };
-        match tokio::time::timeout(self.timeout, attempt).await {
-            Ok(result) => result,
-            Err(_) => {
-                if forget_on_timeout {
-                    self.link.forget();
-                }
-                Err(StoreError::Unavailable(format!(
-                    "no answer within {:?}",
-                    self.timeout
-                )))
-            }
-        }
-    }
-
-    async fn invoke<T: redis::FromRedisValue>(
-        &self,
-        lua: &Lua,
-        key: &str,
-        args: &[&[u8]],
-    ) -> Result<T, StoreError> {
-        let keys = self.keys(key);
-        self.run(|mut conn| async move {
-            let mut call = lua.script.prepare_invoke();
-            for k in &keys {
-                call.key(k);
-            }
-            for a in args {
-                call.arg(*a);
-            }
-            call.invoke_async(&mut conn).await
-        })
-        .await
     }
 }
 

@@ -14,6 +14,11 @@
 //! attachment alive (refreshed every third of its TTL), written before the first record
 //! names the sidecar; an idle sidecar writes nothing. Each record lives twice its
 //! longest lock TTL and is extended every such TTL, so it outlives every lock it lists.
+//!
+//! This file has the handle and the task's loop (what it tracks, when it writes);
+//! `flush.rs` turns the gathered changes into record writes and reads the answers.
+
+mod flush;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -22,7 +27,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::store::{RecordLine, RecordWrite, Recorded, Store};
+use crate::store::{RecordLine, Store};
 
 /// How long changes gather before they are written.
 pub(crate) const FLUSH_EVERY: Duration = Duration::from_millis(50);
@@ -290,157 +295,5 @@ impl Task {
         let at = Instant::now() + tracked.longest_ttl().max(Duration::from_secs(1));
         tracked.refresh_at = Some(at);
         self.refreshes.insert((at, serial));
-    }
-
-    /// Writes what has gathered, and the records due for extending. A grant is
-    /// written once it has been held for [`FLUSH_EVERY`] (`all`: at once, with every
-    /// other change): one taken and given back sooner costs the store nothing.
-    async fn flush(&mut self, all: bool) {
-        let now = Instant::now();
-        if all || self.flush_at.is_some_and(|at| at <= now) {
-            self.flush_at = None;
-        }
-        let due: HashSet<u64> = (self.refreshes.iter())
-            .take_while(|(at, _)| *at <= now)
-            .map(|(_, serial)| *serial)
-            .collect();
-        let mut serials: Vec<u64> = self.dirty.drain().chain(due.iter().copied()).collect();
-        serials.sort_unstable();
-        serials.dedup();
-        let mut writes = Vec::new();
-        // Per write: its session, and the keys it takes from the pending changes.
-        let mut written: Vec<(u64, Vec<String>)> = Vec::new();
-        let mut creates = false;
-        let mut young: Option<Instant> = None;
-        for serial in serials {
-            let Some(tracked) = self.tracked.get_mut(&serial) else {
-                continue;
-            };
-            let Some(session) = tracked.session.clone() else {
-                continue;
-            };
-            if tracked.foreign || (tracked.ended && tracked.listed.is_empty()) {
-                // Nothing in the store (or not ours): nothing to write.
-                self.forget_if_ended(serial);
-                self.schedule_refresh(serial);
-                continue;
-            }
-            let mut write = RecordWrite {
-                session_id: session.id.clone(),
-                secret: session.secret.clone(),
-                client_name: session.client_name.clone(),
-                sidecar: self.sidecar.clone(),
-                end: tracked.ended,
-                ttl: tracked.longest_ttl().max(Duration::from_secs(1)) * 2,
-                ..RecordWrite::default()
-            };
-            let mut taken = Vec::new();
-            let mut deferred = false;
-            if !tracked.ended {
-                for (key, change) in &tracked.pending {
-                    match change {
-                        Some((_, since)) if !all && *since + FLUSH_EVERY > now => {
-                            let ready = *since + FLUSH_EVERY;
-                            young = Some(young.map_or(ready, |y| y.min(ready)));
-                            deferred = true;
-                        }
-                        Some((line, _)) => write.set.push((key.clone(), line.clone())),
-                        None => write.remove.push(key.clone()),
-                    }
-                }
-                taken = (write.set.iter().map(|(k, _)| k.clone()))
-                    .chain(write.remove.iter().cloned())
-                    .collect();
-                if due.contains(&serial) {
-                    // An extension: the lines go again, so a record that expired
-                    // meanwhile (a long store outage) is made again whole.
-                    for (key, line) in &tracked.listed {
-                        if !tracked.pending.contains_key(key) {
-                            write.set.push((key.clone(), line.clone()));
-                        }
-                    }
-                }
-            }
-            if deferred {
-                self.dirty.insert(serial);
-            }
-            if !write.end && write.set.is_empty() && write.remove.is_empty() {
-                self.schedule_refresh(serial);
-                continue;
-            }
-            creates |= tracked.listed.is_empty() && !write.set.is_empty();
-            writes.push(write);
-            written.push((serial, taken));
-        }
-        if let Some(ready) = young {
-            self.flush_at = Some(self.flush_at.map_or(ready, |at| at.min(ready)));
-        }
-        if writes.is_empty() {
-            return;
-        }
-        // The attachment exists before a record names this sidecar: else a resume
-        // elsewhere could take a session that is still attached here.
-        if creates && self.attach_at.is_none() && !self.attach().await {
-            self.dirty
-                .extend(written.into_iter().map(|(serial, _)| serial));
-            self.flush_at = Some(now + RETRY);
-            return;
-        }
-        let answers = match self.store.record(&writes).await {
-            Ok(answers) if answers.len() == writes.len() => answers,
-            Ok(_) => vec![None; writes.len()],
-            Err(e) => {
-                tracing::warn!(error = %e, "writing session records failed; retrying");
-                vec![None; writes.len()]
-            }
-        };
-        let mut retry = false;
-        for (((serial, taken), write), answer) in written.into_iter().zip(&writes).zip(answers) {
-            let Some(tracked) = self.tracked.get_mut(&serial) else {
-                continue;
-            };
-            match answer {
-                Some(Recorded::Written) => {
-                    for (key, line) in &write.set {
-                        tracked.listed.insert(key.clone(), line.clone());
-                    }
-                    for key in &write.remove {
-                        tracked.listed.remove(key);
-                    }
-                    for key in &taken {
-                        tracked.pending.remove(key);
-                    }
-                }
-                Some(Recorded::Foreign) => {
-                    // Resumed elsewhere: this sidecar's copy of the session is a
-                    // zombie, and its grants were re-keyed away from it.
-                    tracing::info!(session = %write.session_id, "the session was resumed on another sidecar");
-                    tracked.foreign = true;
-                    tracked.listed.clear();
-                    tracked.pending.clear();
-                }
-                None => {
-                    retry = true;
-                    self.dirty.insert(serial);
-                }
-            }
-            if tracked.ended && (answer.is_some() || tracked.foreign) {
-                self.forget_if_ended(serial);
-            } else {
-                self.schedule_refresh(serial);
-            }
-        }
-        if retry {
-            self.flush_at.get_or_insert(Instant::now() + RETRY);
-        }
-    }
-
-    fn forget_if_ended(&mut self, serial: u64) {
-        if self.tracked.get(&serial).is_some_and(|t| t.ended)
-            && let Some(tracked) = self.tracked.remove(&serial)
-            && let Some(at) = tracked.refresh_at
-        {
-            self.refreshes.remove(&(at, serial));
-        }
     }
 }

@@ -1,0 +1,114 @@
+//! The end of a session: why it ended, and releasing everything it holds, at once,
+//! with the lock-delay when the client may still be alive. A shutdown tells the client
+//! `Lost` first.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_stream::StreamExt;
+
+use super::{AcquireResult, Done, Session, Slot, forget, lost_because};
+use crate::engine::{EndReason, Event};
+use crate::metrics::Loss;
+use crate::store::Store;
+
+/// Why a session ended: it decides the lock-delay and what the client is told.
+pub(super) enum End {
+    /// The client closed its side: a graceful end.
+    Closed,
+    /// The transport broke (reset, cancel, keepalive timeout): the client may be alive
+    /// and still using what it held, so the lock-delay applies.
+    Broken,
+    /// The sidecar shuts down.
+    Shutdown,
+    /// The client stopped reading its answers (or is gone).
+    Overflow,
+}
+
+impl Session {
+    /// Releases everything: held grants at once, grants that in-flight calls produce as
+    /// they finish. Waits are cancelled first.
+    pub(super) async fn finish(mut self, end: End) {
+        for slot in self.slots.values() {
+            if let Slot::Acquiring(a) = slot {
+                a.cancel.cancel();
+            }
+        }
+        if self.journaled {
+            // Its record goes: only a dead sidecar leaves something to resume.
+            self.shared.journal.ended(&self.record);
+        }
+        let mut held = Vec::new();
+        for (key, slot) in self.slots.drain() {
+            if let Slot::Held(h) = slot {
+                self.shared.renewer.remove(h.lease_id);
+                forget(&self.shared.metrics, &h);
+                held.push((key, h.owner, h.fence));
+            }
+        }
+        if let End::Shutdown = end {
+            for (key, _, fence) in &held {
+                let reason = lost_because(Loss::Shutdown).to_owned();
+                self.shared.metrics.lost(Loss::Shutdown);
+                let _ = self.out.try_send(Event::Lost {
+                    key: key.clone(),
+                    reason,
+                    fence: *fence,
+                });
+            }
+        }
+        let store = self.shared.store.clone();
+        let delay = match end {
+            End::Broken | End::Overflow => self.shared.config.lock_delay,
+            End::Closed | End::Shutdown => Duration::ZERO,
+        };
+        let release_held = futures_util::future::join_all(
+            held.iter()
+                .map(|(key, owner, _)| release_quietly(&store, key, owner, delay)),
+        );
+        let mut ops = std::mem::take(&mut self.ops);
+        let finish_ops = async {
+            let mut granted = Vec::new();
+            while let Some(done) = ops.next().await {
+                if let Done::Acquire {
+                    claim,
+                    outcome: AcquireResult::Granted { .. },
+                    ..
+                } = done
+                {
+                    granted.push((claim.key, claim.owner));
+                }
+            }
+            granted
+        };
+        let ((), granted) = tokio::join!(
+            async {
+                release_held.await;
+            },
+            finish_ops
+        );
+        futures_util::future::join_all(
+            granted
+                .iter()
+                // Never handed to the client: no lock-delay.
+                .map(|(key, owner)| release_quietly(&store, key, owner, Duration::ZERO)),
+        )
+        .await;
+        match end {
+            End::Shutdown => {
+                let _ = self.out.try_send(Event::Ended(EndReason::Shutdown));
+            }
+            End::Closed | End::Broken | End::Overflow => {}
+        }
+        tracing::debug!(
+            released = held.len() + granted.len(),
+            "session released its locks"
+        );
+    }
+}
+
+async fn release_quietly(store: &Arc<dyn Store>, key: &str, owner: &str, delay: Duration) {
+    if let Err(e) = store.release(key, owner, 0, delay).await {
+        tracing::warn!(%key, error = %e, "release at session end failed; the lock expires at its TTL");
+    }
+}

@@ -1,0 +1,82 @@
+//! How one call reaches Redis: on the shared connection, within the store's timeout,
+//! and what a failure does to the connection. Every method of the store goes through
+//! [`RedisStore::run`] (or [`RedisStore::run_within`]); a script on one lock's keys
+//! through [`RedisStore::invoke`].
+
+use deadpool_redis::redis;
+
+use super::RedisStore;
+use super::link::Conn;
+use super::scripts::Lua;
+use crate::store::StoreError;
+
+fn unavailable(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+impl RedisStore {
+    /// Runs `f` on the shared connection within the timeout. On a broken connection, a
+    /// server that is no longer the master, or a timeout, the connection is dropped, so
+    /// the next call takes a fresh one (after a failover: to the new master).
+    pub(super) async fn run<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        self.run_within(f, true).await
+    }
+
+    /// [`RedisStore::run`], saying whether a timeout drops the shared connection
+    /// (calls off the lock path keep it: see `redis/sessions.rs`).
+    pub(super) async fn run_within<T, F, Fut>(
+        &self,
+        f: F,
+        forget_on_timeout: bool,
+    ) -> Result<T, StoreError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        let attempt = async {
+            let conn = self.link.connection().await?;
+            f(conn).await.map_err(|e| {
+                self.link.failed(&e);
+                unavailable(e)
+            })
+        };
+        match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(result) => result,
+            Err(_) => {
+                if forget_on_timeout {
+                    self.link.forget();
+                }
+                Err(StoreError::Unavailable(format!(
+                    "no answer within {:?}",
+                    self.timeout
+                )))
+            }
+        }
+    }
+
+    /// Runs `lua` on the keys of the lock `key` (`RedisStore::keys`) with `args`,
+    /// by EVALSHA (loading the script on NOSCRIPT).
+    pub(super) async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        lua: &Lua,
+        key: &str,
+        args: &[&[u8]],
+    ) -> Result<T, StoreError> {
+        let keys = self.keys(key);
+        self.run(|mut conn| async move {
+            let mut call = lua.script.prepare_invoke();
+            for k in &keys {
+                call.key(k);
+            }
+            for a in args {
+                call.arg(*a);
+            }
+            call.invoke_async(&mut conn).await
+        })
+        .await
+    }
+}

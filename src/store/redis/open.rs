@@ -1,0 +1,87 @@
+//! Opening the store: the URL's topology, the shared connection, the subscriptions'
+//! tasks and the refresh of the watch registrations, all started here and stopped
+//! when the store is dropped.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+
+use super::link::Link;
+use super::options::{RedisOptions, Topology};
+use super::scripts::Scripts;
+use super::subscriptions::Subscriptions;
+use super::watchers::Watchers;
+use super::{Acks, RedisStore};
+use crate::store::StoreError;
+
+/// How many notices a slow sidecar task may fall behind before it resyncs.
+const NOTICE_BUFFER: usize = 4096;
+
+impl RedisStore {
+    /// Connects lazily to `url`; keys live under `namespace`; every call gives up after
+    /// `timeout`. Must be called inside a tokio runtime.
+    pub fn new(url: &str, namespace: &str, timeout: Duration) -> Result<Self, StoreError> {
+        let options = RedisOptions {
+            timeout,
+            ..RedisOptions::default()
+        };
+        Self::with_options(url, namespace, &options)
+    }
+
+    /// Connects lazily to `url` with `options` (certificates, replica acknowledgement).
+    /// Must be called inside a tokio runtime.
+    pub fn with_options(
+        url: &str,
+        namespace: &str,
+        options: &RedisOptions,
+    ) -> Result<Self, StoreError> {
+        let topology = Topology::parse(url, options)?;
+        if options.min_replica_acks > 0 && options.replica_ack_timeout >= options.timeout {
+            return Err(StoreError::Config(
+                "the replica acknowledgement timeout must be shorter than the store timeout".into(),
+            ));
+        }
+        let kind = match topology {
+            Topology::Standalone(_) => "redis",
+            Topology::Sentinel { .. } => "redis_sentinel",
+            Topology::Cluster { .. } => "redis_cluster",
+        };
+        let link = Arc::new(Link::new(topology, options.timeout)?);
+        let notices = broadcast::channel(NOTICE_BUFFER).0;
+        let (subscriptions, mut tasks) =
+            Subscriptions::start(link.clone(), namespace, options.timeout, notices.clone());
+        let scripts = Scripts::new();
+        let watchers = Arc::new(Watchers::new(
+            link.clone(),
+            namespace,
+            scripts.watch.clone(),
+            options.timeout,
+        ));
+        tasks.push(tokio::spawn(watchers.clone().refresh()));
+        Ok(Self {
+            kind,
+            acks: Acks {
+                min: options.min_replica_acks,
+                timeout: options.replica_ack_timeout,
+            },
+            link,
+            namespace: namespace.to_owned(),
+            subscriptions,
+            slot_map: Arc::default(),
+            timeout: options.timeout,
+            scripts,
+            notices,
+            tasks,
+            watchers,
+        })
+    }
+}
+
+impl Drop for RedisStore {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}

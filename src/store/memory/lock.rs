@@ -1,5 +1,5 @@
 //! One lock of the memory store: its holders, waiters and fair queue, and the rules
-//! that mirror `lua/common.lua` by name (purge, admit, heads, wake).
+//! that mirror `lua/core.lua` by name (purge, admit, heads, wake).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -145,7 +145,7 @@ impl Lock {
             })
     }
 
-    /// The fair waiters the lock would admit now (see `heads` in `lua/common.lua`).
+    /// The fair waiters the lock would admit now (see `heads` in `lua/core.lua`).
     pub(super) fn heads(&self) -> Vec<String> {
         let first: Vec<&Waiter> = self
             .queue

@@ -2,7 +2,7 @@
 //! process, for development, single-replica use and tests. Expiry runs on
 //! `tokio::time::Instant`, so tests can pause the clock; fencing tokens use the wall
 //! clock like Redis (see [`super::next_fence`]), so they keep increasing across a
-//! restart of the sidecar. The functions below mirror `lua/common.lua` by name.
+//! restart of the sidecar. The functions below mirror `lua/core.lua` by name.
 //!
 //! **Only locks in use take memory.** Calls that only read or concern grants that do
 //! not exist (`describe`, `renew`, `hold`, `release`, `unwait` of an unknown key)
@@ -36,7 +36,7 @@ use super::{
 
 /// How many notices a slow sidecar task may fall behind before it resyncs.
 const NOTICE_BUFFER: usize = 4096;
-/// Fair waiters woken by one notice at most, as in `lua/common.lua`.
+/// Fair waiters woken by one notice at most, as in `lua/core.lua`.
 const MAX_HEADS: usize = 64;
 
 /// The embedded store. Locks live in a map behind one mutex, never held across an await.

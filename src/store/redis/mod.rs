@@ -1,6 +1,6 @@
 //! Redis through redis-rs: standalone, Sentinel or Cluster (see `redis/options.rs` for
 //! the URLs). Every state change is one Lua script from `lua/`, run by EVALSHA (loaded
-//! again on NOSCRIPT). The key layout is documented at the top of `lua/common.lua`; all
+//! again on NOSCRIPT). The key layout is documented at the top of `lua/core.lua`; all
 //! keys of one lock share the hash tag `{ns:KEY}`, so every script touches one slot.
 //!
 //! Requests share one connection (`redis/link.rs`); notices come on the same connection,
@@ -91,7 +91,7 @@ impl RedisStore {
         Ok(())
     }
 
-    /// The Redis key of one part of a lock (see `lua/common.lua`).
+    /// The Redis key of one part of a lock (see `lua/core.lua`).
     fn key(&self, key: &str, part: &str) -> String {
         // Pushed rather than format!-ed: every store call makes four of these.
         let mut name = String::with_capacity(self.namespace.len() + key.len() + 4 + part.len());
@@ -116,7 +116,7 @@ impl RedisStore {
     }
 
     /// The keys of one lock, in the order the scripts take them: its hash, its
-    /// waiters, its fair queue, its watchers (see `lua/common.lua`).
+    /// waiters, its fair queue, its watchers (see `lua/core.lua`).
     fn keys(&self, key: &str) -> [String; 4] {
         let h = self.key(key, "h");
         let part = |p: &str| {

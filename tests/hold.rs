@@ -384,6 +384,15 @@ async fn a_signal_while_waiting_ends_hold_without_running_the_command() {
         .status();
     assert!(killed.expect("kill").success());
     assert_eq!(status(child).await, 143, "128 + SIGTERM, like a shell");
+    // The sidecar sees the killed hold's stream end a moment after hold has exited; a
+    // release before then would hand the lock to that dying waiter for as long.
+    tokio::time::timeout(PATIENCE, async {
+        while client.describe("k").await.expect("describe").waiters > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the killed hold's wait ends with it");
     holder.release().await.expect("release");
     assert!(!ran.exists(), "the command never ran");
     assert!(free(&client, "k").await, "nothing left behind");

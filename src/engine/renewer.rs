@@ -12,7 +12,7 @@
 //! frozen Cluster node, too few Redlock masters) go failing and are retried soon; the
 //! rest of the batch is renewed as usual.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -109,6 +109,7 @@ impl Renewer {
                 rx,
                 entries: HashMap::new(),
                 schedule: BTreeSet::new(),
+                ttls: BTreeMap::new(),
             }
             .run(shutdown),
         );
@@ -143,6 +144,9 @@ struct Task {
     rx: mpsc::UnboundedReceiver<Cmd>,
     entries: HashMap<u64, Entry>,
     schedule: BTreeSet<(Instant, u64)>,
+    /// How many entries have each TTL: the longest tells [`Task::tick`] how far ahead
+    /// of now a grant can be due and still be renewed early (half its period).
+    ttls: BTreeMap<Duration, usize>,
 }
 
 impl Task {
@@ -170,6 +174,7 @@ impl Task {
             Cmd::Add(lease) => {
                 let due = lease.confirmed_at + period(lease.ttl);
                 self.schedule.insert((due, lease.id));
+                *self.ttls.entry(lease.ttl).or_default() += 1;
                 self.entries.insert(
                     lease.id,
                     Entry {
@@ -181,25 +186,47 @@ impl Task {
                 None
             }
             Cmd::Remove(id) => {
-                let entry = self.entries.remove(&id)?;
+                let entry = self.forget(id)?;
                 self.schedule.remove(&(entry.due, id));
                 Some(entry)
             }
         }
     }
 
+    /// Takes an entry out of `entries` and its TTL out of `ttls` (not out of the
+    /// schedule: the caller knows whether it is there).
+    fn forget(&mut self, id: u64) -> Option<Entry> {
+        let entry = self.entries.remove(&id)?;
+        if let Some(n) = self.ttls.get_mut(&entry.lease.ttl) {
+            *n -= 1;
+            if *n == 0 {
+                self.ttls.remove(&entry.lease.ttl);
+            }
+        }
+        Some(entry)
+    }
+
     /// Renews every grant due within half its renewal period, in one store call.
     async fn tick(&mut self) {
         let now = Instant::now();
+        // No grant due later than half the longest period from now can be renewed
+        // early: the walk stops there rather than going through every grant on every
+        // tick (with one TTL for all, it reads exactly the grants it renews).
+        let horizon = now
+            + self
+                .ttls
+                .last_key_value()
+                .map_or(Duration::ZERO, |(ttl, _)| period(*ttl) / 2);
         let mut ids = Vec::new();
         for &(due, id) in &self.schedule {
+            if due > horizon {
+                break;
+            }
             let Some(entry) = self.entries.get(&id) else {
                 continue;
             };
             if due <= now + period(entry.lease.ttl) / 2 {
                 ids.push((due, id));
-            } else if due > now + Duration::from_secs(600) {
-                break;
             }
         }
         for slot in &ids {
@@ -265,7 +292,7 @@ impl Task {
                 }
                 Renewed::NotHeld => {
                     let _ = lease.events.send(RenewEvent::NotHeld(*id));
-                    self.entries.remove(id);
+                    self.forget(*id);
                 }
                 // Only the grants whose part of the batch failed (one frozen Cluster
                 // node, too few Redlock masters) are in jeopardy; the others go on.

@@ -933,11 +933,14 @@ class Session {
     // did not come back fail now (their locks are lost).
     for (const [rid, p] of byId) {
       if (!this.pending.has(rid)) continue;
-      if (this.held.has(p.key)) out.push(p.request);
-      else {
-        this.pending.delete(rid);
-        p.settle(null, new Unavailable('the lock was lost while the sidecar was away'));
+      if (p.kind !== 'acquire' && this.held.has(p.key)) {
+        out.push(p.request);
+        continue;
       }
+      this.pending.delete(rid);
+      // (No acquire is pending here: acquires wait for the resume to end.)
+      const why = p.kind === 'acquire' ? 'the session was resumed: ask again' : 'the lock was lost while the sidecar was away';
+      p.settle(null, new Unavailable(why));
     }
     this.stateChanged();
     return out;

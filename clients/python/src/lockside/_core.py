@@ -818,10 +818,13 @@ class SessionBase:
         # that did not come back fail now (their locks are lost).
         for rid in sorted(self._pending):
             p = self._pending[rid]
-            if p.key in self._held:
+            if p.kind != "acquire" and p.key in self._held:
                 out.append(p.request)
+                continue
+            del self._pending[rid]
+            if p.kind == "acquire":  # (none: acquires wait for the resume to end)
+                p.resolve(error=Unavailable("the session was resumed: ask again"))
             else:
-                del self._pending[rid]
                 p.resolve(error=Unavailable("the lock was lost while the sidecar was away"))
         log.warning(
             "session %s resumed: %d key(s) held, %d request(s) sent again",

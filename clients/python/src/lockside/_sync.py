@@ -439,7 +439,11 @@ class _Session(SessionBase):
                 if self.state is not RESUMING:
                     return None
                 metadata = self._client._metadata + ((RESUME_HEADER, self.resume_token),)
-                attempt = self._attempt = _open_stream(self._client, metadata)
+                try:
+                    attempt = self._attempt = _open_stream(self._client, metadata)
+                except ValueError as e:  # the channel is closed
+                    self._end(f"{self._broke_reason}; resuming failed: {e}")
+                    return None
             greeting: List[Any] = []
             started = None
             try:

@@ -14,7 +14,10 @@
  * ```
  *
  * One client is one session (one `Lease` stream) holding any number of locks; the
- * sidecar releases them all when the stream ends, whatever ends it.
+ * sidecar releases them all when the stream ends, whatever ends it. When the stream
+ * breaks because the sidecar died, the client resumes the session on the restarted
+ * sidecar and keeps its locks if they are back in time (`{ resume: false }` turns that
+ * off).
  *
  * Leader election: `await client.campaign(key, value)` resolves once this client leads
  * (a `Lock`: `proclaim(value)` changes what followers see, `release()` resigns);
@@ -149,7 +152,7 @@ interface AnswerMsg {
 }
 interface LeaseResponse {
   event?: string;
-  started?: { sessionId: string; defaultTtl: Duration | null };
+  started?: { sessionId: string; defaultTtl: Duration | null; resumeToken?: string; resumedLocks?: number };
   granted?: GrantedMsg;
   waiting?: AnswerMsg & { position: number };
   notAcquired?: AnswerMsg;
@@ -270,6 +273,12 @@ export interface ClientOptions {
   channelOptions?: grpc.ChannelOptions;
   /** Seconds to wait for the sidecar when a session opens (default 10). */
   connectTimeout?: number;
+  /** Resume the session when its stream breaks as if the sidecar died (default true;
+   * see `Client`). false: any broken stream loses every lock at once. */
+  resume?: boolean;
+  /** Seconds a sidecar may take to confirm a renewal without saying `Jeopardy`: twice
+   * its `--store-timeout` (default 2). See `safeWindow`. */
+  renewalSlack?: number;
 }
 
 /** What `lock.lost` resolves with. */
@@ -364,8 +373,8 @@ export class Lock {
   /** The session shown by `describe()`. */
   readonly sessionId: string;
   /** Resolves when the lock is lost (the sidecar sent `Lost`, or the session's stream
-   * broke): stop using the resource then. Never rejects; never settles after a clean
-   * release. */
+   * broke and the lock did not come back): stop using the resource then. Never
+   * rejects; never settles after a clean release. */
   readonly lost: Promise<LostInfo>;
   /** Aborted when the lock is lost: hand it to work that must stop at once. */
   readonly signal: AbortSignal;
@@ -373,12 +382,16 @@ export class Lock {
   lostReason?: string;
 
   /** @internal */ _state: 'held' | 'lost' | 'released' = 'held';
+  /** @internal The TTL (s) the store keeps the lock for without renewals (asked, else
+   * the sidecar's default): what the safe window after a broken stream counts on. */
+  readonly _ttlAsked: number;
   private readonly session: Session;
   private readonly onLost: (info: LostInfo) => void;
 
   /** @internal */
-  constructor(session: Session, key: string, granted: GrantedMsg) {
+  constructor(session: Session, key: string, granted: GrantedMsg, ttlAsked: number) {
     this.session = session;
+    this._ttlAsked = ttlAsked;
     this.key = key;
     this.fencingToken = BigInt(granted.fencingToken);
     this.ttl = seconds(granted.ttl);
@@ -428,9 +441,17 @@ export class Lock {
 
 // -- one session ------------------------------------------------------------------
 
+/** A request sent on the stream, as grpc-js encodes it. */
+type Request = Record<string, unknown>;
+
 interface Pending {
   kind: 'acquire' | 'release' | 'proclaim';
   key: string;
+  /** What was sent: a release or a proclaim is sent again after a resume, since the
+   * old stream may have broken before it arrived. */
+  request: Request;
+  /** An acquire's TTL in seconds (asked, else 0 for the session's default). */
+  ttl: number;
   abandoned: boolean;
   /** The held lock of a Granted answer, made and put in `held` by the stream's data
    * handler, so a `Lost` in the same chunk of data finds it. */
@@ -439,30 +460,94 @@ interface Pending {
   settle: (response: LeaseResponse | null, error: Error | null) => void;
 }
 
+/** What the session says about how long a lock stays surely held without its stream. */
+export const DEFAULT_RENEWAL_SLACK_SECONDS = 2;
+
 /**
- * One `Lease` stream. Answers are matched by `request_id`; `Lost` is routed by key to
- * every lock of this session on it (reentrant grants share a key). When the stream
- * ends, every pending request fails and every held lock is lost; the client opens a
- * new session for the next request. A later resume (DESIGN.md, "Sessions that survive
- * a sidecar restart") fits here: keep `SessionStarted.resume_token`, match grants with
- * request id 0 to `held` by key.
+ * Seconds a lock of TTL `ttl` is surely still held in the store after its stream broke,
+ * without an open `Jeopardy` (0 when the TTL is too short to count on): the sidecar
+ * renews every TTL/3 and confirms a slow renewal within `renewalSlack` (twice its
+ * `--store-timeout`), so the lock lives TTL × 2/3 − slack after the break, less the
+ * sidecar's drift margin (1 % of the TTL + 2 ms). The Rust client's rule.
+ */
+export function safeWindow(ttl: number, renewalSlack = DEFAULT_RENEWAL_SLACK_SECONDS): number {
+  return Math.max(0, (ttl * 2) / 3 - renewalSlack - (ttl / 100 + 0.002));
+}
+
+/** Stream endings that may mean the sidecar died: the session may be resumed. */
+const RESUMABLE_CODES = new Set([grpc.status.UNAVAILABLE, grpc.status.INTERNAL, grpc.status.UNKNOWN, grpc.status.CANCELLED]);
+/** Resume attempts ending so will not succeed by retrying (FAILED_PRECONDITION is
+ * retried: a restarted sidecar refuses while the dead one's attachment lives). */
+const FINAL_RESUME_CODES = new Set([
+  grpc.status.UNIMPLEMENTED,
+  grpc.status.UNAUTHENTICATED,
+  grpc.status.PERMISSION_DENIED,
+  grpc.status.INVALID_ARGUMENT,
+]);
+const FIRST_RESUME_BACKOFF_MS = 50;
+const MAX_RESUME_BACKOFF_MS = 500;
+const ANSWERS = new Set(['granted', 'notAcquired', 'rejected', 'released', 'proclaimed']);
+
+function statusText(err: grpc.ServiceError): string {
+  const details = String(err.details || err.message).replace(/\s*Resolution note:.*$/s, '');
+  return `${grpc.status[err.code] ?? err.code}: ${details}`;
+}
+
+/**
+ * One session. Answers are matched by `request_id`; `Lost` is routed by key to every
+ * lock of this session on it (reentrant grants share a key).
+ *
+ * When the stream breaks as if the sidecar died (UNAVAILABLE, a reset stream) and the
+ * session holds locks, it resumes (DESIGN.md, "Sessions that survive a sidecar
+ * restart"): waits in progress fail with `Unavailable` (the sidecar does not resume
+ * them), each held key keeps the time it is surely held (`safeWindow` after the break,
+ * or what `Jeopardy` said), and new streams with `lockside-resume: <token>` are opened
+ * with backoff until one answers; the locks that come back stay held (the same session
+ * id, fencing tokens and hold counts), unanswered releases and proclaims are sent
+ * again, and a lock is lost only when it comes back `Lost`, does not come back, or its
+ * time passes first. Otherwise, when the stream ends, every pending request fails and
+ * every held lock is lost; the client opens a new session for the next request.
  * @internal
  */
 class Session {
   sessionId = '';
   ended?: string;
+  state: 'open' | 'resuming' | 'ended' = 'open';
+  private defaultTtl = 0;
+  private resumeToken = '';
   private nextId = 1;
   private readonly pending = new Map<string, Pending>();
   private readonly held = new Map<string, Lock[]>();
+  /** Keys in Jeopardy: when they stop being surely held (performance.now() ms). */
+  private readonly jeopardy = new Map<string, number>();
+  /** While resuming: until when each key is surely held (performance.now() ms). */
+  private readonly safeUntil = new Map<string, number>();
+  private timers: NodeJS.Timeout[] = [];
+  private brokeReason = '';
+  private attempt?: LeaseCall;
+  /** Resolves the wait of callers while the session resumes. */
+  private settled: Promise<void> = Promise.resolve();
+  private markSettled: () => void = () => undefined;
   private closing = false;
   private readonly done: Promise<void>;
   private markDone!: () => void;
 
-  private constructor(private readonly call: LeaseCall) {
+  private constructor(
+    private call: LeaseCall,
+    private readonly stub: LockServiceClient,
+    private readonly metadata: grpc.Metadata,
+    private readonly options: { resume: boolean; renewalSlack: number },
+  ) {
     this.done = new Promise((r) => (this.markDone = r));
   }
 
-  static open(client: Client, stub: LockServiceClient, metadata: grpc.Metadata, timeoutS: number): Promise<Session> {
+  static open(
+    client: Client,
+    stub: LockServiceClient,
+    metadata: grpc.Metadata,
+    timeoutS: number,
+    options: { resume: boolean; renewalSlack: number },
+  ): Promise<Session> {
     return new Promise((resolve, reject) => {
       const deadline = Date.now() + timeoutS * 1000;
       stub.waitForReady(deadline, (err) => {
@@ -470,7 +555,7 @@ class Session {
           reject(new Unavailable(`no sidecar at ${client.addr} within ${timeoutS} s: ${err.message}`));
           return;
         }
-        const session = new Session(stub.Lease(metadata));
+        const session = new Session(stub.Lease(metadata), stub, metadata, options);
         const timer = setTimeout(() => {
           session.call.cancel();
           reject(new Unavailable(`no answer from the sidecar at ${client.addr} within ${timeoutS} s`));
@@ -484,74 +569,100 @@ class Session {
     });
   }
 
+  /** Reads the first stream: SessionStarted, then everything else. */
   private start(opened: (err: Error | null) => void): void {
+    const call = this.call;
     let first = true;
-    this.call.on('data', (resp: LeaseResponse) => {
-      if (first) {
-        first = false;
-        if (resp.event !== 'started' || !resp.started) {
-          this.call.cancel();
-          opened(new Unavailable(`protocol error: the stream opened with ${resp.event}, not SessionStarted`));
-          return;
-        }
-        this.sessionId = resp.started.sessionId;
-        opened(null);
+    call.on('data', (resp: LeaseResponse) => {
+      if (!first) {
+        this.dispatch(resp);
         return;
       }
-      this.dispatch(resp);
-    });
-    this.call.on('error', (err: grpc.ServiceError) => {
-      const details = String(err.details || err.message).replace(/\s*Resolution note:.*$/s, '');
-      const reason = this.closing ? 'client closed' : `${grpc.status[err.code] ?? err.code}: ${details}`;
-      if (first) {
-        first = false;
-        opened(new Unavailable(`cannot open a session: ${reason}`, err.code));
+      first = false;
+      if (resp.event !== 'started' || !resp.started) {
+        call.cancel();
+        opened(new Unavailable(`protocol error: the stream opened with ${resp.event}, not SessionStarted`));
+        return;
       }
-      this.end(reason, err.code);
+      this.started(resp.started);
+      this.follow(call);
+      opened(null);
     });
-    this.call.on('end', () => {
-      if (first) {
-        first = false;
-        opened(new Unavailable('cannot open a session: the stream ended'));
-      }
-      this.end(this.closing ? 'client closed' : 'closed by the sidecar');
-    });
-    // 'error' may come without 'end'; 'status' always comes last.
-    this.call.on('status', () => this.end(this.closing ? 'client closed' : 'closed by the sidecar'));
+    const fail = (reason: string, code?: number) => {
+      if (!first) return;
+      first = false;
+      opened(new Unavailable(`cannot open a session: ${reason}`, code));
+      this.end(reason, code);
+    };
+    call.on('error', (err: grpc.ServiceError) => fail(statusText(err), err.code));
+    call.on('status', () => fail('the stream ended'));
+  }
+
+  private started(started: NonNullable<LeaseResponse['started']>): void {
+    this.sessionId = started.sessionId;
+    this.defaultTtl = seconds(started.defaultTtl);
+    this.resumeToken = started.resumeToken ?? '';
+  }
+
+  /** Follows the end of `call`, the session's stream (once it has started). */
+  private follow(call: LeaseCall): void {
+    let over = false;
+    const ended = (code: number | undefined, details: string) => {
+      if (over) return;
+      over = true;
+      if (call !== this.call) return; // an old stream
+      const reason = this.closing
+        ? 'client closed'
+        : code === undefined || code === grpc.status.OK
+          ? 'closed by the sidecar'
+          : `${grpc.status[code] ?? code}: ${details}`;
+      this.broke(reason, code, details);
+    };
+    // An 'error' (a status other than OK) comes before 'status', which always comes.
+    call.on('error', (err: grpc.ServiceError) => ended(err.code, String(err.details ?? err.message)));
+    call.on('status', (status: grpc.StatusObject) => ended(status.code, status.details));
   }
 
   private dispatch(resp: LeaseResponse): void {
-    switch (resp.event) {
+    const event = resp.event;
+    if (event === undefined) return;
+    if (ANSWERS.has(event)) {
+      this.answered(event, resp);
+      return;
+    }
+    switch (event) {
       case 'lost': {
         const lost = resp.lost!;
+        this.jeopardy.delete(lost.key);
         const locks = this.held.get(lost.key) ?? [];
         this.held.delete(lost.key);
         for (const lock of locks) lock._markLost(lost.reason || 'Lost');
         return;
       }
       case 'jeopardy':
-      case 'restored':
-      case 'waiting':
-        return; // informational: only `Lost` means stop
-      case 'granted':
-      case 'notAcquired':
-      case 'rejected':
-      case 'released':
-      case 'proclaimed':
-        break;
-      default:
+        this.jeopardy.set(resp.jeopardy!.key, performance.now() + seconds(resp.jeopardy!.ttlRemaining) * 1000);
         return;
+      case 'restored':
+        this.jeopardy.delete(resp.restored!.key);
+        return;
+      default:
+        return; // waiting: informational
     }
-    const answer = resp[resp.event] as AnswerMsg;
+  }
+
+  private answered(event: string, resp: LeaseResponse): void {
+    const answer = resp[event as keyof LeaseResponse] as AnswerMsg;
     const pending = this.pending.get(answer.requestId);
-    if (!pending) return; // the answer to an abandoned cancel-Release
+    // None: the answer to an abandoned cancel-Release, or to a Release this session
+    // sent on its own (a grant nobody waited for, a hold found after a resume).
+    if (!pending) return;
     this.pending.delete(answer.requestId);
-    if (resp.event === 'granted') {
+    if (event === 'granted') {
       if (pending.abandoned) {
         this.sendRelease(pending.key); // nobody waits for this grant any more
         return;
       }
-      const lock = new Lock(this, pending.key, resp.granted!);
+      const lock = new Lock(this, pending.key, resp.granted!, pending.ttl || this.defaultTtl);
       const locks = this.held.get(pending.key);
       if (locks) locks.push(lock);
       else this.held.set(pending.key, [lock]);
@@ -560,25 +671,28 @@ class Session {
     pending.settle(resp, null);
   }
 
-  private sendRelease(key: string): string {
+  /** Sends a Release nobody waits for; dropped unless the stream is up (a resume
+   * reconciles hold counts). */
+  private sendRelease(key: string): void {
     const requestId = String(this.nextId++);
-    this.call.write({ release: { requestId, key } });
-    return requestId;
+    if (this.state === 'open') this.call.write({ release: { requestId, key } });
   }
 
   /** The caller gave up on `rid` (timeout, abort). See the Python client's notes. */
   private abandon(rid: string, pending: Pending): void {
     if (this.pending.get(rid) !== pending) return;
     pending.abandoned = true;
-    if (pending.kind === 'acquire' && !this.held.get(pending.key)?.length && this.ended === undefined) {
+    if (pending.kind === 'acquire' && !this.held.get(pending.key)?.length && this.state === 'open') {
       // A Release of a key only waited for cancels the wait.
       this.pending.delete(rid);
       this.sendRelease(pending.key);
     }
   }
 
+  /** The session is over: fail what waits, lose what is held. */
   private end(reason: string, code?: number): void {
-    if (this.ended !== undefined) return;
+    if (this.state === 'ended') return;
+    this.state = 'ended';
     this.ended = reason;
     for (const pending of this.pending.values()) {
       pending.settle(null, new Unavailable(`lease stream ended: ${reason}`, code));
@@ -586,23 +700,280 @@ class Session {
     this.pending.clear();
     for (const locks of this.held.values()) for (const lock of locks) lock._markLost(reason);
     this.held.clear();
+    this.safeUntil.clear();
+    this.stateChanged();
     this.markDone();
+  }
+
+  private stateChanged(): void {
+    for (const timer of this.timers) clearTimeout(timer);
+    this.timers = [];
+    this.markSettled();
+  }
+
+  // -- resuming -------------------------------------------------------------------
+
+  /** The stream ended with `code`: resume the session, or end it. */
+  private broke(reason: string, code: number | undefined, details: string): void {
+    if (this.state === 'ended') return;
+    if (this.closing) {
+      this.end('client closed', code);
+      return;
+    }
+    const resumable =
+      this.options.resume &&
+      this.resumeToken !== '' &&
+      this.held.size > 0 &&
+      code !== undefined &&
+      RESUMABLE_CODES.has(code) &&
+      // A sidecar stopping cleanly says Lost for every lock, releases, then ends its
+      // streams UNAVAILABLE saying so: nothing is left to resume.
+      !details.includes('shutting down');
+    if (!resumable) {
+      this.end(reason, code);
+      return;
+    }
+    this.state = 'resuming';
+    this.brokeReason = reason;
+    this.settled = new Promise((r) => (this.markSettled = r));
+    // The sidecar does not resume waits in progress: their callers hear it now.
+    for (const [rid, p] of this.pending) {
+      if (p.kind !== 'acquire') continue;
+      this.pending.delete(rid);
+      p.settle(
+        null,
+        new Unavailable(
+          `the stream to the sidecar broke while waiting (${reason}); the sidecar does not resume waits in progress: ask again`,
+          code,
+        ),
+      );
+    }
+    const now = performance.now();
+    for (const [key, locks] of this.held) {
+      const window = Math.min(...locks.map((l) => safeWindow(l._ttlAsked, this.options.renewalSlack)));
+      this.safeUntil.set(key, this.jeopardy.get(key) ?? now + window * 1000);
+    }
+    const next = this.expire(now);
+    if (next === undefined) return;
+    this.armExpiry(next);
+    void this.resume();
+  }
+
+  /** While resuming: loses every key whose safe time has passed; the next such time,
+   * or undefined when nothing is held any more (the session then ends). */
+  private expire(now: number): number | undefined {
+    if (this.state !== 'resuming') return undefined;
+    const why = `the stream to the sidecar broke (${this.brokeReason}) and the session was not resumed while the lock was surely held`;
+    for (const [key, until] of this.safeUntil) {
+      if (until > now) continue;
+      this.safeUntil.delete(key);
+      for (const lock of this.held.get(key) ?? []) lock._markLost(why);
+      this.held.delete(key);
+    }
+    if (this.held.size === 0) {
+      this.end(why, grpc.status.UNAVAILABLE);
+      return undefined;
+    }
+    return Math.min(...this.safeUntil.values());
+  }
+
+  /** Loses keys when their safe time passes: one timer, for the next such time (a
+   * timer may fire a little early: it is then armed again). */
+  private armExpiry(at: number): void {
+    this.timers.push(setTimeout(() => this.onExpiry(), Math.max(0, at - performance.now())));
+  }
+
+  private onExpiry(): void {
+    const next = this.expire(performance.now());
+    if (next !== undefined) this.armExpiry(next);
+    else if (this.state === 'ended') this.attempt?.cancel();
+  }
+
+  /** Opens new streams with the resume token, with backoff, until one answers or
+   * nothing is held any more. */
+  private async resume(): Promise<void> {
+    let backoff = FIRST_RESUME_BACKOFF_MS;
+    while (this.state === 'resuming') {
+      const metadata = this.metadata.clone();
+      metadata.set('lockside-resume', this.resumeToken);
+      const call = this.stub.Lease(metadata);
+      this.attempt = call;
+      const failed = await this.greeting(call);
+      this.attempt = undefined;
+      if (failed === undefined || this.state !== 'resuming') return;
+      call.cancel();
+      if (failed.code !== undefined && FINAL_RESUME_CODES.has(failed.code)) {
+        this.end(`${this.brokeReason}; resuming failed: ${failed.why}`, failed.code);
+        return;
+      }
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([this.settled, new Promise<void>((r) => (timer = setTimeout(r, backoff)))]);
+      clearTimeout(timer);
+      backoff = Math.min(backoff * 2, MAX_RESUME_BACKOFF_MS);
+    }
+  }
+
+  /** Reads a resume attempt's SessionStarted and the Granted/Lost events that follow,
+   * and then makes the stream the session's, in the same tick (so that no message
+   * after them goes unrouted). Resolves undefined then, else why it failed. */
+  private greeting(call: LeaseCall): Promise<{ why: string; code?: number } | undefined> {
+    return new Promise((resolve) => {
+      let started: NonNullable<LeaseResponse['started']> | undefined;
+      const events: LeaseResponse[] = [];
+      let over = false;
+      const finish = (failed: { why: string; code?: number } | undefined) => {
+        if (over) return;
+        over = true;
+        call.removeListener('data', onData);
+        resolve(failed);
+      };
+      const onData = (resp: LeaseResponse) => {
+        if (!started) {
+          if (resp.event !== 'started' || !resp.started) {
+            finish({ why: `protocol error: a resume opened with ${resp.event}` });
+            return;
+          }
+          started = resp.started;
+          // A resume answers with a new token: the old one is spent.
+          this.resumeToken = started.resumeToken ?? '';
+        } else {
+          events.push(resp);
+        }
+        if (events.length < (started.resumedLocks ?? 0)) return;
+        finish(undefined);
+        this.takeOver(call, started, events);
+      };
+      call.on('data', onData);
+      call.on('error', (err: grpc.ServiceError) => finish({ why: statusText(err), code: err.code }));
+      call.on('status', (status: grpc.StatusObject) =>
+        finish({ why: `${grpc.status[status.code] ?? status.code}: ${status.details}`, code: status.code }),
+      );
+    });
+  }
+
+  /** A resume attempt answered: its stream becomes the session's. */
+  private takeOver(call: LeaseCall, started: NonNullable<LeaseResponse['started']>, events: LeaseResponse[]): void {
+    if (this.state !== 'resuming') {
+      call.cancel();
+      return;
+    }
+    if (started.sessionId !== this.sessionId) {
+      call.cancel();
+      this.end('a resume answered with another session');
+      return;
+    }
+    this.call = call;
+    call.on('data', (resp: LeaseResponse) => {
+      if (call === this.call) this.dispatch(resp);
+    });
+    this.follow(call);
+    for (const request of this.resumed(started, events)) call.write(request);
+  }
+
+  /**
+   * A resume was answered: reconciles the held locks with what came back and returns
+   * the requests to send on the new stream, in order. A key comes back with the
+   * session's hold count in the store: a Release not answered may have been applied
+   * before the sidecar died, so as many of those as the count says were are taken as
+   * answered and the others are sent again; holds the store has and nobody here knows
+   * of (a grant whose answer was lost, a key already reported lost) are given back.
+   */
+  private resumed(started: NonNullable<LeaseResponse['started']>, events: LeaseResponse[]): Request[] {
+    this.state = 'open';
+    this.resumeToken = started.resumeToken ?? '';
+    this.safeUntil.clear();
+    this.jeopardy.clear();
+    const granted = new Map<string, GrantedMsg>();
+    const lost = new Map<string, string>();
+    for (const e of events) {
+      if (e.event === 'granted') granted.set(e.granted!.key, e.granted!);
+      else if (e.event === 'lost') lost.set(e.lost!.key, e.lost!.reason);
+    }
+    const out: Request[] = [];
+    const giveBack = (key: string, holds: number) => {
+      for (let i = 0; i < holds; i++) out.push({ release: { requestId: String(this.nextId++), key } });
+    };
+    const byId = [...this.pending.entries()].sort((a, b) => (BigInt(a[0]) < BigInt(b[0]) ? -1 : 1));
+    const releases = new Map<string, string[]>();
+    for (const [rid, p] of byId) {
+      if (p.kind !== 'release') continue;
+      const list = releases.get(p.key);
+      if (list) list.push(rid);
+      else releases.set(p.key, [rid]);
+    }
+    for (const [key, locks] of [...this.held]) {
+      const back = granted.get(key);
+      granted.delete(key);
+      const loseAll = (why: string) => {
+        for (const lock of locks) lock._markLost(why);
+        this.held.delete(key);
+      };
+      if (!back || BigInt(back.fencingToken) !== locks[0].fencingToken) {
+        loseAll(`lost while the sidecar was away: ${lost.get(key) || 'the resumed session did not list it'}`);
+        if (back) giveBack(key, back.holdCount);
+        continue;
+      }
+      const unanswered = releases.get(key) ?? [];
+      const applied = Math.min(unanswered.length, Math.max(0, locks.length - back.holdCount));
+      for (const rid of unanswered.slice(0, applied)) {
+        const done = this.pending.get(rid)!;
+        this.pending.delete(rid);
+        done.settle({ event: 'released', released: { requestId: rid, key } }, null);
+      }
+      const surplus = back.holdCount + applied - locks.length;
+      if (surplus < 0) {
+        loseAll('the resumed session holds the key fewer times than granted');
+        giveBack(key, back.holdCount);
+        continue;
+      }
+      giveBack(key, surplus);
+    }
+    for (const [key, back] of granted) giveBack(key, back.holdCount);
+    // Unanswered releases and proclaims go again, in their order; those of keys that
+    // did not come back fail now (their locks are lost).
+    for (const [rid, p] of byId) {
+      if (!this.pending.has(rid)) continue;
+      if (p.kind !== 'acquire' && this.held.has(p.key)) {
+        out.push(p.request);
+        continue;
+      }
+      this.pending.delete(rid);
+      // (No acquire is pending here: acquires wait for the resume to end.)
+      const why = p.kind === 'acquire' ? 'the session was resumed: ask again' : 'the lock was lost while the sidecar was away';
+      p.settle(null, new Unavailable(why));
+    }
+    this.stateChanged();
+    return out;
+  }
+
+  // -- callers ----------------------------------------------------------------------
+
+  /** Waits while the session resumes; throws if it ended. */
+  private async ready(): Promise<void> {
+    while (this.state === 'resuming') await this.settled;
+    if (this.state === 'ended') throw new Unavailable(`lease stream ended: ${this.ended}`);
   }
 
   private request(
     kind: Pending['kind'],
     key: string,
-    message: Record<string, unknown>,
+    message: Request,
     rid: string,
     timeoutS: number,
     signal?: AbortSignal,
+    ttl = 0,
   ): Promise<Pending> {
     return new Promise((resolve, reject) => {
       let onAbort: (() => void) | undefined;
-      const timer = setTimeout(() => {
+      const expire = () => {
+        if (this.pending.get(rid) === pending && this.state === 'resuming' && kind !== 'acquire') {
+          timer = setTimeout(expire, timeoutS * 1000); // sent again once resumed, or failed
+          return;
+        }
         this.abandon(rid, pending);
         settle(null, new Unavailable(`no answer from the sidecar within ${timeoutS} s`));
-      }, timeoutS * 1000);
+      };
+      let timer = setTimeout(expire, timeoutS * 1000);
       const settle = (response: LeaseResponse | null, error: Error | null) => {
         clearTimeout(timer);
         if (onAbort) signal!.removeEventListener('abort', onAbort);
@@ -612,7 +983,7 @@ class Session {
           resolve(pending);
         }
       };
-      const pending: Pending = { kind, key, abandoned: false, settle };
+      const pending: Pending = { kind, key, request: message, ttl, abandoned: false, settle };
       if (signal) {
         onAbort = () => {
           this.abandon(rid, pending);
@@ -621,7 +992,7 @@ class Session {
         signal.addEventListener('abort', onAbort, { once: true });
       }
       this.pending.set(rid, pending);
-      this.call.write(message);
+      if (this.state === 'open') this.call.write(message);
     });
   }
 
@@ -643,10 +1014,10 @@ class Session {
     if (wait > 0) acquire.waitTimeout = waitTimeout;
     if (opts.ttl !== undefined) acquire.ttl = duration('ttl', opts.ttl);
     if (opts.signal?.aborted) throw opts.signal.reason;
-    if (this.ended !== undefined) throw new Unavailable(`lease stream ended: ${this.ended}`);
+    if (this.state !== 'open') await this.ready();
     const rid = String(this.nextId++);
     acquire.requestId = rid;
-    const pending = await this.request('acquire', key, { acquire }, rid, wait + ANSWER_SLACK_SECONDS, opts.signal);
+    const pending = await this.request('acquire', key, { acquire }, rid, wait + ANSWER_SLACK_SECONDS, opts.signal, opts.ttl ?? 0);
     const resp = pending.response!;
     if (pending.lock) return pending.lock;
     if (resp.event === 'notAcquired') {
@@ -679,7 +1050,7 @@ class Session {
     }
     // (The await above may have changed the state: a `Lost` can cross the Release.)
     if ((lock._state as Lock['_state']) === 'lost' || error instanceof Unavailable) {
-      // Lost before the release, or the stream broke: the sidecar may have died with
+      // Lost before the release, or the session ended: the sidecar may have died with
       // the lock in the store, so it counts as lost.
       if (lock.lostReason === undefined) lock.lostReason = error?.message ?? 'lost';
       lock._state = 'released';
@@ -695,7 +1066,7 @@ class Session {
     const bytes = toValue('value', value);
     if (lock._state === 'lost') throw new LockLost(lock.key, lock.lostReason ?? 'lost', lock.fencingToken);
     if (lock._state === 'released') throw new LocksideError(`lock ${shortKey(lock.key)} was released`, lock.key);
-    if (this.ended !== undefined) throw new Unavailable(`lease stream ended: ${this.ended}`);
+    if (this.state === 'ended') throw new Unavailable(`lease stream ended: ${this.ended}`);
     const rid = String(this.nextId++);
     const message = { proclaim: { requestId: rid, key: lock.key, value: bytes } };
     const resp = (await this.request('proclaim', lock.key, message, rid, ANSWER_SLACK_SECONDS)).response!;
@@ -713,18 +1084,27 @@ class Session {
     if (!locks) return;
     const i = locks.indexOf(lock);
     if (i >= 0) locks.splice(i, 1);
-    if (locks.length === 0) this.held.delete(lock.key);
+    if (locks.length === 0) {
+      this.held.delete(lock.key);
+      this.jeopardy.delete(lock.key);
+    }
   }
 
   /** Half-closes the stream (the sidecar releases everything and ends it), waits up to
-   * `timeoutMs` for that, then cancels. */
+   * `timeoutMs` for that, then cancels. A session that is resuming ends at once (its
+   * locks stay in the store until their TTL). */
   async close(timeoutMs = 2000): Promise<void> {
     this.closing = true;
-    if (this.ended === undefined) this.call.end();
+    if (this.state === 'resuming') {
+      this.end('client closed');
+      this.attempt?.cancel();
+      return;
+    }
+    if (this.state === 'open') this.call.end();
     let timer: NodeJS.Timeout | undefined;
     await Promise.race([this.done, new Promise<void>((r) => (timer = setTimeout(r, timeoutMs)))]);
     clearTimeout(timer);
-    if (this.ended === undefined) {
+    if (this.state !== 'ended') {
       this.call.cancel();
       this.end('client closed');
     }
@@ -736,8 +1116,19 @@ class Session {
 /**
  * A connection to a Lockside sidecar and one session on it. All locks taken through
  * one client share one `Lease` stream, opened on the first `lock()`; they belong to the
- * session, so locking a key the client already holds is reentrant. If the stream
- * breaks, every lock is lost and the next `lock()` opens a new session.
+ * session, so locking a key the client already holds is reentrant.
+ *
+ * If the stream breaks as if the sidecar died (UNAVAILABLE, a reset stream) while the
+ * session holds locks, the client resumes the session with its resume token, on the
+ * restarted sidecar or any other of the same store and namespace at `addr`, retrying
+ * with backoff: the locks come back with the same session id, fencing tokens and hold
+ * counts, and `lost` does not settle. A lock is lost when it comes back `Lost`, does not
+ * come back, or is not back while it is surely held: `safeWindow(ttl)` after the break
+ * (4.5 s for the default 10 s TTL), or what `Jeopardy` said. Waits in progress when the
+ * stream breaks reject with `Unavailable` (the sidecar does not resume them); `lock()`
+ * calls made while the session resumes wait for it. A session that cannot be resumed,
+ * or ends otherwise, loses every lock, and the next `lock()` opens a new session.
+ * `{ resume: false }` turns resuming off.
  */
 export class Client {
   /** The sidecar's address: `host:port` or `unix:/path`. */
@@ -745,6 +1136,7 @@ export class Client {
   private readonly stub: LockServiceClient;
   private readonly metadata: grpc.Metadata;
   private readonly connectTimeout: number;
+  private readonly sessionOptions: { resume: boolean; renewalSlack: number };
   private session?: Session;
   private opening?: Promise<Session>;
   private closed = false;
@@ -762,6 +1154,10 @@ export class Client {
     if (options.clientName) this.metadata.set('lockside-client-name', options.clientName);
     if (options.authToken) this.metadata.set('authorization', `Bearer ${options.authToken}`);
     this.connectTimeout = options.connectTimeout ?? 10;
+    this.sessionOptions = {
+      resume: options.resume ?? true,
+      renewalSlack: options.renewalSlack ?? DEFAULT_RENEWAL_SLACK_SECONDS,
+    };
   }
 
   /** The current session's id (as `describe()` shows it); undefined before the first lock. */
@@ -773,7 +1169,7 @@ export class Client {
     if (this.session && this.session.ended === undefined) return this.session;
     if (this.closed) throw new LocksideError('the client is closed');
     if (!this.opening) {
-      this.opening = Session.open(this, this.stub, this.metadata, this.connectTimeout).finally(() => {
+      this.opening = Session.open(this, this.stub, this.metadata, this.connectTimeout, this.sessionOptions).finally(() => {
         this.opening = undefined;
       });
     }

@@ -66,12 +66,28 @@ function stopChild(child, signal = 'SIGKILL') {
   });
 }
 
+/** One Redis command in RESP on a new connection; resolves the raw reply. */
+function redisCommand(port, args) {
+  return new Promise((ok, fail) => {
+    let request = `*${args.length}\r\n`;
+    for (const a of args) request += `$${Buffer.byteLength(a)}\r\n${a}\r\n`;
+    const socket = createConnection({ host: '127.0.0.1', port }, () => socket.write(request));
+    socket.setTimeout(5000, () => socket.destroy(new Error('redis: no reply')));
+    socket.once('data', (d) => {
+      socket.destroy();
+      ok(d.toString());
+    });
+    socket.once('error', fail);
+  });
+}
+
 export class Stack {
-  /** Starts a Redis and one sidecar on it. */
-  static async start() {
+  /** Starts a Redis and one sidecar on it; every sidecar gets `sidecarArgs`. */
+  static async start({ sidecarArgs = [] } = {}) {
     const stack = new Stack();
     stack.dir = mkdtempSync(join(tmpdir(), 'lockside-node-'));
     stack.sidecars = [];
+    stack.sidecarArgs = sidecarArgs;
     await stack.startRedis();
     try {
       stack.sidecar = await stack.startSidecar();
@@ -95,7 +111,13 @@ export class Stack {
       const deadline = Date.now() + STARTUP_MS;
       while (Date.now() < deadline && !exited(child)) {
         if (await ping(port)) {
-          this.redis = { port, url: `redis://127.0.0.1:${port}`, child, stop: () => stopChild(child) };
+          this.redis = {
+            port,
+            url: `redis://127.0.0.1:${port}`,
+            child,
+            stop: () => stopChild(child),
+            command: (...args) => redisCommand(port, args),
+          };
           return;
         }
         await sleep(20);
@@ -111,7 +133,7 @@ export class Stack {
     const out = openSync(log, 'w');
     const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('LOCKSIDE_')));
     const child = spawn(sidecarBinary(), ['serve', '--listen', listen, '--admin-listen', '127.0.0.1:0',
-      '--store', store], { stdio: ['ignore', out, out], env });
+      '--store', store, ...this.sidecarArgs], { stdio: ['ignore', out, out], env });
     const sidecar = { child, stop: () => stopChild(child, 'SIGTERM'), kill: () => stopChild(child) };
     this.sidecars.push(sidecar);
     const deadline = Date.now() + STARTUP_MS;
@@ -124,6 +146,22 @@ export class Stack {
       await sleep(20);
     }
     throw new Error(`the sidecar did not start:\n${readFileSync(log, 'utf8')}`);
+  }
+
+  /** SIGKILLs the sidecar and starts another on its address and Redis (as the kubelet
+   * restarts a crashed native sidecar in place). */
+  async restartSidecar() {
+    const addr = this.sidecar.addr;
+    await this.sidecar.kill();
+    this.sidecar = await this.startSidecar(addr);
+    return this.sidecar;
+  }
+
+  /** Whether the session's record in the store lists `keys` keys: the sidecar's journal
+   * writes a grant there once it has been held 50 ms, and only that can be resumed. */
+  async recorded(sessionId, keys, namespace = 'lockside') {
+    const reply = await this.redis.command('HLEN', `{${namespace}:session/${sessionId}}:s`);
+    return reply.startsWith(':') && Number(reply.slice(1).trim()) === 3 + keys;
   }
 
   async stop() {

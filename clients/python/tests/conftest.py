@@ -7,6 +7,7 @@ from typing import Iterator
 
 import pytest
 
+from kinds import KINDS, client_factory
 from servers import Stack
 
 
@@ -36,3 +37,29 @@ def key() -> str:
 def election_addr(stack: Stack) -> str:
     """A sidecar for the election tests (values, proclaim, watch), on Redis."""
     return stack.addr
+
+
+@pytest.fixture
+def restartable() -> Iterator[Stack]:
+    """A Redis and a sidecar of the test's own, whose sidecars hold their attachment
+    600 ms rather than 3 s: a SIGKILLed sidecar's sessions can be resumed that soon."""
+    s = Stack(sidecar_args=["--attachment-ttl", "600ms"])
+    yield s
+    s.stop()
+
+
+@pytest.fixture(params=KINDS)
+def make_client(request, monkeypatch):
+    """Makes clients of each kind in turn (kinds.py): the sync `Client` on its fast
+    stream and on grpcio's public API, and the `AsyncClient`; closes them after."""
+    factory = client_factory(request.param, monkeypatch)
+    made = []
+
+    def make(addr, **options):
+        c = factory(addr, **options)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()

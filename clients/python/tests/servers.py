@@ -18,7 +18,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence
 
 STARTUP_TIMEOUT = 15.0
 
@@ -86,6 +86,24 @@ class Redis:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}"
 
+    def command(self, *args: str) -> bytes:
+        """One command in RESP; the raw reply (enough for integer replies)."""
+        request = f"*{len(args)}\r\n".encode()
+        for arg in args:
+            data = arg.encode()
+            request += b"$%d\r\n%s\r\n" % (len(data), data)
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
+            s.sendall(request)
+            return s.recv(65536)
+
+    def recorded(self, session_id: str, keys: int, namespace: str = "lockside") -> bool:
+        """Whether the session's record in the store lists `keys` keys: the sidecar's
+        journal writes a grant there once it has been held 50 ms, and only what is
+        there can be resumed."""
+        record = f"{{{namespace}:session/{session_id}}}:s"
+        reply = self.command("HLEN", record)
+        return reply.startswith(b":") and int(reply[1:].strip()) == 3 + keys
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
@@ -96,13 +114,18 @@ class Sidecar:
     """`lockside serve` on a free port of 127.0.0.1, on the given Redis."""
 
     def __init__(
-        self, store: str, workdir: str, listen: str = "127.0.0.1:0", binary: Optional[str] = None
+        self,
+        store: str,
+        workdir: str,
+        listen: str = "127.0.0.1:0",
+        binary: Optional[str] = None,
+        args: Sequence[str] = (),
     ):
         self.log = os.path.join(workdir, f"sidecar-{uuid.uuid4().hex[:8]}.log")
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
                 [binary or sidecar_binary(), "serve", "--listen", listen,
-                 "--admin-listen", "127.0.0.1:0", "--store", store],
+                 "--admin-listen", "127.0.0.1:0", "--store", store, *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 # The tests' own environment must not configure the sidecar.
@@ -141,11 +164,13 @@ class Sidecar:
 
 
 class Stack:
-    """A Redis and a sidecar on it; stops both, in that order of need."""
+    """A Redis and a sidecar on it (started with `sidecar_args`, as every later
+    sidecar); stops both, in that order of need."""
 
-    def __init__(self, binary: Optional[str] = None) -> None:
+    def __init__(self, binary: Optional[str] = None, sidecar_args: Sequence[str] = ()) -> None:
         self.dir = tempfile.mkdtemp(prefix="lockside-py-")
         self.binary = binary
+        self.sidecar_args = tuple(sidecar_args)
         self.redis = Redis(self.dir)
         self.sidecars: List[Sidecar] = []
         try:
@@ -159,17 +184,24 @@ class Stack:
         return self.sidecar.addr
 
     def start_sidecar(self, listen: str = "127.0.0.1:0") -> Sidecar:
-        sidecar = Sidecar(self.redis.url, self.dir, listen, self.binary)
+        sidecar = Sidecar(self.redis.url, self.dir, listen, self.binary, self.sidecar_args)
         self.sidecars.append(sidecar)
         return sidecar
+
+    def restart_sidecar(self) -> Sidecar:
+        """SIGKILLs the sidecar and starts another on its address and Redis (as the
+        kubelet restarts a crashed native sidecar in place)."""
+        addr = self.sidecar.addr
+        self.sidecar.kill()
+        self.sidecar = self.start_sidecar(listen=addr)
+        assert self.sidecar.addr == addr
+        return self.sidecar
 
     def stop(self) -> None:
         for sidecar in self.sidecars:
             sidecar.stop()
         self.redis.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
-
-
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 5.0) -> object:

@@ -121,8 +121,9 @@ def test_lost_wait_returns_when_redis_dies(own_stack, key):
 
 
 def test_a_broken_stream_loses_the_locks(own_stack, key):
+    # Without resuming (test_resume.py resumes).
     async def main():
-        async with AsyncClient(own_stack.addr, connect_timeout=0.5) as c:
+        async with AsyncClient(own_stack.addr, connect_timeout=0.5, resume=False) as c:
             locks = [await c.lock(f"{key}-{i}", wait=0) for i in range(3)]
             own_stack.sidecar.kill()
             for lock in locks:

@@ -179,8 +179,9 @@ def test_leaving_a_block_whose_lock_was_lost_raises_lock_lost(own_stack, key):
 
 
 def test_a_broken_stream_loses_every_lock_and_the_next_lock_opens_a_new_session(own_stack, key):
-    # connect_timeout: long enough for gRPC's reconnect backoff (at most 1 s here).
-    with Client(own_stack.addr, connect_timeout=2.0) as c:
+    # Without resuming (test_resume.py resumes); connect_timeout: long enough for
+    # gRPC's reconnect backoff (at most 1 s here).
+    with Client(own_stack.addr, connect_timeout=2.0, resume=False) as c:
         locks = [c.lock(f"{key}-{i}", wait=0) for i in range(3)]
         first_session = c.session_id
         port = own_stack.addr.rsplit(":", 1)[1]

@@ -10,7 +10,9 @@
 
 `AsyncClient` is the same on asyncio (grpc.aio). One client is one session (one `Lease`
 stream) holding any number of locks; the sidecar releases them all when the stream
-ends, whatever ends it.
+ends, whatever ends it. When the stream breaks because the sidecar died, the client
+resumes the session on the restarted sidecar and keeps its locks if they are back in
+time (`resume=False` turns that off).
 
 Leader election: `c.campaign(key, value)` returns once this client leads (a `Lock`:
 `proclaim(value)` changes what followers see, `release()` resigns); followers iterate

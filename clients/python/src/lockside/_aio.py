@@ -4,16 +4,25 @@ with no thread of its own."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Generator, Optional, Sequence, Set, Tuple
+import time
+from typing import Any, Generator, List, Optional, Sequence, Set, Tuple
 
 import grpc
 import grpc.aio
 
 from lockside._core import (
     ANSWER_SLACK,
+    DEFAULT_RENEWAL_SLACK,
     DESCRIBE_METHOD,
+    ENDED,
+    FINAL_RESUME_CODES,
+    FIRST_RESUME_BACKOFF,
     KEEPALIVE_OPTIONS,
     LEASE_METHOD,
+    MAX_RESUME_BACKOFF,
+    OPEN,
+    RESUME_HEADER,
+    RESUMING,
     WATCH_METHOD,
     Description,
     LockBase,
@@ -32,6 +41,7 @@ from lockside._core import (
     proclaim_request,
     release_request,
     rpc_error_text,
+    value_bytes,
 )
 
 
@@ -39,16 +49,16 @@ class AsyncLock(LockBase):
     """A held lock (from `AsyncClient.lock`); an async context manager that releases
     on exit.
 
-    `lost` is an `asyncio.Event`, set when the sidecar sends `Lost` for the key or the
-    session's stream breaks while the lock is held; `await lock.lost_wait()` returns
-    then. `release()` (and so leaving the `async with` block without another exception)
+    `lost` is an `asyncio.Event`, set when the sidecar sends `Lost` for the key, or
+    when the session's stream broke and the lock did not come back (see
+    `lockside.Client`); `await lock.lost_wait()` returns then. `release()` (and so leaving the `async with` block without another exception)
     raises `LockLost` if the lock was lost before it.
     """
 
     _session: "_AioSession"
 
-    def __init__(self, session: "_AioSession", key: str, granted: Any):
-        super().__init__(session, key, granted)
+    def __init__(self, session: "_AioSession", key: str, granted: Any, ttl_asked: float):
+        super().__init__(session, key, granted, ttl_asked)
         self.lost = asyncio.Event()
 
     def _signal_lost(self) -> None:
@@ -83,11 +93,20 @@ class AsyncLock(LockBase):
 
 
 class _AioPending(Pending):
-    __slots__ = ("future",)
+    __slots__ = ("future", "timeout", "deadline")
 
-    def __init__(self, kind: str, key: str, loop: asyncio.AbstractEventLoop):
-        super().__init__(kind, key)
+    def __init__(
+        self,
+        kind: str,
+        key: str,
+        loop: asyncio.AbstractEventLoop,
+        request: bytes = b"",
+        ttl: float = 0.0,
+    ):
+        super().__init__(kind, key, request, ttl)
         self.future: asyncio.Future = loop.create_future()
+        self.timeout = 0.0
+        self.deadline = 0.0  # loop.time() after which the answer is given up on
 
     def _notify(self) -> None:
         if not self.future.done():
@@ -95,23 +114,32 @@ class _AioPending(Pending):
 
 
 class _AioSession(SessionBase):
-    """One `Lease` stream: requests are written under a lock (gRPC allows one write in
-    flight); a reader task routes answers to futures and `Lost` to locks."""
+    """One session: requests are written under a lock (gRPC allows one write in
+    flight); a reader task routes answers to futures and `Lost` to locks, and resumes
+    the session on a new stream when the stream breaks as if the sidecar died (see
+    `SessionBase`)."""
 
-    def __init__(self, call: Any, loop: asyncio.AbstractEventLoop):
-        super().__init__()
+    def __init__(self, client: "AsyncClient", call: Any, loop: asyncio.AbstractEventLoop):
+        super().__init__(client.resume, client.renewal_slack)
+        self._client = client
         self._call = call
         self._loop = loop
         self._write_lock = asyncio.Lock()
         self._reader: Optional[asyncio.Task] = None
         self._background: Set[asyncio.Task] = set()
-        self._closing = False
+        # Set when a resume ends (resumed, or the session ended); callers wait on it.
+        self._settled = asyncio.Event()
+        self._settled.set()
+        self._attempt: Optional[Any] = None
+        self._timers: List[asyncio.TimerHandle] = []
+        # Gives up on answers that do not come (see `_watch_answers`).
+        self._watchdog: Optional[asyncio.TimerHandle] = None
 
     @classmethod
     async def open(cls, client: "AsyncClient") -> "_AioSession":
         client._get_channel()
         call = client._lease(metadata=client._metadata, wait_for_ready=True)
-        self = cls(call, asyncio.get_running_loop())
+        self = cls(client, call, asyncio.get_running_loop())
         try:
             first = await asyncio.wait_for(call.read(), client.connect_timeout)
         except asyncio.TimeoutError:
@@ -125,72 +153,193 @@ class _AioSession(SessionBase):
             raise Unavailable(f"cannot open a session at {client.addr}: {text}", code) from None
         if first is grpc.aio.EOF:
             raise Unavailable(f"cannot open a session at {client.addr}: stream ended")
-        self._started(first)
-        self._reader = asyncio.ensure_future(self._read())
+        self._started(pb.LeaseResponse.FromString(first))
+        self._reader = asyncio.ensure_future(self._run())
         return self
 
-    async def _read(self) -> None:
-        reason, code = "closed by the sidecar", None
-        read, dispatch = self._call.read, self._dispatch
-        try:
-            while True:
-                resp = await read()
-                if resp is grpc.aio.EOF:
-                    break
-                dispatch(resp)
-        except asyncio.CancelledError:
-            reason = "client closed"
-        except grpc.RpcError as e:
-            reason, code = rpc_error_text(e)
-        except Exception as e:  # noqa: BLE001 - any failure ends the session
-            reason, code = rpc_error_text(e)
-        if self._closing:
-            reason = "client closed"
-        self._end(reason, code)
+    # -- the reader task -------------------------------------------------------------
 
-    async def _write(self, request: Any) -> None:
-        try:
-            async with self._write_lock:
-                await self._call.write(request)
-        except (grpc.RpcError, asyncio.InvalidStateError) as e:
-            text, code = rpc_error_text(e)
-            raise Unavailable(f"lease stream broken: {text}", code) from None
+    async def _run(self) -> None:
+        call: Optional[Any] = self._call
+        while call is not None:
+            reason, code, details = "closed by the sidecar", None, ""
+            try:
+                await self._pump(call)
+            except asyncio.CancelledError:
+                reason = "client closed"
+            except grpc.RpcError as e:
+                reason, code = rpc_error_text(e)
+                details = e.details() if hasattr(e, "details") else ""
+            except Exception as e:  # noqa: BLE001 - a bad message ends the session
+                call.cancel()
+                self._end(f"protocol error: {rpc_error_text(e)[0]}")
+                return
+            if self._closing:
+                reason = "client closed"
+            if not self._broke(reason, code, details or ""):
+                return
+            self._settled.clear()
+            self._arm_expiry()
+            call = await self._resume()
 
-    async def _write_quietly(self, request: Any) -> None:
-        try:
-            await self._write(request)
-        except Unavailable:
-            pass  # the reader ends the session
+    async def _pump(self, call: Any) -> None:
+        read, parse, dispatch = call.read, pb.LeaseResponse.FromString, self._dispatch
+        while True:
+            data = await read()
+            if data is grpc.aio.EOF:
+                return
+            dispatch(parse(data))
 
-    def _send_nowait(self, request: Any) -> None:
-        task = self._loop.create_task(self._write_quietly(request))
+    def _arm_expiry(self) -> None:
+        """Marks keys lost when their safe time passes: one timer, for the next such
+        time (a timer that fires a little early is armed again)."""
+        if not self._safe_until:
+            return
+        at = min(self._safe_until.values())
+        self._timers.append(self._loop.call_later(max(0.0, at - time.monotonic()), self._on_expiry))
+
+    def _on_expiry(self) -> None:
+        if self._expire(time.monotonic()) is not None:
+            self._arm_expiry()
+        elif self.state is ENDED and self._attempt is not None:
+            self._attempt.cancel()
+
+    def _state_changed(self) -> None:
+        timers, self._timers = self._timers, []
+        for timer in timers:
+            timer.cancel()
+        self._settled.set()
+
+    async def _resume(self) -> Optional[Any]:
+        """Resumes the session on new streams until one answers or nothing is held
+        any more; returns the new call, or None when the session ended."""
+        backoff = FIRST_RESUME_BACKOFF
+        last = "no attempt"
+        while self.state is RESUMING:
+            metadata = self._client._metadata + ((RESUME_HEADER, self.resume_token),)
+            call = self._attempt = self._client._lease(metadata=metadata, wait_for_ready=True)
+            started: Any = None
+            greeting: List[Any] = []
+            code: Optional[grpc.StatusCode] = None
+            try:
+                first = await call.read()
+                if first is not grpc.aio.EOF:
+                    started = pb.LeaseResponse.FromString(first)
+                    if started.WhichOneof("event") == "started":
+                        # A resume answers with a new token: the old one is spent.
+                        self.resume_token = started.started.resume_token
+                    for _ in range(started.started.resumed_locks):
+                        data = await call.read()
+                        if data is grpc.aio.EOF:
+                            break
+                        greeting.append(pb.LeaseResponse.FromString(data))
+            except asyncio.CancelledError:
+                if self.state is RESUMING:  # not ours: the task is cancelled
+                    call.cancel()
+                    raise
+            except grpc.RpcError as e:
+                last, code = rpc_error_text(e)
+                started = None
+            except Exception as e:  # noqa: BLE001 - a bad answer is a failed attempt
+                last = rpc_error_text(e)[0]
+                started = None
+            self._attempt = None
+            if self.state is not RESUMING:
+                call.cancel()
+                return None
+            if (
+                started is not None
+                and started.WhichOneof("event") == "started"
+                and len(greeting) == started.started.resumed_locks
+            ):
+                if started.started.session_id != self.session_id:
+                    call.cancel()
+                    self._end("a resume answered with another session")
+                    return None
+                self._call = call
+                for data in self._resumed(started.started, greeting):
+                    self._send_nowait(data)
+                return call
+            call.cancel()
+            if code in FINAL_RESUME_CODES:
+                self._end(f"{self._broke_reason}; resuming failed: {last}", code)
+                return None
+            if started is not None:
+                last = "the resumed stream broke before it said which locks came back"
+            log.info("resuming session %s: %s; again in %.2fs", self.session_id, last, backoff)
+            try:
+                await asyncio.wait_for(self._settled.wait(), backoff)
+            except asyncio.TimeoutError:
+                pass
+            backoff = min(backoff * 2, MAX_RESUME_BACKOFF)
+        return None
+
+    # -- callers ---------------------------------------------------------------------
+
+    async def _write(self, data: bytes, call: Any) -> None:
+        """Writes `data` on `call` if it is still the session's stream (after a resume
+        the session sends again what was not answered)."""
+        lock = self._write_lock  # (acquire/release: lighter than `async with`)
+        await lock.acquire()
+        try:
+            if call is self._call and self.state is OPEN:
+                await call.write(data)
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            pass  # the stream broke: the reader task sees it and decides
+        finally:
+            lock.release()
+
+    def _send_nowait(self, request: bytes) -> None:
+        if self.state is not OPEN:
+            return
+        task = self._loop.create_task(self._write(request, self._call))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _new_lock(self, key: str, granted: Any) -> AsyncLock:
-        return AsyncLock(self, key, granted)
+    def _new_lock(self, key: str, granted: Any, ttl: float) -> AsyncLock:
+        return AsyncLock(self, key, granted, ttl)
 
-    def _timed_out(self, rid: int, pending: _AioPending, timeout: float) -> None:
-        if self._pending.get(rid) is pending:
+    async def _ready(self) -> None:
+        while self.state is RESUMING:
+            await self._settled.wait()
+        if self.state is ENDED:
+            raise Unavailable(f"lease stream ended: {self.ended}")
+
+    def _watch_answers(self) -> None:
+        """Once a second while answers are awaited: gives up on those past their
+        time (the sidecar answers every request; only a broken one does not, and
+        keepalive ends its stream first). One timer per session rather than one per
+        request: the fast path stays free of timers."""
+        self._watchdog = None
+        now = self._loop.time()
+        for rid, pending in list(self._pending.items()):
+            if pending.deadline > now or not isinstance(pending, _AioPending):
+                continue
+            if self.state is RESUMING and pending.kind != "acquire":
+                # Sent again once resumed, or failed when not: wait for that.
+                pending.deadline = now + pending.timeout
+                continue
+            pending.deadline = float("inf")
             self._abandon(rid, pending)
             pending.resolve(
-                error=Unavailable(f"no answer from the sidecar within {timeout:g}s")
+                error=Unavailable(f"no answer from the sidecar within {pending.timeout:g}s")
             )
+        if self._pending and self.state is not ENDED:
+            self._watchdog = self._loop.call_later(1.0, self._watch_answers)
 
-    async def _request(self, rid: int, pending: _AioPending, request: Any, timeout: float) -> None:
-        # A timer rather than asyncio.wait_for: no extra task on the fast path.
-        timer = self._loop.call_later(timeout, self._timed_out, rid, pending, timeout)
+    async def _request(self, rid: int, pending: _AioPending, timeout: float) -> None:
+        pending.timeout = timeout
+        pending.deadline = self._loop.time() + timeout
+        self._pending[rid] = pending
+        if self._watchdog is None:
+            self._watchdog = self._loop.call_later(1.0, self._watch_answers)
         try:
-            await self._write(request)
+            if self.state is OPEN:
+                await self._write(pending.request, self._call)
             await pending.future
         except asyncio.CancelledError:
             self._abandon(rid, pending)
             raise
-        except Unavailable:
-            self._pending.pop(rid, None)
-            raise
-        finally:
-            timer.cancel()
 
     async def acquire(
         self,
@@ -202,13 +351,12 @@ class _AioSession(SessionBase):
         fair: bool,
         value: "bytes | str" = b"",
     ) -> AsyncLock:
-        if self.ended is not None:
-            raise Unavailable(f"lease stream ended: {self.ended}")
+        if self.state is not OPEN:
+            await self._ready()
         rid = next(self._ids)
-        request, timeout = acquire_request(rid, key, wait, ttl, shared, limit, fair, value)
-        pending = _AioPending("acquire", key, self._loop)
-        self._pending[rid] = pending
-        await self._request(rid, pending, request, timeout)
+        data, timeout = acquire_request(rid, key, wait, ttl, shared, limit, fair, value)
+        pending = _AioPending("acquire", key, self._loop, data, ttl or 0.0)
+        await self._request(rid, pending, timeout)
         return self._answer(key, pending)
 
     async def release(self, lock: AsyncLock) -> None:
@@ -218,33 +366,37 @@ class _AioSession(SessionBase):
             lock._state = "released"  # LockLost is raised once
             raise lock._lost_error()
         rid = next(self._ids)
-        pending = _AioPending("release", lock.key, self._loop)
-        self._pending[rid] = pending
-        await self._request(rid, pending, release_request(rid, lock.key), ANSWER_SLACK)
+        data = release_request(rid, lock.key)
+        pending = _AioPending("release", lock.key, self._loop, data)
+        await self._request(rid, pending, ANSWER_SLACK)
         self._released(lock, pending)
 
     async def proclaim(self, lock: AsyncLock, value: "bytes | str") -> None:
-        request = proclaim_request(0, lock.key, value)  # a bad value fails before sending
+        value = value_bytes(value)  # a bad value fails before anything is sent
         if lock._state == "lost":
             raise lock._lost_error()
         if lock._state == "released":
             raise LocksideError(f"lock {lock.key!r} was released")
         rid = next(self._ids)
-        request.proclaim.request_id = rid
-        pending = _AioPending("proclaim", lock.key, self._loop)
-        self._pending[rid] = pending
-        await self._request(rid, pending, request, ANSWER_SLACK)
+        pending = _AioPending("proclaim", lock.key, self._loop, proclaim_request(rid, lock.key, value))
+        await self._request(rid, pending, ANSWER_SLACK)
         self._proclaimed(lock, pending)
 
     async def close(self, timeout: float = 2.0) -> None:
         """Half-closes the stream (the sidecar then releases everything and ends it),
-        waits up to `timeout` for that, and cancels the stream after."""
+        waits up to `timeout` for that, and cancels the stream after. A session that
+        is resuming ends at once (its locks stay in the store until their TTL)."""
         self._closing = True
-        try:
-            async with self._write_lock:
-                await self._call.done_writing()
-        except (grpc.RpcError, asyncio.InvalidStateError):
-            pass
+        if self.state is RESUMING:
+            self._end("client closed")
+            if self._attempt is not None:
+                self._attempt.cancel()
+        else:
+            try:
+                async with self._write_lock:
+                    await self._call.done_writing()
+            except (grpc.RpcError, asyncio.InvalidStateError):
+                pass
         reader = self._reader
         if reader is not None and not reader.done():
             try:
@@ -266,7 +418,9 @@ class _LockRequest:
         self._lock: Optional[AsyncLock] = None
 
     async def _acquire(self) -> AsyncLock:
-        session = await self._client._session()
+        session = self._client._sess
+        if session is None or session.ended is not None:
+            session = await self._client._session()
         return await session.acquire(self._key, *self._options)
 
     def __await__(self) -> Generator[Any, None, AsyncLock]:
@@ -330,7 +484,8 @@ class AsyncClient:
                 ...  # lock.fencing_token; await lock.lost_wait() returns when lost
 
     The channel is created on first use, on the running loop; use a client from one
-    event loop only.
+    event loop only. A session resumes after a sidecar restart as `lockside.Client`'s
+    does; `resume` and `renewal_slack` as there.
     """
 
     def __init__(
@@ -342,9 +497,13 @@ class AsyncClient:
         credentials: Optional[grpc.ChannelCredentials] = None,
         options: Sequence[Tuple[str, Any]] = (),
         connect_timeout: float = 10.0,
+        resume: bool = True,
+        renewal_slack: float = DEFAULT_RENEWAL_SLACK,
     ):
         self.addr = addr or default_addr()
         self.connect_timeout = connect_timeout
+        self.resume = resume
+        self.renewal_slack = renewal_slack
         self._credentials = credentials
         self._options = KEEPALIVE_OPTIONS + list(options)
         self._metadata = call_metadata(client_name, auth_token)
@@ -362,11 +521,8 @@ class AsyncClient:
                 self._channel = grpc.aio.secure_channel(
                     target, self._credentials, options=self._options
                 )
-            self._lease = self._channel.stream_stream(
-                LEASE_METHOD,
-                request_serializer=pb.LeaseRequest.SerializeToString,
-                response_deserializer=pb.LeaseResponse.FromString,
-            )
+            # Raw bytes both ways: the session encodes and decodes itself.
+            self._lease = self._channel.stream_stream(LEASE_METHOD)
             self._describe = self._channel.unary_unary(
                 DESCRIBE_METHOD,
                 request_serializer=pb.DescribeRequest.SerializeToString,

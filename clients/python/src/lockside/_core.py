@@ -7,8 +7,9 @@ import itertools
 import logging
 import math
 import os
+import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import grpc
 
@@ -34,6 +35,8 @@ MAX_WAIT = 24 * 3600.0
 ANSWER_SLACK = 10.0
 
 LEASE_METHOD = "/lockside.v1.LockService/Lease"
+#: The request metadata that resumes a session (`SessionStarted.resume_token`).
+RESUME_HEADER = "lockside-resume"
 DESCRIBE_METHOD = "/lockside.v1.LockService/Describe"
 WATCH_METHOD = "/lockside.v1.LockService/Watch"
 
@@ -60,6 +63,56 @@ KEEPALIVE_OPTIONS: List[Tuple[str, Any]] = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+
+
+#: How late a sidecar may confirm a renewal without sending `Jeopardy`: twice its
+#: `--store-timeout` (1 s by default). See `safe_window`.
+DEFAULT_RENEWAL_SLACK = 2.0
+
+#: First pause between resume attempts, doubled up to `MAX_RESUME_BACKOFF` (as the
+#: Rust client: the sidecar is local and comes back within seconds, or not in time).
+FIRST_RESUME_BACKOFF = 0.05
+MAX_RESUME_BACKOFF = 0.5
+
+#: Stream endings that may mean the sidecar died (a crash, SIGKILL, OOM kill, a
+#: frozen sidecar noticed by keepalive): the session may be resumed. Anything else
+#: (RESOURCE_EXHAUSTED for unread answers, FAILED_PRECONDITION, an authentication
+#: error, a clean end) was the sidecar's decision: it released everything.
+RESUMABLE_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.CANCELLED,
+    }
+)
+
+#: Resume attempts that end with these codes will not succeed by retrying: the sidecar
+#: cannot resume (Redlock: UNIMPLEMENTED) or refuses this client. FAILED_PRECONDITION
+#: is retried: the restarted sidecar refuses while the dead one's attachment lives
+#: (up to `--attachment-ttl`, 3 s), and says the same for a token it does not know.
+FINAL_RESUME_CODES = frozenset(
+    {
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+    }
+)
+
+
+def safe_window(ttl: float, renewal_slack: float = DEFAULT_RENEWAL_SLACK) -> float:
+    """Seconds a lock of TTL `ttl` is surely still held in the store after its stream
+    broke, without an open `Jeopardy` (0 when the TTL is too short to count on).
+
+    The sidecar renews every TTL/3 and says `Jeopardy` when a renewal fails; a renewal
+    that is only slow is confirmed within `renewal_slack`. So the last renewal was at
+    most TTL/3 + slack before the break, and the lock lives TTL × 2/3 − slack after
+    it, less the sidecar's drift margin (1 % of the TTL + 2 ms). The same rule as the
+    Rust client's `safe_window` and the README's client guidance.
+    """
+    margin = ttl / 100 + 0.002
+    return max(0.0, ttl * 2 / 3 - renewal_slack - margin)
 
 
 def default_addr() -> str:
@@ -126,18 +179,21 @@ class LockLost(LocksideError):
 
 class Unavailable(LocksideError):
     """The sidecar could not be reached, or the session's stream broke before it
-    answered. `code` is the gRPC status of the stream when there was one."""
+    answered (a wait in progress when the stream breaks fails with it: the sidecar
+    does not resume waits). `code` is the gRPC status of the stream when there was
+    one."""
 
     def __init__(self, message: str, code: Optional[grpc.StatusCode] = None):
         super().__init__(message)
         self.code = code
 
 
+_STATUS_CODES = {s.value[0]: s for s in grpc.StatusCode}
+
+
 def _code_name(code: int) -> str:
-    for status in grpc.StatusCode:
-        if status.value[0] == code:
-            return status.name
-    return "UNKNOWN_CODE"
+    status = _STATUS_CODES.get(code)
+    return status.name if status is not None else "UNKNOWN_CODE"
 
 
 def rpc_error_text(e: BaseException) -> Tuple[str, Optional[grpc.StatusCode]]:
@@ -147,6 +203,11 @@ def rpc_error_text(e: BaseException) -> Tuple[str, Optional[grpc.StatusCode]]:
         details = e.details() if hasattr(e, "details") else ""
         return f"{code.name}: {details}", code
     return f"{type(e).__name__}: {e}", None
+
+
+def status_code(number: int) -> Optional[grpc.StatusCode]:
+    """The `grpc.StatusCode` of a status number (None for an unknown one)."""
+    return _STATUS_CODES.get(number)
 
 
 def call_error(key: str, e: grpc.RpcError) -> LocksideError:
@@ -164,17 +225,58 @@ def call_error(key: str, e: grpc.RpcError) -> LocksideError:
 # -- options ------------------------------------------------------------------
 
 
-def _set_seconds(target: Any, name: str, value: Any) -> None:
-    """Writes `value` seconds into the Duration field `target`. (The field's own class
-    is filled in place: the stubs live in a private descriptor pool, so protobuf's
-    global `Duration` class is not theirs.)"""
+# Requests are encoded here, not through the generated classes: a `LeaseRequest` is a
+# handful of fields, and building and serializing the message objects was a tenth of
+# the client's own time per cycle. The bytes are the protobuf encoding of the same
+# message, field for field (tests/test_package.py compares them with the generated
+# classes' `SerializeToString()`).
+
+_ONE_BYTE = [bytes((n,)) for n in range(0x80)]
+
+
+def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return _ONE_BYTE[n]
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(tag: bytes, data: bytes) -> bytes:
+    """A length-delimited field: `tag`, then `data`'s length and `data`."""
+    return tag + _varint(len(data)) + data
+
+
+def _id(request_id: int) -> bytes:
+    """Field 1, `request_id` (proto3 leaves out zeros)."""
+    return b"\x08" + _varint(request_id) if request_id else b""
+
+
+def _duration(name: str, value: Any) -> bytes:
+    """A `google.protobuf.Duration` of `value` seconds (its encoding)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
-    if not math.isfinite(value) or value < 0:
+    if not math.isfinite(value) or not 0 <= value < 2**63:
         raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
     whole = int(value)
-    target.seconds = whole
-    target.nanos = int(round((value - whole) * 1e9))
+    nanos = int(round((value - whole) * 1e9))
+    if nanos >= 1_000_000_000:
+        whole, nanos = whole + 1, nanos - 1_000_000_000
+    out = b""
+    if whole:
+        out += b"\x08" + _varint(whole)
+    if nanos:
+        out += b"\x10" + _varint(nanos)
+    return out
+
+
+def _key_bytes(key: Any) -> bytes:
+    if not isinstance(key, str):
+        raise TypeError(f"key must be a str, not {type(key).__name__}")
+    return key.encode("utf-8")  # a lone surrogate: UnicodeEncodeError, a ValueError
 
 
 def value_bytes(value: Any) -> bytes:
@@ -196,45 +298,54 @@ def acquire_request(
     limit: int,
     fair: bool,
     value: Any = b"",
-) -> Tuple[Any, float]:
-    """The `LeaseRequest` for one acquire, and how long to wait for its answer.
+) -> Tuple[bytes, float]:
+    """The encoded `LeaseRequest` for one acquire, and how long to wait for its
+    answer.
 
     Only what cannot be encoded is checked here (types, negative or infinite numbers);
     the rules on values (key length and characters, TTL range, mode with limit) are the
     sidecar's, and break them and it answers `Rejected` with a clear message.
     """
-    if not isinstance(key, str):
-        raise TypeError(f"key must be a str, not {type(key).__name__}")
+    k = _key_bytes(key)
     if isinstance(limit, bool) or not isinstance(limit, int):
         raise TypeError(f"limit must be an int, not {type(limit).__name__}")
     if not 0 <= limit <= 0xFFFFFFFF:
         raise ValueError(f"limit must be between 0 and 2**32-1, got {limit}")
-    acquire = pb.Acquire(
-        request_id=request_id,
-        key=key,
-        mode=pb.LOCK_MODE_SHARED if shared else pb.LOCK_MODE_EXCLUSIVE,
-        limit=limit,
-        fair=bool(fair),
-        value=value_bytes(value),
-    )
+    v = value_bytes(value)
     wait_s = MAX_WAIT if wait is None else wait
+    body = _id(request_id)
+    if k:
+        body += _field(b"\x12", k)
     if isinstance(wait_s, (int, float)) and not isinstance(wait_s, bool) and wait_s == 0:
         pass  # unset: do not wait
     else:
-        _set_seconds(acquire.wait_timeout, "wait", wait_s)
+        body += _field(b"\x1a", _duration("wait", wait_s))
+    body += b"\x20\x02" if shared else b"\x20\x01"  # LOCK_MODE_SHARED / _EXCLUSIVE
+    if limit:
+        body += b"\x28" + _varint(limit)
+    if fair:
+        body += b"\x30\x01"
     if ttl is not None:
-        _set_seconds(acquire.ttl, "ttl", ttl)
-    return pb.LeaseRequest(acquire=acquire), float(wait_s) + ANSWER_SLACK
+        body += _field(b"\x3a", _duration("ttl", ttl))
+    if v:
+        body += _field(b"\x4a", v)
+    return _field(b"\x0a", body), float(wait_s) + ANSWER_SLACK
 
 
-def release_request(request_id: int, key: str) -> Any:
-    return pb.LeaseRequest(release=pb.Release(request_id=request_id, key=key))
+def release_request(request_id: int, key: str) -> bytes:
+    """The encoded `LeaseRequest` of a `Release`."""
+    k = _key_bytes(key)
+    body = _id(request_id) + (_field(b"\x12", k) if k else b"")
+    return _field(b"\x12", body)
 
 
-def proclaim_request(request_id: int, key: str, value: Any) -> Any:
-    return pb.LeaseRequest(
-        proclaim=pb.Proclaim(request_id=request_id, key=key, value=value_bytes(value))
-    )
+def proclaim_request(request_id: int, key: str, value: Any) -> bytes:
+    """The encoded `LeaseRequest` of a `Proclaim`."""
+    k, v = _key_bytes(key), value_bytes(value)
+    body = _id(request_id) + (_field(b"\x12", k) if k else b"")
+    if v:
+        body += _field(b"\x1a", v)
+    return _field(b"\x1a", body)
 
 
 def seconds(d: Any) -> float:
@@ -344,11 +455,12 @@ class LockBase:
                      the lock for as long as the session lives).
       hold_count     how many times the session held the key after this grant
                      (reentrancy: each grant is released on its own).
-      session_id     the session shown by `describe()`.
+      session_id     the session shown by `describe()`; it stays the same when the
+                     session is resumed after a sidecar restart.
       lost_reason    why the lock was lost, once it is.
     """
 
-    def __init__(self, session: "SessionBase", key: str, granted: Any):
+    def __init__(self, session: "SessionBase", key: str, granted: Any, ttl_asked: float):
         self._session = session
         self.key = key
         self.fencing_token: int = granted.fencing_token
@@ -356,12 +468,16 @@ class LockBase:
         self.hold_count: int = granted.hold_count
         self.session_id: str = session.session_id
         self.lost_reason: Optional[str] = None
+        # The TTL the store keeps the lock for without renewals (asked, else the
+        # sidecar's default): what the safe window after a broken stream counts on.
+        self._ttl_asked = ttl_asked
         # held -> released | lost; a lost lock raises LockLost once, on release.
         self._state = "held"
 
     @property
     def held(self) -> bool:
-        """True until the lock is released or lost."""
+        """True until the lock is released or lost (also while the session resumes
+        after a sidecar restart: the lock is surely held until then)."""
         return self._state == "held"
 
     def _signal_lost(self) -> None:
@@ -371,6 +487,7 @@ class LockBase:
         """Called with the session's mutex held (sync) or on the loop (asyncio)."""
         if self._state != "held":
             return
+        log.warning("lock %r lost: %s", self.key, reason)
         self._state = "lost"
         self.lost_reason = reason
         self._signal_lost()
@@ -390,14 +507,17 @@ class LockBase:
 
 class Pending:
     """A request waiting for its answer. `kind` is "acquire", "release" or "proclaim";
-    the sync and asyncio sessions subclass it with how the waiter is woken
-    (`_notify`)."""
+    `request` is what was sent (a release or a proclaim is sent again after a resume,
+    since the old stream may have broken before it arrived). The sync and asyncio
+    sessions subclass it with how the waiter is woken (`_notify`)."""
 
-    __slots__ = ("kind", "key", "abandoned", "response", "error")
+    __slots__ = ("kind", "key", "request", "ttl", "abandoned", "response", "error")
 
-    def __init__(self, kind: str, key: str):
+    def __init__(self, kind: str, key: str, request: bytes = b"", ttl: float = 0.0):
         self.kind = kind
         self.key = key
+        self.request = request
+        self.ttl = ttl  # an acquire's TTL (asked, or the session's default)
         self.abandoned = False  # the caller gave up (timeout, interrupt, cancel)
         self.response: Any = None
         self.error: Optional[BaseException] = None
@@ -411,33 +531,62 @@ class Pending:
         self._notify()
 
 
-class SessionBase:
-    """The answer routing of one `Lease` stream, shared by both clients.
+#: The events that answer a request, by `request_id`.
+_ANSWERS = frozenset({"granted", "not_acquired", "rejected", "released", "proclaimed"})
 
-    The session owns the stream; requests carry ids from one counter so answers are
-    matched by `request_id`, and `Lost` is routed by key to every lock this session
-    holds on it (reentrant grants share a key). When the stream ends, every pending
-    request fails and every held lock is lost: the client then opens a new session for
-    the next request. A later resume (DESIGN.md, "Sessions that survive a sidecar
-    restart") fits here: `SessionStarted.resume_token` kept by the session, grants with
-    request_id 0 matched to `held` by key.
+#: The states of a session: requests go out on the stream (OPEN), wait for a resume
+#: to end (RESUMING), or fail (ENDED).
+OPEN, RESUMING, ENDED = "open", "resuming", "ended"
+
+
+class SessionBase:
+    """The answer routing of one session, shared by both clients; no I/O here.
+
+    The session owns its `Lease` stream; requests carry ids from one counter so
+    answers are matched by `request_id`, and `Lost` is routed by key to every lock
+    this session holds on it (reentrant grants share a key).
+
+    When the stream breaks as if the sidecar died (`RESUMABLE_CODES`) and the session
+    holds locks, it resumes (DESIGN.md, "Sessions that survive a sidecar restart"):
+    `_broke` fails the waits in progress (the sidecar does not resume them) and gives
+    each held key the time it is surely still held (`safe_window` after the break, or
+    what `Jeopardy` said); the client's I/O layer then opens new streams with the
+    resume token, with backoff, until one answers (`_resumed` reconciles the locks and
+    says what to send again) or every key's time has passed (`_expire` marks them lost
+    when it does). A lock is lost only when it does not come back. Otherwise, when the
+    stream ends, every pending request fails and every held lock is lost, and the
+    client opens a new session for the next request.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, resume: bool = True, renewal_slack: float = DEFAULT_RENEWAL_SLACK) -> None:
         self.session_id = ""
         self.default_ttl = 0.0
-        self.ended: Optional[str] = None  # why the stream ended, once it has
+        self.resume_token = ""
+        self.resume = resume
+        self.renewal_slack = renewal_slack
+        self.state = OPEN
+        self.ended: Optional[str] = None  # why the session ended, once it has
+        self._closing = False
         self._ids = itertools.count(1)
         self._pending: Dict[int, Pending] = {}
         self._held: Dict[str, List[LockBase]] = {}
+        # Keys in Jeopardy: when they stop being surely held (time.monotonic()).
+        self._jeopardy: Dict[str, float] = {}
+        # While resuming: why the stream broke, and until when each key is surely held.
+        self._broke_reason = ""
+        self._safe_until: Dict[str, float] = {}
 
-    # Subclasses: how to send a request without waiting (from the reader), how to make
-    # a lock, and how to wake a waiter.
-    def _send_nowait(self, request: Any) -> None:
+    # Subclasses: how to send an encoded request without waiting (dropped unless the
+    # session is OPEN: a resume reconciles hold counts), how to make a lock, and how to
+    # tell waiters that the state changed (after a resume or the end).
+    def _send_nowait(self, request: bytes) -> None:
         raise NotImplementedError
 
-    def _new_lock(self, key: str, granted: Any) -> LockBase:
+    def _new_lock(self, key: str, granted: Any, ttl: float) -> LockBase:
         raise NotImplementedError
+
+    def _state_changed(self) -> None:
+        pass
 
     def _started(self, resp: Any) -> None:
         if resp.WhichOneof("event") != "started":
@@ -447,43 +596,52 @@ class SessionBase:
             )
         self.session_id = resp.started.session_id
         self.default_ttl = seconds(resp.started.default_ttl)
+        self.resume_token = resp.started.resume_token
 
     def _dispatch(self, resp: Any) -> None:
         """Routes one message (called with the mutex held / on the loop)."""
         kind = resp.WhichOneof("event")
+        if kind in _ANSWERS:
+            self._answered(kind, resp)
+            return
         if kind == "lost":
             lost = resp.lost
+            self._jeopardy.pop(lost.key, None)
             for lock in self._held.pop(lost.key, ()):
-                log.warning("lock %r lost: %s", lost.key, lost.reason)
                 lock._mark_lost(lost.reason or "Lost")
             return
         if kind == "jeopardy":
+            left = seconds(resp.jeopardy.ttl_remaining)
+            self._jeopardy[resp.jeopardy.key] = time.monotonic() + left
             log.warning(
                 "lock %r in jeopardy: renewals failing, %.3fs of validity left",
                 resp.jeopardy.key,
-                seconds(resp.jeopardy.ttl_remaining),
+                left,
             )
             return
         if kind == "restored":
+            self._jeopardy.pop(resp.restored.key, None)
             log.info("lock %r restored", resp.restored.key)
             return
         if kind == "waiting":
             log.debug("waiting for %r (position %d)", resp.waiting.key, resp.waiting.position)
             return
-        if kind not in ("granted", "not_acquired", "rejected", "released", "proclaimed"):
-            log.debug("ignoring %s", kind)
-            return
+        log.debug("ignoring %s", kind)
+
+    def _answered(self, kind: str, resp: Any) -> None:
+        """Routes an answer to the request it answers."""
         answer = getattr(resp, kind)
         pending = self._pending.pop(answer.request_id, None)
         if pending is None:
-            # The answer to an abandoned cancel-Release, or (later) a resumed grant.
+            # The answer to an abandoned cancel-Release, or to a Release this session
+            # sent on its own (a grant nobody waited for, a hold found after a resume).
             return
         if kind == "granted":
             if pending.abandoned:
                 # Nobody waits for this grant any more: give it back at once.
                 self._send_nowait(release_request(next(self._ids), pending.key))
                 return
-            lock = self._new_lock(pending.key, answer)
+            lock = self._new_lock(pending.key, answer, pending.ttl or self.default_ttl)
             self._held.setdefault(pending.key, []).append(lock)
             pending.resolve(lock)
         else:
@@ -499,20 +657,22 @@ class SessionBase:
         if self._pending.get(rid) is not pending:
             # Answered meanwhile. A grant nobody will use is given back at once.
             lock = pending.response
-            if isinstance(lock, LockBase) and lock.held and not self.ended:
+            if isinstance(lock, LockBase) and lock.held and self.state is not ENDED:
                 lock._state = "released"
                 self._forget(lock)
                 self._send_nowait(release_request(next(self._ids), lock.key))
             return
         pending.abandoned = True
-        if pending.kind == "acquire" and not self._held.get(pending.key) and not self.ended:
+        if pending.kind == "acquire" and not self._held.get(pending.key) and self.state is OPEN:
             del self._pending[rid]
             self._send_nowait(release_request(next(self._ids), pending.key))
 
     def _end(self, reason: str, code: Optional[grpc.StatusCode] = None) -> None:
-        """The stream ended: fail what waits, lose what is held (mutex held / loop)."""
-        if self.ended is not None:
+        """The session is over: fail what waits, lose what is held (mutex held /
+        loop)."""
+        if self.state is ENDED:
             return
+        self.state = ENDED
         self.ended = reason
         pending, self._pending = self._pending, {}
         for p in pending.values():
@@ -520,9 +680,162 @@ class SessionBase:
         held, self._held = self._held, {}
         for locks in held.values():
             for lock in locks:
-                if lock.held:
-                    log.warning("lock %r lost: %s", lock.key, reason)
                 lock._mark_lost(reason)
+        self._safe_until.clear()
+        self._state_changed()
+
+    # -- resuming -------------------------------------------------------------
+
+    def _broke(self, reason: str, code: Optional[grpc.StatusCode], details: str = "") -> bool:
+        """The stream ended with `code` (None: without a status). Either ends the
+        session or starts resuming it; True when the caller is to resume it."""
+        if self.state is ENDED:
+            return False
+        if self._closing:
+            self._end("client closed", code)
+            return False
+        if not self._resumable(code, details):
+            self._end(reason, code)
+            return False
+        self.state = RESUMING
+        self._broke_reason = reason
+        log.warning("lease stream broke (%s): resuming session %s", reason, self.session_id)
+        # The sidecar does not resume waits in progress: their callers hear it now.
+        for rid, p in list(self._pending.items()):
+            if p.kind == "acquire":
+                del self._pending[rid]
+                p.resolve(
+                    error=Unavailable(
+                        f"the stream to the sidecar broke while waiting ({reason}); the "
+                        "sidecar does not resume waits in progress: ask again",
+                        code,
+                    )
+                )
+        now = time.monotonic()
+        for key, locks in self._held.items():
+            until = self._jeopardy.get(key)
+            if until is None:
+                window = min(safe_window(lock._ttl_asked, self.renewal_slack) for lock in locks)
+                until = now + window
+            self._safe_until[key] = until
+        return self._expire(now) is not None
+
+    def _resumable(self, code: Optional[grpc.StatusCode], details: str) -> bool:
+        if not (self.resume and self.resume_token and self._held):
+            return False
+        if code not in RESUMABLE_CODES:
+            return False
+        # A sidecar stopping cleanly (SIGTERM) sends `Lost` for every lock, releases,
+        # then ends its streams UNAVAILABLE saying so: nothing is left to resume.
+        return "shutting down" not in details
+
+    def _expire(self, now: float) -> Optional[float]:
+        """While resuming: marks lost every key whose safe time has passed; returns the
+        next time one will, or None when nothing is held any more (the session then
+        ends)."""
+        if self.state is not RESUMING:
+            return None
+        why = (
+            f"the stream to the sidecar broke ({self._broke_reason}) and the session was "
+            "not resumed while the lock was surely held"
+        )
+        for key, until in list(self._safe_until.items()):
+            if until <= now:
+                del self._safe_until[key]
+                for lock in self._held.pop(key, ()):
+                    lock._mark_lost(why)
+        if not self._held:
+            self._end(why, grpc.StatusCode.UNAVAILABLE)
+            return None
+        return min(self._safe_until.values())
+
+    def _resume_deadline(self) -> float:
+        """While resuming: when the last held key stops being surely held."""
+        return max(self._safe_until.values(), default=0.0)
+
+    def _resumed(self, started: Any, greeting: Sequence[Any]) -> List[bytes]:
+        """A resume attempt was answered: `started` (the new `SessionStarted`), then
+        `greeting`, a `Granted` (request_id 0) or `Lost` per lock of the session's
+        record. Reconciles what this session holds with what came back and returns the
+        requests to send on the new stream, in order (mutex held / loop).
+
+        A key comes back with the session's hold count in the store; a Release that
+        was not answered may have been applied before the sidecar died, so as many of
+        those as the count says were are taken as answered, and the others are sent
+        again. Holds the store has and nobody here knows of (a grant whose answer was
+        lost, a key already reported lost) are given back.
+        """
+        self.state = OPEN
+        self.resume_token = started.resume_token
+        self._safe_until.clear()
+        self._jeopardy.clear()
+        granted: Dict[str, Any] = {}
+        lost: Dict[str, str] = {}
+        for resp in greeting:
+            kind = resp.WhichOneof("event")
+            if kind == "granted":
+                granted[resp.granted.key] = resp.granted
+            elif kind == "lost":
+                lost[resp.lost.key] = resp.lost.reason
+        out: List[bytes] = []
+
+        def give_back(key: str, holds: int) -> None:
+            for _ in range(holds):
+                out.append(release_request(next(self._ids), key))
+
+        releases: Dict[str, List[int]] = {}
+        for rid in sorted(self._pending):
+            p = self._pending[rid]
+            if p.kind == "release":
+                releases.setdefault(p.key, []).append(rid)
+        for key in list(self._held):
+            locks = self._held[key]
+            back = granted.pop(key, None)
+            if back is None or back.fencing_token != locks[0].fencing_token:
+                reason = lost.get(key) or "the resumed session did not list it"
+                for lock in self._held.pop(key):
+                    lock._mark_lost(f"lost while the sidecar was away: {reason}")
+                if back is not None:
+                    give_back(key, back.hold_count)
+                continue
+            unanswered = releases.get(key, [])
+            applied = min(len(unanswered), max(0, len(locks) - back.hold_count))
+            for rid in unanswered[:applied]:
+                done = self._pending.pop(rid)
+                done.resolve(pb.LeaseResponse(released=pb.Released(request_id=rid, key=key)))
+            surplus = back.hold_count + applied - len(locks)
+            if surplus < 0:
+                # Fewer holds than grants known here: nothing explains it; do not
+                # count on any of them.
+                for lock in self._held.pop(key):
+                    lock._mark_lost("the resumed session holds the key fewer times than granted")
+                give_back(key, back.hold_count)
+                continue
+            give_back(key, surplus)
+        for key, back in granted.items():
+            give_back(key, back.hold_count)
+        # Unanswered releases and proclaims go again, in their order; those of keys
+        # that did not come back fail now (their locks are lost).
+        for rid in sorted(self._pending):
+            p = self._pending[rid]
+            if p.kind != "acquire" and p.key in self._held:
+                out.append(p.request)
+                continue
+            del self._pending[rid]
+            if p.kind == "acquire":  # (none: acquires wait for the resume to end)
+                p.resolve(error=Unavailable("the session was resumed: ask again"))
+            else:
+                p.resolve(error=Unavailable("the lock was lost while the sidecar was away"))
+        log.warning(
+            "session %s resumed: %d key(s) held, %d request(s) sent again",
+            self.session_id,
+            len(self._held),
+            len(out),
+        )
+        self._state_changed()
+        return out
+
+    # -- answers ----------------------------------------------------------------
 
     def _answer(self, key: str, pending: Pending) -> Any:
         """Turns a resolved acquire into a lock or an exception."""
@@ -547,7 +860,7 @@ class SessionBase:
             return
         if lock._state == "lost" or pending.error is not None:
             # Lost before the release (a Lost crossing the Release is answered
-            # FAILED_PRECONDITION), or the stream broke: the sidecar may have died
+            # FAILED_PRECONDITION), or the session ended: the sidecar may have died
             # with the lock in the store, so the lock counts as lost.
             if lock.lost_reason is None:
                 lock.lost_reason = str(pending.error)
@@ -575,3 +888,4 @@ class SessionBase:
             locks.remove(lock)
             if not locks:
                 del self._held[lock.key]
+                self._jeopardy.pop(lock.key, None)

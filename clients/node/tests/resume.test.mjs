@@ -1,0 +1,181 @@
+// Sessions that survive a sidecar restart, resumed by the client itself: the sidecar
+// is SIGKILLed and another started on its address and Redis (as the kubelet restarts a
+// crashed native sidecar in place). Every sidecar here holds its attachment 600 ms
+// rather than 3 s, so a killed sidecar's sessions can be resumed that soon.
+import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
+import { afterEach, beforeEach, describe, it } from 'node:test';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { Client, LockLost, NotAcquired, Unavailable, safeWindow } from 'lockside';
+import { Stack } from './servers.mjs';
+
+const newKey = () => `test-${randomUUID().slice(0, 12)}`;
+
+async function until(predicate, timeoutMs = 5000) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await predicate();
+    if (value || Date.now() > deadline) return value;
+    await sleep(10);
+  }
+}
+
+/** Resolves with what `promise` resolves, or null after `ms`. */
+const within = (promise, ms) => Promise.race([promise, sleep(ms).then(() => null)]);
+
+describe('a sidecar restart', () => {
+  let stack;
+  const clients = [];
+  const client = (options = {}) => {
+    const c = new Client(stack.addr, options);
+    clients.push(c);
+    return c;
+  };
+  beforeEach(async () => {
+    stack = await Stack.start({ sidecarArgs: ['--attachment-ttl', '600ms'] });
+  });
+  afterEach(async () => {
+    await Promise.all(clients.splice(0).map((c) => c.close()));
+    await stack.stop();
+  });
+
+  /** Waits until the session's record lists `keys` keys (only those resume). */
+  const recorded = async (c, keys) => assert.ok(await until(() => stack.recorded(c.sessionId, keys)), 'recorded');
+
+  /** Whether another client finds `key` BUSY. */
+  async function busy(key) {
+    const other = new Client(stack.addr, { resume: false });
+    try {
+      await (await other.lock(key, { wait: 0 })).release();
+      return false;
+    } catch (e) {
+      return e instanceof NotAcquired && e.reason === 'BUSY';
+    } finally {
+      await other.close();
+    }
+  }
+
+  it('keeps the session, its locks, fencing tokens and hold counts', async () => {
+    const key = newKey();
+    const c = client();
+    const outer = await c.lock(`${key}-1`, { wait: 0 });
+    const inner = await c.lock(`${key}-1`, { wait: 0 });
+    const other = await c.lock(`${key}-2`, { wait: 0 });
+    assert.equal(inner.holdCount, 2);
+    const session = c.sessionId;
+    await recorded(c, 2);
+    await stack.restartSidecar();
+    assert.ok(await busy(`${key}-1`));
+    assert.ok(await busy(`${key}-2`));
+    const later = await c.lock(`${key}-3`, { wait: 0 }); // waits for the resume
+    assert.equal(c.sessionId, session);
+    assert.equal(later.sessionId, session);
+    for (const lock of [outer, inner, other]) {
+      assert.equal(lock.held, true);
+      assert.equal(lock.signal.aborted, false);
+    }
+    const holder = (await c.describe(`${key}-1`)).holders[0];
+    assert.deepEqual([holder.sessionId, holder.holdCount, holder.fencingToken], [session, 2, outer.fencingToken]);
+    assert.equal((await c.describe(`${key}-2`)).holders[0].fencingToken, other.fencingToken);
+    await inner.release();
+    assert.equal((await c.describe(`${key}-1`)).holders[0].holdCount, 1);
+    assert.ok(await busy(`${key}-1`));
+    await outer.release();
+    await other.release();
+    await later.release();
+    const next = client();
+    const taken = await next.lock(`${key}-1`, { wait: 0 });
+    assert.ok(taken.fencingToken > outer.fencingToken);
+  });
+
+  it('without resume, loses every lock at the break', async () => {
+    const key = newKey();
+    const c = client({ resume: false, connectTimeout: 5 });
+    const locks = await Promise.all([0, 1].map((i) => c.lock(`${key}-${i}`, { wait: 0 })));
+    const session = c.sessionId;
+    await recorded(c, 2);
+    await stack.restartSidecar();
+    for (const lock of locks) {
+      assert.ok(await within(lock.lost, 2000), 'lost at the break');
+      await assert.rejects(lock.release(), LockLost);
+    }
+    const fresh = await c.lock(`${key}-fresh`, { wait: 0 });
+    assert.notEqual(fresh.sessionId, session);
+  });
+
+  it('loses the locks not back within the safe window', async () => {
+    const key = newKey();
+    // TTL 3 s, renewal slack 0.5 s: surely held 3 × 2/3 − 0.5 − 0.032 = 1.47 s.
+    assert.ok(Math.abs(safeWindow(3, 0.5) - 1.468) < 0.001);
+    const c = client({ renewalSlack: 0.5, connectTimeout: 5 });
+    const lock = await c.lock(key, { wait: 0, ttl: 3 });
+    const session = c.sessionId;
+    await recorded(c, 1);
+    const broke = Date.now();
+    await stack.sidecar.kill();
+    await sleep(500);
+    assert.equal(lock.held, true, 'surely held yet: the client is resuming');
+    const info = await within(lock.lost, 5000);
+    assert.ok(info && Date.now() - broke >= 1400);
+    assert.match(info.reason, /not resumed while the lock was surely held/);
+    await assert.rejects(lock.release(), LockLost);
+    stack.sidecar = await stack.startSidecar(stack.sidecar.addr);
+    const fresh = await c.lock(`${key}-after`, { wait: 0 });
+    assert.notEqual(fresh.sessionId, session);
+  });
+
+  it('fails a wait in progress with Unavailable; held locks come back', async () => {
+    const key = newKey();
+    const steady = await stack.startSidecar();
+    const holder = new Client(steady.addr);
+    clients.push(holder);
+    await holder.lock(`${key}-busy`, { wait: 0 });
+    const c = client();
+    const kept = await c.lock(`${key}-kept`, { wait: 0 });
+    await recorded(c, 1);
+    const waiting = c.lock(`${key}-busy`, { wait: 30 });
+    waiting.catch(() => undefined);
+    assert.ok(await until(async () => (await holder.describe(`${key}-busy`)).waiters === 1));
+    await stack.restartSidecar();
+    const failed = await within(waiting.then(() => 'granted', (e) => e), 10000);
+    assert.ok(failed instanceof Unavailable, String(failed));
+    assert.match(failed.message, /does not resume waits/);
+    const again = await c.lock(`${key}-other`, { wait: 0 });
+    assert.equal(again.sessionId, kept.sessionId);
+    assert.equal(kept.held, true);
+  });
+
+  it('sends a release made during the outage once the session is back', async () => {
+    const key = newKey();
+    const c = client();
+    const first = await c.lock(key, { wait: 0 });
+    const second = await c.lock(key, { wait: 0 });
+    await recorded(c, 1);
+    await stack.sidecar.kill();
+    const released = second.release();
+    stack.sidecar = await stack.startSidecar(stack.sidecar.addr);
+    await released;
+    const holder = (await c.describe(key)).holders[0];
+    assert.deepEqual([holder.holdCount, holder.fencingToken], [1, first.fencingToken]);
+    assert.ok(await busy(key));
+    await first.release();
+    assert.deepEqual((await c.describe(key)).holders, []);
+  });
+
+  it('a leader keeps leadership', async () => {
+    const key = newKey();
+    const c = client();
+    const lead = await c.campaign(key, 'a:1');
+    await recorded(c, 1);
+    await stack.restartSidecar();
+    await lead.proclaim('a:2'); // waits for the resume
+    const leader = (await c.describe(key)).leader;
+    assert.deepEqual([leader.value.toString(), leader.fencingToken, leader.sessionId], ['a:2', lead.fencingToken, c.sessionId]);
+    assert.equal(lead.signal.aborted, false);
+    const candidate = client();
+    const next = candidate.campaign(key, 'b:1', { wait: 10 });
+    assert.ok(await until(async () => (await c.describe(key)).queue.length === 1));
+    await lead.release();
+    assert.ok((await next).fencingToken > lead.fencingToken);
+  });
+});

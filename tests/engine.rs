@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lockside::engine::{
-    AcquireRequest, Command, Engine, EngineConfig, Event, Inbound, Mode, NotAcquiredReason,
+    AcquireRequest, Command, Engine, EngineConfig, Event, Inbound, MAX_STORE_CALLS, Mode,
+    NotAcquiredReason,
 };
 use lockside::store::memory::MemoryStore;
 use lockside::store::{
@@ -54,6 +55,11 @@ struct Switchable {
     proceed: tokio::sync::Notify,
     /// Its notices never arrive: waiters wake only by trying again.
     deaf: bool,
+    /// Releases take a millisecond (a round trip), so that those made at once overlap;
+    /// how many ran at once, at most.
+    slow_releases: AtomicBool,
+    releases_in_flight: AtomicUsize,
+    most_releases_in_flight: AtomicUsize,
 }
 
 impl Switchable {
@@ -117,6 +123,13 @@ impl Store for Switchable {
     ) -> StoreFuture<'a, Option<u32>> {
         Box::pin(async move {
             self.check()?;
+            if self.slow_releases.load(Ordering::SeqCst) {
+                let now = self.releases_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                self.most_releases_in_flight
+                    .fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                self.releases_in_flight.fetch_sub(1, Ordering::SeqCst);
+            }
             self.answer(self.inner.release(key, owner, count, delay).await)
         })
     }
@@ -546,6 +559,41 @@ async fn shutdown_releases_and_says_so() {
             )
             .is_err()
     );
+}
+
+/// A session that ends holding a thousand locks releases them all, but no more at once
+/// than sessions may have store calls in flight: a hundred such sessions ending together
+/// must not put a hundred thousand calls on Redis at once, where the last ones would
+/// wait past the store timeout and their locks stay until their TTL.
+#[tokio::test(start_paused = true)]
+async fn a_session_ending_with_many_locks_releases_them_in_turns() {
+    let (store, engine) = setup();
+    let mut a = start(&engine);
+    let keys: Vec<String> = (0..1000).map(|i| format!("many/{i}")).collect();
+    for key in &keys {
+        a.granted(key, 10).await;
+    }
+    store.slow_releases.store(true, Ordering::SeqCst);
+    drop(a);
+    tokio::time::timeout(Duration::from_secs(5), async {
+        for key in &keys {
+            while !store
+                .inner
+                .describe(key)
+                .await
+                .expect("memory")
+                .holders
+                .is_empty()
+            {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    })
+    .await
+    .expect("every lock released");
+    let most = store.most_releases_in_flight.load(Ordering::SeqCst);
+    assert!(most > 1, "releases overlap ({most})");
+    assert!(most <= MAX_STORE_CALLS, "{most} releases at once");
 }
 
 /// A reentrant Acquire whose store call ran but answered as a timeout: the client hears

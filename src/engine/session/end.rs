@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::Semaphore;
 use tokio_stream::StreamExt;
 
 use super::{AcquireResult, Done, Session, Slot, forget, lost_because};
@@ -57,14 +58,14 @@ impl Session {
                 });
             }
         }
-        let store = self.shared.store.clone();
+        let (store, turns) = (&self.shared.store, &self.shared.store_calls);
         let delay = match end {
             End::Broken | End::Overflow => self.shared.config.lock_delay,
             End::Closed | End::Shutdown => Duration::ZERO,
         };
         let release_held = futures_util::future::join_all(
             held.iter()
-                .map(|(key, owner, _)| release_quietly(&store, key, owner, delay)),
+                .map(|(key, owner, _)| release_quietly(store, turns, key, owner, delay)),
         );
         let mut ops = std::mem::take(&mut self.ops);
         let finish_ops = async {
@@ -91,7 +92,7 @@ impl Session {
             granted
                 .iter()
                 // Never handed to the client: no lock-delay.
-                .map(|(key, owner)| release_quietly(&store, key, owner, Duration::ZERO)),
+                .map(|(key, owner)| release_quietly(store, turns, key, owner, Duration::ZERO)),
         )
         .await;
         match end {
@@ -107,7 +108,20 @@ impl Session {
     }
 }
 
-async fn release_quietly(store: &Arc<dyn Store>, key: &str, owner: &str, delay: Duration) {
+/// Releases one grant, in its turn among the sessions' store calls
+/// ([`crate::engine::MAX_STORE_CALLS`] at once): a session that ends holding thousands
+/// of locks (or a hundred such ending together) would otherwise put every release on
+/// the store at once, and the last ones would wait past the store timeout, leaving
+/// their locks until the TTL. In turns, each call's timeout covers only itself.
+async fn release_quietly(
+    store: &Arc<dyn Store>,
+    turns: &Semaphore,
+    key: &str,
+    owner: &str,
+    delay: Duration,
+) {
+    // The semaphore is never closed; were it, the release would go without a turn.
+    let _turn = turns.acquire().await;
     if let Err(e) = store.release(key, owner, 0, delay).await {
         tracing::warn!(%key, error = %e, "release at session end failed; the lock expires at its TTL");
     }

@@ -89,7 +89,7 @@ pub(super) fn renewal_vote(
 }
 
 /// One view of a lock from the masters' views: the holders a majority knows (with the
-/// largest token any master gave them, the hold count and the value a majority has),
+/// token, the hold count and the value a majority has),
 /// the largest counter, the first master's queue.
 pub(super) fn merge(states: Vec<KeyState>, quorum: usize) -> KeyState {
     let mut holders: Vec<HolderState> = Vec::new();
@@ -102,12 +102,20 @@ pub(super) fn merge(states: Vec<KeyState>, quorum: usize) -> KeyState {
             if known < quorum || holders.iter().any(|o| o.session_id == h.session_id) {
                 continue;
             }
-            let fence = states
+            // The token a majority has (the quorum-th largest), which is the one the
+            // grant answered: it was written back to the masters before the answer.
+            // A master the acquire reached late made its own, larger one; it does not
+            // decide (Describe and Watch would show a token the holder never got).
+            let mut fences: Vec<u64> = states
                 .iter()
                 .flat_map(|s| &s.holders)
                 .filter(|o| o.session_id == h.session_id)
                 .map(|o| o.fence)
-                .max()
+                .collect();
+            fences.sort_unstable_by(|a, b| b.cmp(a));
+            let fence = fences
+                .get(quorum.saturating_sub(1))
+                .copied()
                 .unwrap_or(h.fence);
             // The value most masters have: a proclaim that reached a majority wins
             // over a master it has not reached yet.
@@ -316,5 +324,25 @@ mod tests {
             merged.holders[0].hold_count, 2,
             "one master's count is not a majority's"
         );
+    }
+
+    /// The grant answered the token written back to a majority; a master the acquire
+    /// reached after that made a larger one of its own, which Describe must not show.
+    #[test]
+    fn a_view_shows_the_token_the_grant_answered() {
+        let state = |fence: u64| KeyState {
+            holders: vec![HolderState {
+                session_id: "s".into(),
+                client_name: String::new(),
+                hold_count: 1,
+                ttl_remaining: std::time::Duration::from_secs(1),
+                fence,
+                value: Vec::new(),
+            }],
+            fence,
+            ..KeyState::default()
+        };
+        let merged = merge(vec![state(9_000), state(7_000), state(7_000)], 2);
+        assert_eq!(merged.holders[0].fence, 7_000);
     }
 }

@@ -60,3 +60,21 @@ end
 local function parse_single(v)
   return string.match(v, '^x|(%d+)|(%d+)|(([^|]*).*)$')
 end
+
+-- Reads h as OWNER's exclusive grant. false: h is not a string (a hash: a shared lock or
+-- a semaphore, which the caller reads as such); true alone: no grant of OWNER's there
+-- (no key, a kept token, another holder); true, count, token and tail: OWNER's grant.
+local function own_single(h, owner)
+  local ok, v = pcall(redis.call, 'GET', h)
+  if not ok then
+    return false
+  end
+  if not v or string.sub(v, 1, 1) ~= 'x' then
+    return true
+  end
+  local count, fence, tail, holder = parse_single(v)
+  if holder ~= owner then
+    return true
+  end
+  return true, count, fence, tail
+end

@@ -5,13 +5,9 @@
 -- Returns 1 when ARGV[1] holds the lock, 0 (nothing changed) when not.
 local h, l = KEYS[1], KEYS[4]
 local owner = ARGV[1]
-local ok, v = pcall(redis.call, 'GET', h)
-if ok then
-  if not v or string.sub(v, 1, 1) ~= 'x' then
-    return 0
-  end
-  local count, fence, tail, holder = parse_single(v)
-  if holder ~= owner then
+local single_lock, count, fence, tail = own_single(h, owner)
+if single_lock then
+  if not count then
     return 0
   end
   local head, len, at = string.match(tail, '^([^|]*|(%d+)|)()')

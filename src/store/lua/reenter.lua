@@ -8,13 +8,9 @@
 local h, l = KEYS[1], KEYS[4]
 local owner, want, ttl = ARGV[1], string.format('%d', math.max(tonumber(ARGV[2]), 1)), ARGV[3]
 local before
-local ok, v = pcall(redis.call, 'GET', h)
-if ok then
-  if not v or string.sub(v, 1, 1) ~= 'x' then
-    return -1
-  end
-  local count, fence, tail, holder = parse_single(v)
-  if holder ~= owner then
+local single_lock, count, fence, tail = own_single(h, owner)
+if single_lock then
+  if not count then
     return -1
   end
   if count ~= want then

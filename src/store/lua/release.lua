@@ -14,13 +14,9 @@ local gone
 
 -- The common case: an exclusive lock. Its key's TTL is the grant's: a key that exists
 -- holds a live grant.
-local ok, v = pcall(redis.call, 'GET', h)
-if ok then
-  if not v or string.sub(v, 1, 1) ~= 'x' then
-    return -1
-  end
-  local count, fence, tail, holder = parse_single(v)
-  if holder ~= owner then
+local single_lock, count, fence, tail = own_single(h, owner)
+if single_lock then
+  if not count then
     return -1
   end
   if left ~= '0' then

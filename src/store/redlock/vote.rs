@@ -39,13 +39,11 @@ pub(super) fn vote(
             Ok(None) | Err(_) => 0,
         })
     };
-    let quorum_th = |rest: u32| {
-        let mut all: Vec<u32> = counts().chain(std::iter::repeat_n(rest, pending)).collect();
-        all.sort_unstable_by(|a, b| b.cmp(a));
-        all.get(quorum.saturating_sub(1)).copied().unwrap_or(0)
+    let with_pending = |rest: u32| {
+        quorum_th(counts().chain(std::iter::repeat_n(rest, pending)), quorum).unwrap_or(0)
     };
-    let count = quorum_th(0);
-    if count != quorum_th(u32::MAX) || ok < quorum {
+    let count = with_pending(0);
+    if count != with_pending(u32::MAX) || ok < quorum {
         return Vote::Open;
     }
     if count > 0 {
@@ -88,6 +86,13 @@ pub(super) fn renewal_vote(
     }
 }
 
+/// The `quorum`-th largest of the masters' values: what a majority has at least.
+fn quorum_th<T: Ord>(values: impl Iterator<Item = T>, quorum: usize) -> Option<T> {
+    let mut all: Vec<T> = values.collect();
+    all.sort_unstable_by(|a, b| b.cmp(a));
+    all.into_iter().nth(quorum.saturating_sub(1))
+}
+
 /// One view of a lock from the masters' views: the holders a majority knows (with the
 /// token, the hold count and the value a majority has),
 /// the largest counter, the first master's queue.
@@ -106,26 +111,20 @@ pub(super) fn merge(states: Vec<KeyState>, quorum: usize) -> KeyState {
             // grant answered: it was written back to the masters before the answer.
             // A master the acquire reached late made its own, larger one; it does not
             // decide (Describe and Watch would show a token the holder never got).
-            let mut fences: Vec<u64> = states
-                .iter()
-                .flat_map(|s| &s.holders)
-                .filter(|o| o.session_id == h.session_id)
-                .map(|o| o.fence)
-                .collect();
-            fences.sort_unstable_by(|a, b| b.cmp(a));
-            let fence = fences
-                .get(quorum.saturating_sub(1))
-                .copied()
-                .unwrap_or(h.fence);
+            let views = || {
+                states
+                    .iter()
+                    .flat_map(|s| &s.holders)
+                    .filter(|o| o.session_id == h.session_id)
+            };
+            let fence = quorum_th(views().map(|o| o.fence), quorum).unwrap_or(h.fence);
             // The value most masters have: a proclaim that reached a majority wins
             // over a master it has not reached yet.
             let mut values: Vec<(&Vec<u8>, usize)> = Vec::new();
-            for o in states.iter().flat_map(|s| &s.holders) {
-                if o.session_id == h.session_id {
-                    match values.iter_mut().find(|(v, _)| *v == &o.value) {
-                        Some((_, n)) => *n += 1,
-                        None => values.push((&o.value, 1)),
-                    }
+            for o in views() {
+                match values.iter_mut().find(|(v, _)| *v == &o.value) {
+                    Some((_, n)) => *n += 1,
+                    None => values.push((&o.value, 1)),
                 }
             }
             let value = values
@@ -135,17 +134,8 @@ pub(super) fn merge(states: Vec<KeyState>, quorum: usize) -> KeyState {
             // The hold count a majority has (the quorum-th largest), as holds and
             // releases answer it: a master a background call has not reached yet does
             // not decide.
-            let mut counts: Vec<u32> = states
-                .iter()
-                .flat_map(|s| &s.holders)
-                .filter(|o| o.session_id == h.session_id)
-                .map(|o| o.hold_count)
-                .collect();
-            counts.sort_unstable_by(|a, b| b.cmp(a));
-            let hold_count = counts
-                .get(quorum.saturating_sub(1))
-                .copied()
-                .unwrap_or(h.hold_count);
+            let hold_count =
+                quorum_th(views().map(|o| o.hold_count), quorum).unwrap_or(h.hold_count);
             holders.push(HolderState {
                 fence,
                 value,

@@ -1,7 +1,8 @@
-"""One blocking face for the three ways this package talks to a sidecar, so a scenario
+"""One blocking face for the four ways this package talks to a sidecar, so a scenario
 is written once and run on each: the sync `Client` on its fast stream (grpcio's
 segregated call), the sync `Client` on grpcio's public API (its fallback), and the
-`AsyncClient` (driven from the test's thread on an event loop of its own)."""
+`AsyncClient` (driven from the test's thread on an event loop of its own) on grpc.aio's
+call layer and on grpc.aio's public API (its fallback)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import threading
 import time
 from typing import Any, Callable, Coroutine
 
+import lockside._aio
 import lockside._sync
 from lockside import AsyncClient, Client
 
-KINDS = ("sync", "sync-public-api", "async")
+KINDS = ("sync", "sync-public-api", "async", "async-public-api")
 
 
 class _Loop:
@@ -102,7 +104,8 @@ class _AsyncClientFace:
 
 def client_factory(kind: str, monkeypatch: Any) -> Callable[..., Any]:
     """What makes a client of `kind` (`KINDS`): `factory(addr, **options)`."""
-    if kind == "async":
+    if kind.startswith("async"):
+        monkeypatch.setattr(lockside._aio, "_fast_streams", kind == "async")
         return _AsyncClientFace
     monkeypatch.setattr(lockside._sync, "_fast_streams", kind == "sync")
     return Client

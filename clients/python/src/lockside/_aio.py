@@ -298,34 +298,28 @@ class _AioStream:
             self._on_message(data)
 
     def _receive(self) -> None:
-        while True:
-            coro = self._recv_op()
-            try:
-                waited, data = _advance(coro)
-            except (Exception, asyncio.CancelledError) as e:  # handed to `run`
-                self._end(e)
-                return
-            if waited is not None:
-                self._reading = coro
-                waited.add_done_callback(self._on_received)
-                return
-            if not self._got(data):
-                return
+        """Starts the next receive (and takes the messages that are there at once)."""
+        while self._step(self._recv_op()):
+            pass
 
     def _on_received(self, _: Any) -> None:
         coro = self._reading
-        if coro is None:  # (the stream ended meanwhile)
-            return
+        if coro is not None and self._step(coro):
+            self._receive()
+
+    def _step(self, coro: Coroutine[Any, Any, Any]) -> bool:
+        """Steps a receive on; True when it gave a message and the next is to start."""
+        self._reading = None
         try:
             waited, data = _advance(coro)
         except (Exception, asyncio.CancelledError) as e:  # handed to `run`
             self._end(e)
-            return
+            return False
         if waited is not None:
+            self._reading = coro
             waited.add_done_callback(self._on_received)
-            return
-        if self._got(data):
-            self._receive()
+            return False
+        return self._got(data)
 
     def _got(self, data: Any) -> bool:
         """One message read (or the end); True to read on."""

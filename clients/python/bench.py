@@ -179,14 +179,22 @@ def main() -> int:
         loop.run_until_complete(ar.aclose())
         loop.close()
     finally:
-        if node is not None:
-            if node.stdin:
-                node.stdin.close()
-            try:
-                node.wait(5)
-            except subprocess.TimeoutExpired:
-                node.kill()
-        stack.stop()
+        # The servers stop whatever happened to Node (a script that died at start
+        # leaves a broken pipe, and raising here used to leave them running).
+        try:
+            if node is not None:
+                try:
+                    if node.stdin:
+                        node.stdin.close()
+                except OSError:
+                    pass
+                try:
+                    node.wait(5)
+                except subprocess.TimeoutExpired:
+                    node.kill()
+                    node.wait()
+        finally:
+            stack.stop()
     return 0
 
 

@@ -362,3 +362,14 @@ async fn a_frozen_master_puts_only_its_own_locks_in_jeopardy() {
         assert_eq!(state.holders.len(), 1, "{key} still held");
     }
 }
+
+/// A session of many locks on a Cluster: its record and its buckets share a slot; the
+/// locks resume from it on another sidecar, and nothing of it is left once it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundreds_of_locks_resume_from_a_record_of_small_hashes() {
+    let cluster = tokio::task::block_in_place(ClusterSetup::shared);
+    let cli = |key: &str, args: &[&str]| {
+        tokio::task::block_in_place(|| common::topology::cli(cluster.master_of(key), args))
+    };
+    common::records::many_locks_resume(&cluster.url(), &namespace(), cli, false).await;
+}

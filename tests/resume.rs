@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use common::records::{record_key, record_lines};
 use common::{
     Client, Interval, LeaseStream, PATIENCE, Redis, Sidecar, SidecarProcess, StoreKind, acquire,
     check_history, make_store, namespace, secs,
@@ -35,17 +36,14 @@ fn with_ttl(key: &str, seconds: f64) -> proto::Acquire {
 /// Waits until the store's record of session `sid` lists `locks` locks (the journal
 /// writes it within ~50 ms of a grant).
 async fn recorded(redis: &Redis, ns: &str, sid: &str, locks: usize) {
-    let key = format!("{{{ns}:session/{sid}}}:s");
+    let key = record_key(ns, sid);
     let deadline = Instant::now() + PATIENCE;
     loop {
-        let fields: usize = redis.cli(&["hlen", &key]).parse().unwrap_or(0);
-        if fields == 3 + locks {
+        let lines = record_lines(|args| redis.cli(args), &key);
+        if lines == locks {
             return;
         }
-        assert!(
-            Instant::now() < deadline,
-            "record of {sid}: {fields} fields"
-        );
+        assert!(Instant::now() < deadline, "record of {sid}: {lines} lines");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -516,4 +514,21 @@ async fn a_clean_shutdown_releases_and_deletes_the_records() {
         on_staying.describe("k").await.holders.is_empty(),
         "released"
     );
+}
+
+/// A session of many locks resumes them all from a record split into small hashes, and
+/// none of them is left once it ends (`common::records::many_locks_resume`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundreds_of_locks_resume_from_a_record_of_small_hashes() {
+    let redis = Redis::start();
+    let cli = |_: &str, args: &[&str]| redis.cli(args);
+    common::records::many_locks_resume(&redis.url(), &namespace(), cli, false).await;
+}
+
+/// A rolling restart: the record an older sidecar wrote (one hash) resumes on this one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundreds_of_locks_resume_from_an_older_sidecar_s_record() {
+    let redis = Redis::start();
+    let cli = |_: &str, args: &[&str]| redis.cli(args);
+    common::records::many_locks_resume(&redis.url(), &namespace(), cli, true).await;
 }

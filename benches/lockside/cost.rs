@@ -399,8 +399,8 @@ impl Meter {
         report.notes.push(format!(
             "keys left: {n} distinct keys locked and released with a {LEFT_TTL:?} TTL, \
              counted (SCAN MATCH of the locks' names) {LEFT_MARGIN:?} after the TTL; \
-             the open session's record and the sidecar's attachment (one key each) are \
-             not counted"
+             the open sessions' records (a key each, and a bucket per ~64 locks past \
+             64) and the sidecar's attachment are not counted"
         ));
         Ok(())
     }

@@ -11,6 +11,7 @@ pub mod client;
 pub mod history;
 pub mod prometheus;
 pub mod proxy;
+pub mod records;
 pub mod redis;
 pub mod sidecar;
 pub mod topology;

@@ -1,4 +1,4 @@
--- Resumes a session's record (its fields: see record.lua), in two calls around the
+-- Resumes a session's record (its fields and buckets: see record.lua), in two calls around the
 -- check of the attachment of the sidecar it names (a key of another slot on a Cluster).
 -- ARGV[1] = 'check', ARGV[2] = the secret the client presented: returns the sidecar
 --   the record names when the secret's SHA-1 is 't', else false.
@@ -23,10 +23,21 @@ if a ~= ARGV[5] then
 end
 redis.call('HSET', r, 't', redis.sha1hex(ARGV[3]), 'a', ARGV[4])
 local out = {1}
+-- Inline lines (a small record, or one an older sidecar wrote), then the buckets'.
 local all = redis.call('HGETALL', r)
+local b = 0
 for i = 1, #all, 2 do
   if string.sub(all[i], 1, 2) == 'k:' then
     out[#out + 1] = string.sub(all[i], 3)
+    out[#out + 1] = all[i + 1]
+  elseif all[i] == 'b' then
+    b = tonumber(all[i + 1]) or 0
+  end
+end
+for j = 0, b - 1 do
+  all = redis.call('HGETALL', r .. ':' .. j)
+  for i = 1, #all, 2 do
+    out[#out + 1] = all[i]
     out[#out + 1] = all[i + 1]
   end
 end

@@ -3,8 +3,13 @@
 //!
 //! - `{ns:session/SID}:s`, a hash: `t` the SHA-1 of the session's secret, `a` the
 //!   sidecar it is attached to, `c` its client name, `k:KEY → n|ttl_ms|fence` per lock
-//!   it holds (`lua/record.lua`). The suffix `:s` is not one of a lock's (`h w q l`), so
-//!   a client's key named `session/SID` cannot meet it.
+//!   it holds (`lua/record.lua`). Past 64 locks the lines move to buckets
+//!   `{ns:session/SID}:s:N` (`KEY → n|ttl_ms|fence`), each small enough to stay a
+//!   listpack, and the record keeps their number `b` and its lines' `n`: one hash of
+//!   thousands of lines is a dict at ~130 bytes a line, the buckets ~50. The buckets
+//!   share the record's hash tag, so the scripts reach them in the record's slot. The
+//!   suffix `:s` is not one of a lock's (`h w q l`), so a client's key named
+//!   `session/SID` cannot meet it.
 //! - `{ns:sidecar/ID}:a`, a string with a short TTL: the sidecar is alive.
 //!
 //! Every record write is its own script call (`record.lua`, checking the secret's

@@ -3,24 +3,29 @@
 -- runs, and (fair) nobody queued ahead of it could be granted instead. Otherwise
 -- answers busy and, when ARGV[3] is '1', registers the waiter ARGV[7] for ARGV[2] ms
 -- (and queues it, when fair).
--- ARGV: owner ttl_ms wait mode limit fair waiter tail again channel key sharded
+-- ARGV: owner ttl_ms wait mode limit fair waiter tail channel key sharded
 --   tail: 'owner|name length|name' then the value, as the lock's string keeps them.
---   again = '1': this claim may have registered as a waiter before (not its first try).
+--   A waiting claim (wait = '1') may have registered as a waiter on an earlier try: a
+--   grant removes that registration.
 -- Returns the fence (a bare integer: a table reply costs Redis more) granted; {0, ms
 -- until something may change, queue position} busy; {2, the holders' limit} when the
 -- holders use another limit.
 local h, w, q, l = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, ttl, waiter, tail = ARGV[1], ARGV[2], ARGV[7], ARGV[8]
-local fair, again = ARGV[6] == '1', ARGV[9] == '1'
-local channel, key, sharded = ARGV[10], ARGV[11], ARGV[12]
+local fair, again = ARGV[6] == '1', ARGV[3] == '1'
+local channel, key, sharded = ARGV[9], ARGV[10], ARGV[11]
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 
 -- The common case: an exclusive lock nobody holds (no key, or only its last token kept
 -- after a release) and no lock-delay runs, for a fair claim with nobody queued: one
--- EXISTS (of the queue and the watchers together: both absent is the common case), one
--- GET and one SET, the token max(last + 1, now * 1024). Every call a script makes costs
--- Redis about a microsecond besides its own work, hence one EXISTS for two keys.
+-- EXISTS (of the queue and the watchers together: both absent is the common case) and
+-- one SET NX ... GET, the token max(last + 1, now * 1024). Every call a script makes
+-- costs Redis about a microsecond besides its own work, hence one EXISTS for two keys,
+-- and one SET that both writes a key that was missing (token now * 1024: no token was
+-- kept) and, when one was there, answers it without writing (NX). Only a kept token
+-- ('f|last|until', lock-delay over) then takes a second SET; a held lock, a running
+-- lock-delay, a hash (WRONGTYPE, unchanged) go on to the general path untouched.
 local fast = ARGV[4] == 'x' and ARGV[5] == '1'
 local others = 0
 if fast then
@@ -32,18 +37,18 @@ if fast then
   end
 end
 if fast then
-  local ok, v = pcall(redis.call, 'GET', h)
   local fence = now * 1024
+  local ok, v = pcall(redis.call, 'SET', h, single('1', int(fence), tail), 'NX', 'PX', ttl, 'GET')
   if ok and v then
     local last, until_ms = string.match(v, '^f|(%d+)|(%d+)$')
     if last and tonumber(until_ms) <= now then
       fence = math.max(last + 1, fence)
+      redis.call('SET', h, single('1', int(fence), tail), 'PX', ttl)
     else
       ok = false
     end
   end
   if ok then
-    redis.call('SET', h, single('1', int(fence), tail), 'PX', ttl)
     if again then
       redis.call('ZREM', w, waiter)
     end
@@ -128,7 +133,7 @@ end
 -- Fencing token: max(last + 1, store ms * 1024). See next_fence in src/store/mod.rs.
 local fence = math.max(lock.fence + 1, now * 1024)
 grant(h, lock, owner, int(fence), now, ttl, mode, limit, tail)
-if ARGV[3] == '1' or again then
+if again then
   redis.call('ZREM', w, waiter)
   if fair then
     redis.call('ZREM', q, waiter)

@@ -221,24 +221,22 @@ async fn released_grants_answer_as_releases(s: Subject) {
     }
     assert!(is_busy(&s, &claim("k", "b", 10_000)).await);
     let state = s.store.describe("k").await.expect("answer");
-    assert_eq!((state.holders.len(), state.fence), (1, first));
+    // Redlock shows the largest token of its masters: one the acquire reached late
+    // made a larger one than the grant's.
+    assert_eq!(state.holders.len(), 1);
+    assert!(state.fence >= first, "{} >= {first}", state.fence);
     let answer = s.store.release_grant("nothing", "a", first, NO_DELAY).await;
     assert_eq!(answer.expect("answer"), None);
     let nothing = s.store.describe("nothing").await.expect("answer");
     assert!(nothing.holders.is_empty());
     assert_eq!(nothing.fence, 0, "a release of nothing keeps no token");
-    let answer = s
-        .store
-        .release_grant("k", "a", first + 1000, NO_DELAY)
-        .await;
+    // Days of tokens ahead (1024 a ms): no master can have made it.
+    let named = first + 1_000_000_000_000;
+    let answer = s.store.release_grant("k", "a", named, NO_DELAY).await;
     assert_eq!(answer.expect("answer"), Some(0));
     let state = s.store.describe("k").await.expect("answer");
     assert!(state.holders.is_empty());
-    assert!(
-        state.fence <= first,
-        "the token named is not kept: {}",
-        state.fence
-    );
+    assert!(state.fence < named, "the token named is not kept");
     let again = s.store.release_grant("k", "a", first, NO_DELAY).await;
     assert_eq!(again.expect("answer"), None, "released already");
     let second = fence(&s, &claim("k", "b", 10_000)).await;

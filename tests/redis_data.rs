@@ -417,7 +417,7 @@ async fn a_release_naming_another_token_keeps_the_locks_own() {
 
 /// The grant over a kept token that is ahead of the clock (a Redlock write-back, a
 /// clock that went back) goes beyond it and carries its own TTL; a claim on a held lock
-/// leaves the holder's key exactly as it was (the grant's SET is NX).
+/// leaves the holder's key exactly as it was.
 #[tokio::test]
 async fn grants_go_beyond_a_kept_token_and_never_touch_a_held_lock() {
     let redis = Redis::start();

@@ -19,13 +19,12 @@ local now = t[1] * 1000 + math.floor(t[2] / 1000)
 
 -- The common case: an exclusive lock nobody holds (no key, or only its last token kept
 -- after a release) and no lock-delay runs, for a fair claim with nobody queued: one
--- EXISTS (of the queue and the watchers together: both absent is the common case) and
--- one SET NX ... GET, the token max(last + 1, now * 1024). Every call a script makes
--- costs Redis about a microsecond besides its own work, hence one EXISTS for two keys,
--- and one SET that both writes a key that was missing (token now * 1024: no token was
--- kept) and, when one was there, answers it without writing (NX). Only a kept token
--- ('f|last|until', lock-delay over) then takes a second SET; a held lock, a running
--- lock-delay, a hash (WRONGTYPE, unchanged) go on to the general path untouched.
+-- EXISTS (of the queue and the watchers together: both absent is the common case), one
+-- GET and one SET, the token max(last + 1, now * 1024). Every call a script makes costs
+-- Redis about a microsecond besides its own work, hence one EXISTS for two keys.
+-- Not SET NX PX GET in place of GET and SET: measured (callgrind, Redis 7.0.15) it costs
+-- Redis more, over a kept token (which then takes a second SET) and over a missing key
+-- alike: about 8,000 instructions more per acquire, of about 70,000.
 local fast = ARGV[4] == 'x' and ARGV[5] == '1'
 local others = 0
 if fast then
@@ -37,18 +36,18 @@ if fast then
   end
 end
 if fast then
+  local ok, v = pcall(redis.call, 'GET', h)
   local fence = now * 1024
-  local ok, v = pcall(redis.call, 'SET', h, single('1', int(fence), tail), 'NX', 'PX', ttl, 'GET')
   if ok and v then
     local last, until_ms = string.match(v, '^f|(%d+)|(%d+)$')
     if last and tonumber(until_ms) <= now then
       fence = math.max(last + 1, fence)
-      redis.call('SET', h, single('1', int(fence), tail), 'PX', ttl)
     else
       ok = false
     end
   end
   if ok then
+    redis.call('SET', h, single('1', int(fence), tail), 'PX', ttl)
     if again then
       redis.call('ZREM', w, waiter)
     end

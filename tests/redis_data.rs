@@ -35,7 +35,9 @@ async fn granted(store: &RedisStore, c: &Claim) -> u64 {
     }
 }
 
-/// Every key of namespace `ns`, with its time to live in ms (-1: none).
+/// Every key of namespace `ns`, with its time to live in ms (-1: none). A key that
+/// expired between the scan and its PTTL (-2; one redis-cli per key is slow on a loaded
+/// machine) is not listed: it is gone.
 fn keys_of(redis: &Redis, ns: &str) -> Vec<(String, i64)> {
     let listed = redis.cli(&["--scan", "--pattern", &format!("{{{ns}:*")]);
     listed
@@ -45,6 +47,7 @@ fn keys_of(redis: &Redis, ns: &str) -> Vec<(String, i64)> {
             let ttl = redis.cli(&["PTTL", k]).parse().expect("a number");
             (k.to_owned(), ttl)
         })
+        .filter(|(_, ttl)| *ttl != -2)
         .collect()
 }
 

@@ -209,6 +209,60 @@ async fn only_the_owner_releases(s: Subject) {
     );
 }
 
+/// `release_grant`, the release of a whole grant whose token the caller knows, answers
+/// as `release` does, whatever token it names: only the holder releases, a release of
+/// nothing or of a grant already released changes nothing, and a wrong token (a Redlock
+/// master may keep a larger one) neither stops the release nor becomes the lock's.
+async fn released_grants_answer_as_releases(s: Subject) {
+    let first = fence(&s, &claim("k", "a", 10_000)).await;
+    for named in [first, first + 1, 1] {
+        let answer = s.store.release_grant("k", "b", named, NO_DELAY).await;
+        assert_eq!(answer.expect("answer"), None, "not b's grant");
+    }
+    assert!(is_busy(&s, &claim("k", "b", 10_000)).await);
+    let state = s.store.describe("k").await.expect("answer");
+    // Redlock shows the largest token of its masters: one the acquire reached late
+    // made a larger one than the grant's.
+    assert_eq!(state.holders.len(), 1);
+    assert!(state.fence >= first, "{} >= {first}", state.fence);
+    let answer = s.store.release_grant("nothing", "a", first, NO_DELAY).await;
+    assert_eq!(answer.expect("answer"), None);
+    let nothing = s.store.describe("nothing").await.expect("answer");
+    assert!(nothing.holders.is_empty());
+    assert_eq!(nothing.fence, 0, "a release of nothing keeps no token");
+    // Days of tokens ahead (1024 a ms): no master can have made it.
+    let named = first + 1_000_000_000_000;
+    let answer = s.store.release_grant("k", "a", named, NO_DELAY).await;
+    assert_eq!(answer.expect("answer"), Some(0));
+    let state = s.store.describe("k").await.expect("answer");
+    assert!(state.holders.is_empty());
+    assert!(state.fence < named, "the token named is not kept");
+    let again = s.store.release_grant("k", "a", first, NO_DELAY).await;
+    assert_eq!(again.expect("answer"), None, "released already");
+    let second = fence(&s, &claim("k", "b", 10_000)).await;
+    assert!(second > first, "{second} > {first}");
+    let answer = s.store.release_grant("k", "b", second, NO_DELAY).await;
+    assert_eq!(answer.expect("answer"), Some(0));
+    let third = fence(&s, &claim("k", "a", 10_000)).await;
+    assert!(third > second, "{third} > {second}");
+}
+
+/// A released grant wakes its waiters, and a release nobody waits for publishes nothing,
+/// as with `release`.
+async fn released_grants_notify_only_when_someone_waits(mut s: Subject) {
+    let quiet = fence(&s, &claim("quiet", "a", 10_000)).await;
+    let busy = fence(&s, &claim("busy", "a", 10_000)).await;
+    assert!(is_busy(&s, &waiting("busy", "b", 10_000)).await);
+    for (key, token) in [("quiet", quiet), ("busy", busy)] {
+        let answer = s.store.release_grant(key, "a", token, NO_DELAY).await;
+        assert_eq!(answer.expect("answer"), Some(0));
+    }
+    // Notices arrive in order: the first one proves "quiet" published nothing.
+    assert_eq!(next_notice(&mut s).await, released("busy"));
+    fence(&s, &waiting("busy", "b", 10_000)).await;
+    assert_eq!(s.store.describe("busy").await.expect("answer").waiters, 0);
+}
+
 async fn holds_are_counted(s: Subject) {
     let ttl = Duration::from_secs(10);
     fence(&s, &claim("k", "a", 10_000)).await;
@@ -1187,6 +1241,8 @@ conformance!(
     grants_then_busy,
     release_frees_and_fences_increase,
     only_the_owner_releases,
+    released_grants_answer_as_releases,
+    released_grants_notify_only_when_someone_waits,
     holds_are_counted,
     holds_and_releases_are_idempotent,
     grants_expire_and_fences_survive,
@@ -1252,6 +1308,7 @@ on_redlock!(
     grants_then_busy,
     release_frees_and_fences_increase,
     only_the_owner_releases,
+    released_grants_answer_as_releases,
     holds_are_counted,
     holds_and_releases_are_idempotent,
     grants_expire_and_fences_survive,

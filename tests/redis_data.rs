@@ -35,7 +35,9 @@ async fn granted(store: &RedisStore, c: &Claim) -> u64 {
     }
 }
 
-/// Every key of namespace `ns`, with its time to live in ms (-1: none).
+/// Every key of namespace `ns`, with its time to live in ms (-1: none). A key that
+/// expired between the scan and its PTTL (-2; one redis-cli per key is slow on a loaded
+/// machine) is not listed: it is gone.
 fn keys_of(redis: &Redis, ns: &str) -> Vec<(String, i64)> {
     let listed = redis.cli(&["--scan", "--pattern", &format!("{{{ns}:*")]);
     listed
@@ -45,6 +47,7 @@ fn keys_of(redis: &Redis, ns: &str) -> Vec<(String, i64)> {
             let ttl = redis.cli(&["PTTL", k]).parse().expect("a number");
             (k.to_owned(), ttl)
         })
+        .filter(|(_, ttl)| *ttl != -2)
         .collect()
 }
 
@@ -323,4 +326,125 @@ async fn a_session_record_and_its_sidecar_attachment() {
         assert!(key == lock || key.ends_with(":a"), "{key} was left");
         assert!(pttl > 0 && pttl <= 4_000, "{key} lives {pttl} ms");
     }
+}
+
+/// A key's raw state: its content (a string's value, a hash's fields, else its type) and
+/// its expiry (PEXPIRETIME: -2 no key, -1 none), to the millisecond.
+fn raw(redis: &Redis, key: &str) -> (String, String) {
+    let content = match redis.cli(&["TYPE", key]).as_str() {
+        "string" => redis.cli(&["GET", key]),
+        "hash" => redis.cli(&["HGETALL", key]),
+        other => other.to_owned(),
+    };
+    (content, redis.cli(&["PEXPIRETIME", key]))
+}
+
+/// A release that names a grant's token writes the released state first and checks the
+/// grant afterwards (one command fewer, `release.lua`). Whenever it was not the
+/// caller's grant, the lock is left exactly as it was, value and expiry to the
+/// millisecond: another holder's grant, a kept token, a lock-delay, a shared lock; and a
+/// key that did not exist is not created (it would have no TTL: left forever).
+#[tokio::test]
+async fn a_release_of_a_grant_not_held_leaves_the_lock_as_it_was() {
+    let redis = Redis::start();
+    let ns = namespace();
+    let store = RedisStore::new(&redis.url(), &ns, Duration::from_secs(1)).expect("store");
+    let ttl = Duration::from_secs(30);
+    let h = |key: &str| format!("{{{ns}:{key}}}:h");
+    let unchanged = async |key: &str, owner: &str, fence: u64| {
+        let before = raw(&redis, &h(key));
+        let answer = store
+            .release_grant(key, owner, fence, Duration::ZERO)
+            .await
+            .expect("redis answers");
+        assert_eq!(answer, None, "{owner} does not hold {key}");
+        assert_eq!(raw(&redis, &h(key)), before, "{key} changed");
+    };
+
+    // Another holder's grant, whatever token is named.
+    let mut a = claim("k", "a", ttl);
+    a.value = b"the holder's value".to_vec();
+    let first = granted(&store, &a).await;
+    for named in [first, first + 1, 7] {
+        unchanged("k", "sidb.secret.1", named).await;
+    }
+    // A kept token, released again (a retry) or by another.
+    let answer = store
+        .release_grant("k", &a.owner, first, Duration::ZERO)
+        .await;
+    assert_eq!(answer.expect("redis answers"), Some(0));
+    assert_eq!(raw(&redis, &h("k")).0, format!("f|{first}|0"));
+    unchanged("k", &a.owner, first).await;
+    unchanged("k", "sidb.secret.1", first).await;
+    // A running lock-delay.
+    let d = claim("d", "a", ttl);
+    let token = granted(&store, &d).await;
+    let answer = store
+        .release(&d.key, &d.owner, 0, Duration::from_secs(60))
+        .await;
+    assert_eq!(answer.expect("redis answers"), Some(0));
+    unchanged("d", &d.owner, token).await;
+    // A shared lock (a hash), then released by its holder.
+    let mut s = claim("s", "a", ttl);
+    s.sharing = lockside::store::Sharing::Shared;
+    let token = granted(&store, &s).await;
+    unchanged("s", "sidb.secret.1", token).await;
+    let answer = store
+        .release_grant("s", &s.owner, token, Duration::ZERO)
+        .await;
+    assert_eq!(answer.expect("redis answers"), Some(0));
+    // No key at all.
+    unchanged("none", &a.owner, first).await;
+    assert_eq!(redis.cli(&["EXISTS", &h("none")]), "0");
+}
+
+/// The holder's release naming a token other than the one its lock keeps (a Redlock
+/// master that made a larger one) keeps the lock's own token, never the one named.
+#[tokio::test]
+async fn a_release_naming_another_token_keeps_the_locks_own() {
+    let redis = Redis::start();
+    let ns = namespace();
+    let store = RedisStore::new(&redis.url(), &ns, Duration::from_secs(1)).expect("store");
+    for (key, named_after) in [("lower", false), ("higher", true)] {
+        let c = claim(key, "a", Duration::from_secs(30));
+        let token = granted(&store, &c).await;
+        let named = if named_after { token + 1 } else { token - 1 };
+        let answer = store
+            .release_grant(key, &c.owner, named, Duration::ZERO)
+            .await;
+        assert_eq!(answer.expect("redis answers"), Some(0));
+        let (content, _) = raw(&redis, &format!("{{{ns}:{key}}}:h"));
+        assert_eq!(content, format!("f|{token}|0"), "named {named}");
+    }
+}
+
+/// The grant over a kept token that is ahead of the clock (a Redlock write-back, a
+/// clock that went back) goes beyond it and carries its own TTL; a claim on a held lock
+/// leaves the holder's key exactly as it was.
+#[tokio::test]
+async fn grants_go_beyond_a_kept_token_and_never_touch_a_held_lock() {
+    let redis = Redis::start();
+    let ns = namespace();
+    let store = RedisStore::new(&redis.url(), &ns, Duration::from_secs(1)).expect("store");
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as u64;
+    // Ten minutes ahead of the clock: kept for ten minutes.
+    let ahead = (now_ms + 600_000) * 1024;
+    store.raise_fence("k", ahead).await.expect("redis answers");
+    let ttl = Duration::from_secs(30);
+    let token = granted(&store, &claim("k", "a", ttl)).await;
+    assert_eq!(token, ahead + 1);
+    let h = format!("{{{ns}:k}}:h");
+    let pttl: i64 = redis.cli(&["PTTL", &h]).parse().expect("a number");
+    assert!(pttl > 0 && pttl <= 30_000, "the grant's TTL: {pttl}");
+
+    let before = raw(&redis, &h);
+    let busy = store.acquire(&claim("k", "b", ttl)).await;
+    assert!(matches!(
+        busy.expect("redis answers"),
+        Acquired::Busy { .. }
+    ));
+    assert_eq!(raw(&redis, &h), before);
 }

@@ -85,6 +85,19 @@ impl Store for MeteredStore {
         )
     }
 
+    fn release_grant<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        fence: u64,
+        delay: Duration,
+    ) -> StoreFuture<'a, Option<u32>> {
+        self.meter(
+            Operation::Release,
+            self.inner.release_grant(key, owner, fence, delay),
+        )
+    }
+
     fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<Renewed>> {
         self.meter(Operation::Renew, self.inner.renew(batch))
     }

@@ -76,6 +76,23 @@ pub trait Store: Send + Sync + 'static {
         delay: Duration,
     ) -> StoreFuture<'a, Option<u32>>;
 
+    /// Releases a grant whose fencing token the caller knows: the same as
+    /// `release(key, owner, 0, delay)`, answers included. `fence` is only a hint (the
+    /// token the grant was given): Redis uses it to write the released state before
+    /// reading the grant, one command fewer, and checks the grant afterwards; a wrong
+    /// hint (a Redlock master may keep a larger token) costs a write more, never a
+    /// different answer or state. Stores without such a shortcut need not implement it.
+    fn release_grant<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        fence: u64,
+        delay: Duration,
+    ) -> StoreFuture<'a, Option<u32>> {
+        let _ = fence;
+        self.release(key, owner, 0, delay)
+    }
+
     /// Extends every grant of the batch that is still held; answers one [`Renewed`] per
     /// grant, in batch order. One round trip for the whole batch, whatever its size.
     ///

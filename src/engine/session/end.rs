@@ -63,21 +63,21 @@ impl Session {
             End::Broken | End::Overflow => self.shared.config.lock_delay,
             End::Closed | End::Shutdown => Duration::ZERO,
         };
-        let release_held = futures_util::future::join_all(
-            held.iter()
-                .map(|(key, owner, _)| release_quietly(store, turns, key, owner, delay)),
-        );
+        let release_held =
+            futures_util::future::join_all(held.iter().map(|(key, owner, fence)| {
+                release_quietly(store, turns, key, owner, *fence, delay)
+            }));
         let mut ops = std::mem::take(&mut self.ops);
         let finish_ops = async {
             let mut granted = Vec::new();
             while let Some(done) = ops.next().await {
                 if let Done::Acquire {
                     claim,
-                    outcome: AcquireResult::Granted { .. },
+                    outcome: AcquireResult::Granted { fence, .. },
                     ..
                 } = done
                 {
-                    granted.push((claim.key, claim.owner));
+                    granted.push((claim.key, claim.owner, fence));
                 }
             }
             granted
@@ -92,7 +92,9 @@ impl Session {
             granted
                 .iter()
                 // Never handed to the client: no lock-delay.
-                .map(|(key, owner)| release_quietly(store, turns, key, owner, Duration::ZERO)),
+                .map(|(key, owner, fence)| {
+                    release_quietly(store, turns, key, owner, *fence, Duration::ZERO)
+                }),
         )
         .await;
         match end {
@@ -118,11 +120,12 @@ async fn release_quietly(
     turns: &Semaphore,
     key: &str,
     owner: &str,
+    fence: u64,
     delay: Duration,
 ) {
     // The semaphore is never closed; were it, the release would go without a turn.
     let _turn = turns.acquire().await;
-    if let Err(e) = store.release(key, owner, 0, delay).await {
+    if let Err(e) = store.release_grant(key, owner, fence, delay).await {
         tracing::warn!(%key, error = %e, "release at session end failed; the lock expires at its TTL");
     }
 }

@@ -305,12 +305,19 @@ impl Session {
                 h.busy = true;
                 self.pending.insert(request_id);
                 let (store, turns) = (self.shared.store.clone(), self.shared.store_calls.clone());
-                let (owner, lease_id) = (h.owner.clone(), h.lease_id);
+                let (owner, lease_id, fence) = (h.owner.clone(), h.lease_id, h.fence);
                 // The holds left, as the session counts them (see the reentrant hold).
                 let left = h.count.saturating_sub(1);
                 self.ops.push(Box::pin(async move {
                     let _turn = turns.acquire().await;
-                    let result = store.release(&key, &owner, left, Duration::ZERO).await;
+                    let result = if left == 0 {
+                        // The grant goes: with its token, Redis writes that in one step.
+                        store
+                            .release_grant(&key, &owner, fence, Duration::ZERO)
+                            .await
+                    } else {
+                        store.release(&key, &owner, left, Duration::ZERO).await
+                    };
                     Done::Release {
                         key,
                         lease_id,

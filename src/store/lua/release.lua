@@ -5,16 +5,61 @@
 -- lock.lua); with ARGV[3] > 0 ms and an exclusive lock now free, starts a lock-delay.
 -- A lock nobody holds keeps only its last token, until the released grant's expiry (or
 -- longer, while a lock-delay runs); then no key is left.
--- ARGV: owner count delay_ms channel key sharded
+-- ARGV: owner count delay_ms channel key sharded fence
+--   fence: the token the session was granted, or '' when the caller does not know it.
+--   Only a hint for the one-call release below: the answer is the same when it is
+--   wrong (a Redlock master may keep a larger token than the grant's).
 -- Returns the holds left (0: released), or -1 when ARGV[1] does not hold the lock.
 local h, w, q, l = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, left = ARGV[1], ARGV[2]
-local channel, key, sharded = ARGV[4], ARGV[5], ARGV[6]
+local channel, key, sharded, hint = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local gone
+
+-- The most common case, a whole release of an exclusive lock without lock-delay whose
+-- token the session knows, in one write: SET ... KEEPTTL GET writes the kept token and
+-- answers what was there, and only then do we check that it was this owner's grant.
+-- Every call a script makes costs Redis about a microsecond besides its own work, and
+-- this saves the GET before the SET. When it was not this owner's grant (rare: a
+-- release after the grant expired, was lost or was never made), what was there is put
+-- back exactly: another string (a holder's grant, a kept token) with its value and,
+-- by KEEPTTL twice, its TTL untouched; no key at all by deleting the one the SET made
+-- (KEEPTTL on a missing key makes a key without TTL, which must not stay). A hash
+-- (shared lock, semaphore) or a v1 zset answers WRONGTYPE and is left unchanged: the
+-- general path below reads it. All of it runs in one script: nobody sees the
+-- in-between state, and a replica receives the same writes in one transaction.
+if left == '0' and ARGV[3] == '0' and hint and hint ~= '' then
+  local ok, v = pcall(redis.call, 'SET', h, 'f|' .. hint .. '|0', 'KEEPTTL', 'GET')
+  if ok then
+    local fence, holder
+    if v then
+      local _
+      _, fence, _, holder = parse_single(v)
+    end
+    if not fence or holder ~= owner then
+      if v then
+        redis.call('SET', h, v, 'KEEPTTL')
+      else
+        redis.call('DEL', h)
+      end
+      return -1
+    end
+    if fence ~= hint then
+      -- The store kept another token for this grant (Redlock's write-back): keep that.
+      redis.call('SET', h, 'f|' .. fence .. '|0', 'KEEPTTL')
+    end
+    if redis.call('EXISTS', w, l) == 0 then
+      return 0
+    end
+    gone = {holders = {}, n = 0, fence = tonumber(fence), limit = 0}
+  end
+end
 
 -- The common case: an exclusive lock. Its key's TTL is the grant's: a key that exists
 -- holds a live grant.
-local single_lock, count, fence, tail = own_single(h, owner)
+local single_lock, count, fence, tail = false
+if not gone then
+  single_lock, count, fence, tail = own_single(h, owner)
+end
 if single_lock then
   if not count then
     return -1

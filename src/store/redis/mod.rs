@@ -91,6 +91,32 @@ impl RedisStore {
         Ok(())
     }
 
+    /// `release.lua`: leaves `count` holds; `fence`, the grant's token when the caller
+    /// knows it, lets a whole release write in one command (see the script).
+    async fn release_with(
+        &self,
+        key: &str,
+        owner: &str,
+        count: u32,
+        delay: Duration,
+        fence: Option<u64>,
+    ) -> Result<Option<u32>, StoreError> {
+        let (count, delay) = (count.to_string(), ms(delay));
+        let fence = fence.map(|f| f.to_string()).unwrap_or_default();
+        let (channel, sharded) = self.notice_channel(key);
+        let args: [&[u8]; 7] = [
+            owner.as_bytes(),
+            count.as_bytes(),
+            delay.as_bytes(),
+            channel.as_bytes(),
+            key.as_bytes(),
+            sharded.as_bytes(),
+            fence.as_bytes(),
+        ];
+        let n: i64 = self.invoke(&self.scripts.release, key, &args).await?;
+        Ok(held_count(n))
+    }
+
     /// The Redis key of one part of a lock (see `lua/core.lua`).
     fn key(&self, key: &str, part: &str) -> String {
         // Pushed rather than format!-ed: every store call makes four of these.
@@ -151,11 +177,8 @@ impl Store for RedisStore {
             let limit = claim.limit.to_string();
             let waiter = claim.waiter();
             let (channel, sharded) = self.notice_channel(&claim.key);
-            // A waiting claim may have registered before (an earlier try): a grant
-            // removes that registration.
-            let again = flag(claim.wait);
             let tail = tail(claim);
-            let args: [&[u8]; 12] = [
+            let args: [&[u8]; 11] = [
                 claim.owner.as_bytes(),
                 ttl.as_bytes(),
                 flag(claim.wait).as_bytes(),
@@ -164,7 +187,6 @@ impl Store for RedisStore {
                 flag(claim.fair).as_bytes(),
                 waiter.as_bytes(),
                 &tail,
-                again.as_bytes(),
                 channel.as_bytes(),
                 claim.key.as_bytes(),
                 sharded.as_bytes(),
@@ -177,11 +199,11 @@ impl Store for RedisStore {
                 let (reply, acked) = self
                     .invoke_acked(&self.scripts.acquire, &keys, &args)
                     .await?;
-                if !acked && matches!(acquired(&reply), Ok(Acquired::Granted { .. })) {
+                if !acked && let Ok(Acquired::Granted { fence }) = acquired(&reply) {
                     // Not on enough replicas: a failover could hand it out again. Undo
                     // it rather than hand out a grant that is not safe.
                     let _ = self
-                        .release(&claim.key, &claim.owner, 0, Duration::ZERO)
+                        .release_grant(&claim.key, &claim.owner, fence, Duration::ZERO)
                         .await;
                     return Err(StoreError::Unavailable(format!(
                         "the grant was not acknowledged by {} replicas within {:?}",
@@ -224,20 +246,17 @@ impl Store for RedisStore {
         count: u32,
         delay: Duration,
     ) -> StoreFuture<'a, Option<u32>> {
-        Box::pin(async move {
-            let (count, delay) = (count.to_string(), ms(delay));
-            let (channel, sharded) = self.notice_channel(key);
-            let args: [&[u8]; 6] = [
-                owner.as_bytes(),
-                count.as_bytes(),
-                delay.as_bytes(),
-                channel.as_bytes(),
-                key.as_bytes(),
-                sharded.as_bytes(),
-            ];
-            let n: i64 = self.invoke(&self.scripts.release, key, &args).await?;
-            Ok(held_count(n))
-        })
+        Box::pin(self.release_with(key, owner, count, delay, None))
+    }
+
+    fn release_grant<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        fence: u64,
+        delay: Duration,
+    ) -> StoreFuture<'a, Option<u32>> {
+        Box::pin(self.release_with(key, owner, 0, delay, Some(fence)))
     }
 
     fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<Renewed>> {

@@ -201,6 +201,26 @@ impl Store for RedlockStore {
         })
     }
 
+    fn release_grant<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        fence: u64,
+        delay: Duration,
+    ) -> StoreFuture<'a, Option<u32>> {
+        Box::pin(async move {
+            let (k, o) = (key.to_owned(), owner.to_owned());
+            // A master may keep a larger token than the majority's `fence` (it made its
+            // own, or missed the write-back): the hint is wrong there, which costs that
+            // master one write more, never a different answer.
+            let release = move |m: Arc<RedisStore>| -> StoreFuture<'static, Option<u32>> {
+                let (k, o) = (k.clone(), o.clone());
+                Box::pin(async move { m.release_grant(&k, &o, fence, delay).await })
+            };
+            self.settle(key, owner, release).await
+        })
+    }
+
     fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<Renewed>> {
         Box::pin(async move {
             let (n, quorum) = (self.masters.len(), self.quorum);

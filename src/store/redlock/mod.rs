@@ -174,14 +174,9 @@ impl Store for RedlockStore {
         count: u32,
         ttl: Duration,
     ) -> StoreFuture<'a, Option<u32>> {
-        Box::pin(async move {
-            let (k, o) = (key.to_owned(), owner.to_owned());
-            let hold = move |m: Arc<RedisStore>| -> StoreFuture<'static, Option<u32>> {
-                let (k, o) = (k.clone(), o.clone());
-                Box::pin(async move { m.reenter(&k, &o, count, ttl).await })
-            };
-            self.settle(key, owner, hold).await
-        })
+        Box::pin(self.settle(key, owner, move |m, k, o| {
+            Box::pin(async move { m.reenter(&k, &o, count, ttl).await })
+        }))
     }
 
     fn release<'a>(
@@ -191,14 +186,9 @@ impl Store for RedlockStore {
         count: u32,
         delay: Duration,
     ) -> StoreFuture<'a, Option<u32>> {
-        Box::pin(async move {
-            let (k, o) = (key.to_owned(), owner.to_owned());
-            let release = move |m: Arc<RedisStore>| -> StoreFuture<'static, Option<u32>> {
-                let (k, o) = (k.clone(), o.clone());
-                Box::pin(async move { m.release(&k, &o, count, delay).await })
-            };
-            self.settle(key, owner, release).await
-        })
+        Box::pin(self.settle(key, owner, move |m, k, o| {
+            Box::pin(async move { m.release(&k, &o, count, delay).await })
+        }))
     }
 
     fn release_grant<'a>(
@@ -208,17 +198,12 @@ impl Store for RedlockStore {
         fence: u64,
         delay: Duration,
     ) -> StoreFuture<'a, Option<u32>> {
-        Box::pin(async move {
-            let (k, o) = (key.to_owned(), owner.to_owned());
-            // A master may keep a larger token than the majority's `fence` (it made its
-            // own, or missed the write-back): the hint is wrong there, which costs that
-            // master one write more, never a different answer.
-            let release = move |m: Arc<RedisStore>| -> StoreFuture<'static, Option<u32>> {
-                let (k, o) = (k.clone(), o.clone());
-                Box::pin(async move { m.release_grant(&k, &o, fence, delay).await })
-            };
-            self.settle(key, owner, release).await
-        })
+        // A master may keep a larger token than the majority's `fence` (it made its own,
+        // or missed the write-back): the hint is wrong there, which costs that master one
+        // write more, never a different answer.
+        Box::pin(self.settle(key, owner, move |m, k, o| {
+            Box::pin(async move { m.release_grant(&k, &o, fence, delay).await })
+        }))
     }
 
     fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<Renewed>> {

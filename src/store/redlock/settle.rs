@@ -13,7 +13,8 @@ use crate::store::redis::RedisStore;
 use crate::store::{Store, StoreError, StoreFuture};
 
 impl RedlockStore {
-    /// Runs a hold or release of one grant (`call`) on every master and answers once
+    /// Runs a hold or release of one grant (`call`, given a master and the key and owner
+    /// it may keep beyond this call) on every master and answers once
     /// the [`vote`] is decided; the calls still out finish in the background (safe: the
     /// owner token of a grant is never reused for a new acquire). When the vote says
     /// the grant is gone, every master that answered a count for it, before the vote or
@@ -27,11 +28,12 @@ impl RedlockStore {
         call: F,
     ) -> Result<Option<u32>, StoreError>
     where
-        F: Fn(Arc<RedisStore>) -> StoreFuture<'static, Option<u32>>,
+        F: Fn(Arc<RedisStore>, Arc<str>, Arc<str>) -> StoreFuture<'static, Option<u32>>,
     {
+        let (k, o): (Arc<str>, Arc<str>) = (key.into(), owner.into());
         let mut calls: FuturesUnordered<_> = (self.masters.iter().enumerate())
             .map(|(i, m)| {
-                let call = call(m.clone());
+                let call = call(m.clone(), k.clone(), o.clone());
                 async move { (i, call.await) }
             })
             .collect();

@@ -7,7 +7,9 @@
 //!   when Redis runs on this machine), and `INFO commandstats` per cycle, command by
 //!   command;
 //! - the sidecar's own CPU per cycle, on Redis and on the memory store, against Redis'
-//!   CPU per classic cycle;
+//!   CPU per classic cycle, and against the floor of the stack it is built on (see
+//!   [`super::floor`]: tonic answering without a store, and with one EVALSHA per
+//!   request), so the figure says how much of it is Lockside's own;
 //! - Redis memory (`used_memory`) and keys per held exclusive lock, against `SET PX` keys
 //!   of the same names;
 //! - keys left once distinct keys were locked, released and their 1 s TTLs passed,
@@ -22,6 +24,7 @@ use std::time::{Duration, Instant};
 use deadpool_redis::redis::{self, Script, aio::MultiplexedConnection};
 use tonic::transport::Channel;
 
+use super::floor::Floor;
 use super::many_locks::take_locks;
 use super::process::{Sidecar, Spawn, cpu_ns, stop_all};
 use super::redis_side::{CommandStats, RedisProcs, used_memory};
@@ -109,6 +112,11 @@ pub(super) async fn cost_phase(
         let spent = meter.cycles(&channel, &key, pid, cost.cycles, tag).await?;
         let on_memory = memory_cycles(memory_channel, &key, memory_pid, cost.cycles).await?;
         cycle_figures(&spent, on_memory, report);
+        let floor = floor_cycles(None, &key, cost.cycles).await?;
+        let floor_redis = floor_cycles(Some(&args.redis), &key, cost.cycles).await?;
+        let on_redis = spent.sidecar.per_cycle_us(spent.sidecar.sidecar_ns);
+        report.put("cost_floor_cpu_us", on_redis, Some(floor_redis));
+        report.put("cost_memory_floor_cpu_us", on_memory, Some(floor));
 
         eprintln!("bench: phase 8: cost, {} locks held vs SET PX", cost.locks);
         meter.memory(&channel, &ns, cost.locks, report).await?;
@@ -484,6 +492,19 @@ async fn memory_cycles(
     let after = pid.map(cpu_ns).transpose()?;
     let spent = before.zip(after).map(|(b, a)| a.saturating_sub(b));
     Ok(spent.map(|ns| ns as f64 / 1e3 / cycles as f64))
+}
+
+/// The floor's CPU per cycle (see [`super::floor`]; with `redis`, one EVALSHA per
+/// request): `cycles` cycles after a warm-up, by the same client as the sidecar's.
+async fn floor_cycles(redis: Option<&str>, key: &str, cycles: u64) -> Result<f64, String> {
+    let (floor, channel) = Floor::start(redis).await?;
+    let pid = floor.pid().ok_or("the floor exited at once")?;
+    let mut session = Session::open(channel).await?;
+    sidecar_cycles(&mut session, key, WARMUP).await?;
+    let before = cpu_ns(pid)?;
+    sidecar_cycles(&mut session, key, cycles).await?;
+    let spent = cpu_ns(pid)?.saturating_sub(before);
+    Ok(spent as f64 / 1e3 / cycles as f64)
 }
 
 /// The cycle lines and the commandstats table.

@@ -43,6 +43,7 @@ mod contend;
 mod cost;
 mod election;
 mod fleet;
+mod floor;
 mod idle;
 mod many_locks;
 mod notices;
@@ -258,6 +259,10 @@ impl Phase {
 }
 
 fn main() -> std::process::ExitCode {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some(floor::FLOOR_SERVE) {
+        return floor::serve(&argv[2..]);
+    }
     let args = BenchArgs::parse();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,

@@ -173,7 +173,8 @@ pub(super) async fn stop_all(all: Vec<Sidecar>) -> Vec<String> {
     notes
 }
 
-async fn wait_ready(addr: &str, child: &mut Child) -> Result<Channel, String> {
+/// Waits until the process `child` accepts gRPC connections at `addr`.
+pub(super) async fn wait_ready(addr: &str, child: &mut Child) -> Result<Channel, String> {
     let deadline = Instant::now() + STARTUP;
     loop {
         if let Some(status) = child.try_wait().map_err(err("sidecar"))? {

@@ -126,6 +126,8 @@ const TABLE: &[(&str, &str)] = &[
     ("cost_redis_commands", "Redis commands/cycle vs SET NX PX + script"),
     ("cost_sidecar_cpu_us", "sidecar CPU/cycle, Redis (µs) vs Redis' classic"),
     ("cost_memory_store_cpu_us", "sidecar CPU/cycle, memory (µs) vs Redis' classic"),
+    ("cost_floor_cpu_us", "sidecar CPU/cycle, Redis (µs) vs tonic+redis-rs floor"),
+    ("cost_memory_floor_cpu_us", "sidecar CPU/cycle, memory (µs) vs tonic floor"),
     ("cost_memory_bytes", "Redis bytes per held lock vs SET PX"),
     ("cost_memory_keys", "Redis keys per held lock vs SET PX"),
     ("cost_keys_left", "keys left after release and TTL vs classic"),

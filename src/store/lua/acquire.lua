@@ -1,19 +1,23 @@
---#include core
--- Grants the lock to ARGV[1] when the lock admits its mode and limit, no lock-delay
--- runs, and (fair) nobody queued ahead of it could be granted instead. Otherwise
--- answers busy and, when ARGV[3] is '1', registers the waiter ARGV[7] for ARGV[2] ms
--- (and queues it, when fair).
--- ARGV: owner ttl_ms wait mode limit fair waiter tail channel key sharded
+-- Grants the lock to the claim's owner when the lock admits its mode and limit, no
+-- lock-delay runs, and (fair) nobody queued ahead of it could be granted instead.
+-- Otherwise answers busy and, when it waits, registers the waiter for ARGV[1] ms (and
+-- queues it, when fair).
+-- ARGV: ttl_ms tail claim notice
 --   tail: 'owner|name length|name' then the value, as the lock's string keeps them.
---   A waiting claim (wait = '1') may have registered as a waiter on an earlier try: a
---   grant removes that registration.
+--   claim: wait fair '|' waiter, e.g. '01|x|1|owner|session_id|client_name'; the waiter
+--   ('mode|limit|owner|session_id|client_name') is what w and q keep. A waiting claim
+--   (wait = '1') may have registered as a waiter on an earlier try: a grant removes that
+--   registration.
+--   notice: sharded ('1': SPUBLISH, a Cluster) then the lock's name; its channel is
+--   h's name with 'n' for the last letter.
+-- Every argument costs Redis a Lua string on every call (and a table that grows past 4
+-- costs another rehash): hence four, the rarely needed parts packed.
 -- Returns the fence (a bare integer: a table reply costs Redis more) granted; {0, ms
 -- until something may change, queue position} busy; {2, the holders' limit} when the
 -- holders use another limit.
-local h, w, q, l = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local owner, ttl, waiter, tail = ARGV[1], ARGV[2], ARGV[7], ARGV[8]
-local fair, again = ARGV[6] == '1', ARGV[3] == '1'
-local channel, key, sharded = ARGV[9], ARGV[10], ARGV[11]
+local h = KEYS[1]
+local ttl, tail, claim = ARGV[1], ARGV[2], ARGV[3]
+local again, fair = string.sub(claim, 1, 1) == '1', string.sub(claim, 2, 2) == '1'
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 
@@ -21,24 +25,27 @@ local now = t[1] * 1000 + math.floor(t[2] / 1000)
 -- after a release) and no lock-delay runs, for a fair claim with nobody queued: one
 -- EXISTS (of the queue and the watchers together: both absent is the common case), one
 -- GET and one SET, the token max(last + 1, now * 1024). Every call a script makes costs
--- Redis about a microsecond besides its own work, hence one EXISTS for two keys.
+-- Redis about a microsecond besides its own work, hence one EXISTS for two keys. It runs
+-- before core's and lock's helpers are defined (each a closure made on every call), so
+-- it spells out the little it needs of them.
 -- Not SET NX PX GET in place of GET and SET: measured (callgrind, Redis 7.0.15) it costs
 -- Redis more, over a kept token (which then takes a second SET) and over a missing key
 -- alike: about 8,000 instructions more per acquire, of about 70,000.
-local fast = ARGV[4] == 'x' and ARGV[5] == '1'
 local others = 0
+local fast = string.sub(claim, 4, 7) == 'x|1|'
 if fast then
   if fair then
-    others = redis.call('EXISTS', q, l)
-    fast = others == 0 or redis.call('EXISTS', q) == 0
+    others = redis.call('EXISTS', KEYS[3], KEYS[4])
+    fast = others == 0 or redis.call('EXISTS', KEYS[3]) == 0
   else
-    others = redis.call('EXISTS', l)
+    others = redis.call('EXISTS', KEYS[4])
   end
 end
 if fast then
   local ok, v = pcall(redis.call, 'GET', h)
   local fence = now * 1024
   if ok and v then
+    -- A kept token 'f|last|delay end': free once the delay (0: none) has ended.
     local last, until_ms = string.match(v, '^f|(%d+)|(%d+)$')
     if last and tonumber(until_ms) <= now then
       fence = math.max(last + 1, fence)
@@ -47,20 +54,29 @@ if fast then
     end
   end
   if ok then
-    redis.call('SET', h, single('1', int(fence), tail), 'PX', ttl)
+    redis.call('SET', h, 'x|1|' .. string.format('%d', fence) .. '|' .. tail, 'PX', ttl)
     if again then
-      redis.call('ZREM', w, waiter)
+      redis.call('ZREM', KEYS[2], string.sub(claim, 4))
     end
-    if others > 0 then
-      changed(l, channel, key, sharded)
+    if others > 0 and redis.call('EXISTS', KEYS[4]) == 1 then
+      local notice = ARGV[4]
+      redis.call(string.sub(notice, 1, 1) == '1' and 'SPUBLISH' or 'PUBLISH',
+        string.sub(h, 1, -2) .. 'n', string.sub(notice, 2) .. '\n=')
     end
     return fence
   end
 end
 
+--#include core
 --#include lock
 
-local mode, limit = ARGV[4], tonumber(ARGV[5])
+local w, q, l = KEYS[2], KEYS[3], KEYS[4]
+local waiter = string.sub(claim, 4)
+local mode, limit, owner = parse_waiter(waiter)
+local sharded, key = string.sub(ARGV[4], 1, 1), string.sub(ARGV[4], 2)
+local channel = string.sub(h, 1, -2) .. 'n'
+
+
 ttl = tonumber(ttl)
 local lock = load(h, now)
 if not lock then
@@ -96,7 +112,7 @@ if go and fair then
 end
 
 if not go then
-  if ARGV[3] == '1' then
+  if again then
     redis.call('ZADD', w, int(now + ttl), waiter)
     if fair and not redis.call('ZSCORE', q, waiter) then
       local last = redis.call('ZRANGE', q, -1, -1, 'WITHSCORES')

@@ -1,18 +1,22 @@
---#include core
--- Leaves ARGV[2] holds on ARGV[1]'s grant: N > 0 sets the hold count to N (the count the
--- session keeps, so a retried release that ran leaves the same count); 0 releases the
--- grant. When the grant goes, wakes the waiters that can now have the lock (see wake in
--- lock.lua); with ARGV[3] > 0 ms and an exclusive lock now free, starts a lock-delay.
+-- Leaves hold's count N of holds on ARGV[1]'s grant: N > 0 sets the hold count to N
+-- (the count the session keeps, so a retried release that ran leaves the same count);
+-- 0 releases the grant. When the grant goes, wakes the waiters that can now have the
+-- lock (see wake in lock.lua); with a lock-delay > 0 ms and an exclusive lock now free,
+-- starts a lock-delay.
 -- A lock nobody holds keeps only its last token, until the released grant's expiry (or
 -- longer, while a lock-delay runs); then no key is left.
--- ARGV: owner count delay_ms channel key sharded fence
+-- ARGV: owner fence hold notice
 --   fence: the token the session was granted, or '' when the caller does not know it.
 --   Only a hint for the one-call release below: the answer is the same when it is
 --   wrong (a Redlock master may keep a larger token than the grant's).
+--   hold: the count to leave and the lock-delay in ms, 'count|delay_ms' ('0|0': a
+--   whole release without lock-delay, the common case).
+--   notice: sharded ('1': SPUBLISH, a Cluster) then the lock's name; its channel is
+--   h's name with 'n' for the last letter.
+-- Four arguments, the rarely needed ones packed: see acquire.lua.
 -- Returns the holds left (0: released), or -1 when ARGV[1] does not hold the lock.
-local h, w, q, l = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local owner, left = ARGV[1], ARGV[2]
-local channel, key, sharded, hint = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local h, w, l = KEYS[1], KEYS[2], KEYS[4]
+local owner, hint, hold = ARGV[1], ARGV[2], ARGV[3]
 local gone
 
 -- The most common case, a whole release of an exclusive lock without lock-delay whose
@@ -27,15 +31,23 @@ local gone
 -- (shared lock, semaphore) or a v1 zset answers WRONGTYPE and is left unchanged: the
 -- general path below reads it. All of it runs in one script: nobody sees the
 -- in-between state, and a replica receives the same writes in one transaction.
-if left == '0' and ARGV[3] == '0' and hint and hint ~= '' then
+-- It runs before core's helpers are defined (each a closure made on every call), and
+-- recognises the usual grant, 'x|1|hint|owner|...', by its beginning rather than by
+-- a pattern (a pattern and its captures cost Redis more than the rest of the check).
+if hold == '0|0' and hint ~= '' then
   local ok, v = pcall(redis.call, 'SET', h, 'f|' .. hint .. '|0', 'KEEPTTL', 'GET')
   if ok then
-    local fence, holder
+    local fence = hint
     if v then
-      local _
-      _, fence, _, holder = parse_single(v)
+      local usual = 'x|1|' .. hint .. '|' .. owner .. '|'
+      if string.sub(v, 1, #usual) ~= usual then
+        -- Another hold count or another token (Redlock's write-back), another holder,
+        -- or a kept token.
+        local _, kept, _, holder = string.match(v, '^x|(%d+)|(%d+)|(([^|]*).*)$')
+        fence = holder == owner and kept or nil
+      end
     end
-    if not fence or holder ~= owner then
+    if not v or not fence then
       if v then
         redis.call('SET', h, v, 'KEEPTTL')
       else
@@ -53,6 +65,13 @@ if left == '0' and ARGV[3] == '0' and hint and hint ~= '' then
     gone = {holders = {}, n = 0, fence = tonumber(fence), limit = 0}
   end
 end
+
+--#include core
+
+local q = KEYS[3]
+local left, delay = string.match(hold, '^(%d+)|(%d+)$')
+local sharded, key = string.sub(ARGV[4], 1, 1), string.sub(ARGV[4], 2)
+local channel = string.sub(h, 1, -2) .. 'n'
 
 -- The common case: an exclusive lock. Its key's TTL is the grant's: a key that exists
 -- holds a live grant.
@@ -74,11 +93,11 @@ if single_lock then
   -- The token stays until the grant's expiry, when the clock has long passed it (1024
   -- tokens a millisecond would be needed to outrun a TTL of a second), so Describe
   -- still shows it and a next grant still goes beyond it; then nothing is left.
-  if ARGV[3] == '0' then
+  if delay == '0' then
     redis.call('SET', h, 'f|' .. fence .. '|0', 'KEEPTTL')
   else
     local t = redis.call('TIME')
-    local until_ms = t[1] * 1000 + math.floor(t[2] / 1000) + tonumber(ARGV[3])
+    local until_ms = t[1] * 1000 + math.floor(t[2] / 1000) + tonumber(delay)
     redis.call('SET', h, 'f|' .. fence .. '|' .. string.format('%d', until_ms), 'PXAT',
       math.max(until_ms, redis.call('PEXPIRETIME', h)))
   end

@@ -101,17 +101,14 @@ impl RedisStore {
         delay: Duration,
         fence: Option<u64>,
     ) -> Result<Option<u32>, StoreError> {
-        let (count, delay) = (count.to_string(), ms(delay));
+        let hold = format!("{count}|{}", ms(delay));
         let fence = fence.map(|f| f.to_string()).unwrap_or_default();
-        let (channel, sharded) = self.notice_channel(key);
-        let args: [&[u8]; 7] = [
+        let notice = self.notice(key);
+        let args: [&[u8]; 4] = [
             owner.as_bytes(),
-            count.as_bytes(),
-            delay.as_bytes(),
-            channel.as_bytes(),
-            key.as_bytes(),
-            sharded.as_bytes(),
             fence.as_bytes(),
+            hold.as_bytes(),
+            notice.as_bytes(),
         ];
         let n: i64 = self.invoke(&self.scripts.release, key, &args).await?;
         Ok(held_count(n))
@@ -139,6 +136,21 @@ impl RedisStore {
             "0"
         };
         (self.subscriptions.channel(key), sharded)
+    }
+
+    /// The `notice` argument of `acquire.lua` and `release.lua`: whether they publish
+    /// with `SPUBLISH` ("1": Cluster) or `PUBLISH` ("0"), then the lock's name. The
+    /// scripts make the channel from the lock's key (see [`Self::notice_channel`]):
+    /// one argument fewer, and Redis pays for every argument on every call.
+    fn notice(&self, key: &str) -> String {
+        let mut notice = String::with_capacity(1 + key.len());
+        notice.push(if self.subscriptions.sharded() {
+            '1'
+        } else {
+            '0'
+        });
+        notice.push_str(key);
+        notice
     }
 
     /// The keys of one lock, in the order the scripts take them: its hash, its
@@ -169,28 +181,27 @@ fn tail(claim: &Claim) -> Vec<u8> {
     tail
 }
 
+/// The `claim` argument of `acquire.lua`: wait and fair ("1" or "0" each), '|', then
+/// the waiter as `w` and `q` keep it (`mode|limit|owner|session_id|client_name`), from
+/// which the script reads mode, limit and owner.
+fn claimed(claim: &Claim) -> String {
+    let flag = |on: bool| if on { '1' } else { '0' };
+    let mut claimed = String::new();
+    claimed.push(flag(claim.wait));
+    claimed.push(flag(claim.fair));
+    claimed.push('|');
+    claimed.push_str(&claim.waiter());
+    claimed
+}
+
 impl Store for RedisStore {
     fn acquire<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, Acquired> {
         Box::pin(async move {
             let ttl = ms(claim.ttl);
-            let flag = |on: bool| if on { "1" } else { "0" };
-            let limit = claim.limit.to_string();
-            let waiter = claim.waiter();
-            let (channel, sharded) = self.notice_channel(&claim.key);
             let tail = tail(claim);
-            let args: [&[u8]; 11] = [
-                claim.owner.as_bytes(),
-                ttl.as_bytes(),
-                flag(claim.wait).as_bytes(),
-                claim.sharing.letter().as_bytes(),
-                limit.as_bytes(),
-                flag(claim.fair).as_bytes(),
-                waiter.as_bytes(),
-                &tail,
-                channel.as_bytes(),
-                claim.key.as_bytes(),
-                sharded.as_bytes(),
-            ];
+            let claimed = claimed(claim);
+            let notice = self.notice(&claim.key);
+            let args: [&[u8]; 4] = [ttl.as_bytes(), &tail, claimed.as_bytes(), notice.as_bytes()];
             let reply: Value = if self.acks.min == 0 {
                 self.invoke(&self.scripts.acquire, &claim.key, &args)
                     .await?
@@ -362,5 +373,24 @@ impl Store for RedisStore {
 
     fn kind(&self) -> &'static str {
         self.kind
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `acquire.lua` and `release.lua` publish on the lock's key with 'n' for its last
+    /// letter: that must be the channel the sidecar subscribes to.
+    #[tokio::test]
+    async fn scripts_make_the_channel_the_sidecar_listens_to() {
+        let store = RedisStore::new("redis://127.0.0.1:1", "ns:a", Duration::from_secs(1))
+            .expect("a lazy store");
+        for key in ["orders/42", "a:b}c", ""] {
+            let mut made = store.key(key, "h");
+            made.replace_range(made.len() - 1.., "n");
+            assert_eq!(made, store.notice_channel(key).0);
+            assert_eq!(store.notice(key), format!("0{key}"));
+        }
     }
 }

@@ -105,12 +105,20 @@ mod tests {
             !acquire.lines().any(|l| l.starts_with("--#include")),
             "every include expanded"
         );
-        let fast = acquire.find("tail), 'PX', ttl)").expect("the fast path");
-        let helpers = acquire.find("local function load(").expect("lock helpers");
-        assert!(
-            fast < helpers,
-            "the common case runs before the helpers are made"
-        );
+        let fast = acquire.find("tail, 'PX', ttl)").expect("the fast path");
+        for helpers in ["local function now_ms(", "local function load("] {
+            let helpers = acquire.find(helpers).expect("core and lock helpers");
+            assert!(
+                fast < helpers,
+                "the common case runs before the helpers are made"
+            );
+        }
+        let release = &scripts.release.source;
+        let fast = release.find("'KEEPTTL', 'GET')").expect("the fast path");
+        let helpers = release
+            .find("local function now_ms(")
+            .expect("core helpers");
+        assert!(fast < helpers, "the common case runs before the helpers");
         assert!(
             scripts
                 .renew_across_slots

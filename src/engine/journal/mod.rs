@@ -19,6 +19,8 @@
 //! `flush.rs` turns the gathered changes into record writes and reads the answers.
 
 mod flush;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -45,9 +47,11 @@ pub(crate) struct SessionRef {
     pub(crate) client_name: String,
 }
 
+/// Keys are the session's own (`Arc<str>`): the journal lists every held lock, and a
+/// copy of each key would cost as much as the session's.
 enum Entry {
-    Granted(Arc<SessionRef>, String, RecordLine),
-    Dropped(Arc<SessionRef>, String),
+    Granted(Arc<SessionRef>, Arc<str>, RecordLine),
+    Dropped(Arc<SessionRef>, Arc<str>),
     Ended(Arc<SessionRef>),
     /// A resumed session: the store's record lists these and is already this
     /// sidecar's.
@@ -92,13 +96,13 @@ impl Journal {
     }
 
     /// A grant was handed out.
-    pub(crate) fn granted(&self, session: &Arc<SessionRef>, key: &str, line: RecordLine) {
-        self.send(Entry::Granted(session.clone(), key.to_owned(), line));
+    pub(crate) fn granted(&self, session: &Arc<SessionRef>, key: Arc<str>, line: RecordLine) {
+        self.send(Entry::Granted(session.clone(), key, line));
     }
 
     /// A lock left the session (released, lost).
-    pub(crate) fn dropped(&self, session: &Arc<SessionRef>, key: &str) {
-        self.send(Entry::Dropped(session.clone(), key.to_owned()));
+    pub(crate) fn dropped(&self, session: &Arc<SessionRef>, key: Arc<str>) {
+        self.send(Entry::Dropped(session.clone(), key));
     }
 
     /// The session ended: its record goes.
@@ -125,10 +129,10 @@ impl Journal {
 struct Tracked {
     session: Option<Arc<SessionRef>>,
     /// What the store's record lists (as far as the journal knows).
-    listed: HashMap<String, RecordLine>,
+    listed: HashMap<Arc<str>, RecordLine>,
     /// Changes not written yet: a line to list (with when it was granted), or `None`
-    /// to take the key off.
-    pending: HashMap<String, Option<(RecordLine, Instant)>>,
+    /// to take the key off. Emptied by a flush, it gives its table back (`flush.rs`).
+    pending: HashMap<Arc<str>, Option<(RecordLine, Instant)>>,
     ended: bool,
     /// The record is another generation's: never written again.
     foreign: bool,
@@ -214,7 +218,9 @@ impl Task {
                 let serial = s.serial;
                 let tracked = self.tracked.entry(serial).or_default();
                 tracked.session = Some(s);
-                tracked.listed.extend(lines);
+                tracked
+                    .listed
+                    .extend(lines.into_iter().map(|(key, line)| (key.into(), line)));
                 // The resume just wrote the attachment.
                 self.attach_at
                     .get_or_insert(Instant::now() + self.attachment / 3);

@@ -52,7 +52,7 @@ impl Session {
                 let reason = lost_because(Loss::Shutdown).to_owned();
                 self.shared.metrics.lost(Loss::Shutdown);
                 let _ = self.out.try_send(Event::Lost {
-                    key: key.clone(),
+                    key: key.to_string(),
                     reason,
                     fence: *fence,
                 });

@@ -45,9 +45,13 @@ use crate::metrics::{Loss, Outcome as Counted};
 use crate::store::{Claim, Sharing, StoreError};
 use end::End;
 
+/// A key's state in the session, boxed: a session's slots live in a hash table sized
+/// to a power of two (1,000 keys take 2,048 buckets), and a bucket holds the key and a
+/// pointer rather than a whole `Held` (about 140 bytes), which halves the table's
+/// memory at 1,000 locks a session.
 enum Slot {
-    Acquiring(Acquiring),
-    Held(Held),
+    Acquiring(Box<Acquiring>),
+    Held(Box<Held>),
 }
 
 struct Acquiring {
@@ -68,7 +72,8 @@ struct Acquiring {
 
 struct Held {
     lease_id: u64,
-    owner: String,
+    /// Shared with the renewer's entry.
+    owner: Arc<str>,
     fence: u64,
     ttl: Duration,
     sharing: Sharing,
@@ -129,10 +134,11 @@ pub(crate) struct Session {
     grants: u64,
     out: mpsc::Sender<Event>,
     overflow: bool,
-    slots: HashMap<String, Slot>,
+    /// Each key's state. The key is the one string of it that the session, the
+    /// renewer and the journal share.
+    slots: HashMap<Arc<str>, Slot>,
     pending: HashSet<u64>,
     ops: FuturesUnordered<BoxFuture<'static, Done>>,
-    leases: HashMap<u64, String>,
     renew_tx: mpsc::UnboundedSender<RenewEvent>,
     renew_rx: mpsc::UnboundedReceiver<RenewEvent>,
     waiting_tx: mpsc::UnboundedSender<(u64, String, u32)>,
@@ -198,7 +204,6 @@ impl Session {
             slots: HashMap::new(),
             pending: HashSet::new(),
             ops: FuturesUnordered::new(),
-            leases: HashMap::new(),
             renew_tx,
             renew_rx,
             waiting_tx,
@@ -353,4 +358,17 @@ fn forget(metrics: &crate::metrics::Metrics, held: &Held) {
     metrics
         .hold_time
         .observe(held.granted_at.elapsed().as_secs_f64());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A session with 1,000 locks has 2,048 buckets of slots: a bucket is a key and a
+    /// pointer (168 bytes before, a whole `Held` inline).
+    #[test]
+    fn a_slot_bucket_stays_small() {
+        let bucket = size_of::<(Arc<str>, Slot)>();
+        assert!(bucket <= 32, "{bucket} bytes");
+    }
 }

@@ -117,7 +117,7 @@ impl Session {
         };
         let config = &self.shared.config;
         let (max_locks, max_waiters) = (config.max_locks_per_session, config.max_waiters_per_key);
-        match self.slots.get_mut(&request.key) {
+        match self.slots.get_mut(request.key.as_str()) {
             Some(Slot::Acquiring(a)) => {
                 self.pending.insert(request.request_id);
                 a.queue.push_back(Command::Acquire(request));
@@ -261,8 +261,8 @@ impl Session {
                 let cancel = CancellationToken::new();
                 let span = acquire_span(&request, sharing, limit);
                 self.slots.insert(
-                    request.key.clone(),
-                    Slot::Acquiring(Acquiring {
+                    request.key.as_str().into(),
+                    Slot::Acquiring(Box::new(Acquiring {
                         request_id: request.request_id,
                         span: span.clone(),
                         started: Instant::now(),
@@ -271,7 +271,7 @@ impl Session {
                         cancel: cancel.clone(),
                         cancelled: false,
                         queue: VecDeque::new(),
-                    }),
+                    })),
                 );
                 self.pending.insert(request.request_id);
                 let op = acquire(AcquireOp {
@@ -290,7 +290,7 @@ impl Session {
     }
 
     pub(super) fn release(&mut self, request_id: u64, key: String) {
-        match self.slots.get_mut(&key) {
+        match self.slots.get_mut(key.as_str()) {
             Some(Slot::Acquiring(a)) => {
                 // A Release of a key the session waits for cancels the wait; the pending
                 // Acquire is answered NotAcquired CANCELLED, the Release not at all.
@@ -347,7 +347,7 @@ impl Session {
             key: key.clone(),
             value: value.clone(),
         };
-        match self.slots.get_mut(&key) {
+        match self.slots.get_mut(key.as_str()) {
             Some(Slot::Acquiring(a)) => {
                 self.pending.insert(request_id);
                 a.queue.push_back(command());

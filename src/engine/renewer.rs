@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::session::Note;
 use crate::metrics::{Metrics, Renewed as Counted};
 use crate::store::drift_margin;
 use crate::store::{Renewal, Renewed, Store, StoreError};
@@ -81,7 +82,7 @@ pub(crate) struct Renewable {
     /// When the write that last confirmed the grant was sent.
     pub(crate) confirmed_at: Instant,
     pub(crate) clock: Arc<LeaseClock>,
-    pub(crate) events: mpsc::UnboundedSender<RenewEvent>,
+    pub(crate) events: mpsc::UnboundedSender<Note>,
 }
 
 enum Cmd {
@@ -136,14 +137,14 @@ struct Entry {
     owner: Arc<str>,
     ttl: Duration,
     clock: Arc<LeaseClock>,
-    events: mpsc::UnboundedSender<RenewEvent>,
+    events: mpsc::UnboundedSender<Note>,
     due: Instant,
     failing: bool,
 }
 
 impl Entry {
     fn event(&self, id: u64, event: fn(u64, Arc<str>) -> RenewEvent) {
-        let _ = self.events.send(event(id, self.key.clone()));
+        let _ = self.events.send(Note::Renew(event(id, self.key.clone())));
     }
 }
 

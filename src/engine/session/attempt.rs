@@ -13,7 +13,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{AcquireResult, Done};
+use super::{AcquireResult, Done, Note};
 use crate::engine::wakers::WaitGuard;
 use crate::store::{Acquired, Claim, Store};
 
@@ -25,7 +25,7 @@ pub(super) struct AcquireOp {
     pub(super) wait_until: Option<Instant>,
     pub(super) guard: Option<WaitGuard>,
     pub(super) cancel: CancellationToken,
-    pub(super) waiting: mpsc::UnboundedSender<(u64, String, u32)>,
+    pub(super) waiting: mpsc::UnboundedSender<Note>,
 }
 
 pub(super) async fn acquire(op: AcquireOp) -> Done {
@@ -112,9 +112,11 @@ async fn attempts(op: &AcquireOp) -> AcquireResult {
         }
         if !told {
             told = true;
-            let _ = op
-                .waiting
-                .send((op.request_id, op.claim.key.clone(), position));
+            let _ = op.waiting.send(Note::Waiting {
+                request_id: op.request_id,
+                key: op.claim.key.clone(),
+                position,
+            });
         }
         // +1 ms: look just after the holder's expiry, not just before it.
         let look_again =

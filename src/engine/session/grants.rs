@@ -38,7 +38,7 @@ impl Session {
             ttl: claim.ttl,
             confirmed_at: sent_at,
             clock: clock.clone(),
-            events: self.renew_tx.clone(),
+            events: self.notes_tx.clone(),
         });
         self.shared.metrics.locks_held.inc();
         self.journal_granted(&key, &owner, claim.ttl, fence);

@@ -282,7 +282,7 @@ impl Session {
                     wait_until,
                     guard,
                     cancel,
-                    waiting: self.waiting_tx.clone(),
+                    waiting: self.notes_tx.clone(),
                 });
                 self.ops.push(Box::pin(op.instrument(span)));
             }

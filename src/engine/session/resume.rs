@@ -114,7 +114,7 @@ impl Session {
             ttl,
             confirmed_at: sent_at,
             clock: clock.clone(),
-            events: self.renew_tx.clone(),
+            events: self.notes_tx.clone(),
         });
         self.shared.metrics.locks_held.inc();
         self.slots.insert(

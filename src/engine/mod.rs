@@ -8,6 +8,7 @@
 
 mod config;
 mod journal;
+mod mailbox;
 mod notices;
 mod protocol;
 mod renewer;

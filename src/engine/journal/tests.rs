@@ -3,7 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::{Entry, SessionRef, Task};
+use crate::engine::mailbox::Mailbox;
 use crate::store::memory::MemoryStore;
 use crate::store::{RecordLine, Store};
 
@@ -17,13 +20,12 @@ fn session() -> Arc<SessionRef> {
 }
 
 fn task() -> Task {
-    let (_, rx) = tokio::sync::mpsc::unbounded_channel();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     Task {
         store,
         sidecar: "sidecar".into(),
         attachment: Duration::from_secs(10),
-        rx,
+        mailbox: Arc::new(Mailbox::new()),
         tracked: Default::default(),
         refreshes: Default::default(),
         dirty: Default::default(),
@@ -46,7 +48,7 @@ async fn a_flush_gives_back_the_tables_of_changes_written() {
             ttl: Duration::from_secs(10),
             fence: 1,
         };
-        task.apply(Entry::Granted(s.clone(), key.clone(), line));
+        task.apply(Entry::Granted(s.clone(), key.clone(), line, Instant::now()));
     }
     task.flush(true).await;
     let tracked = &task.tracked[&1];
@@ -62,7 +64,7 @@ async fn a_flush_gives_back_the_tables_of_changes_written() {
     assert!(Arc::ptr_eq(listed, &keys[0]));
 
     for key in &keys {
-        task.apply(Entry::Dropped(s.clone(), key.clone()));
+        task.apply(Entry::Dropped(s.clone(), key.clone(), Instant::now()));
     }
     task.flush(true).await;
     let tracked = &task.tracked[&1];

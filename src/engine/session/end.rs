@@ -42,7 +42,7 @@ impl Session {
         let mut held = Vec::new();
         for (key, slot) in self.slots.drain() {
             if let Slot::Held(h) = slot {
-                self.shared.renewer.remove(h.lease_id);
+                h.clock.release();
                 forget(&self.shared.metrics, &h);
                 held.push((key, h.owner, h.fence));
             }

@@ -75,7 +75,7 @@ impl Session {
     pub(super) fn released(&mut self, key: String, request_id: u64) {
         let queue = match self.slots.remove_entry(key.as_str()) {
             Some((key, Slot::Held(h))) => {
-                self.shared.renewer.remove(h.lease_id);
+                h.clock.release();
                 self.forget(&h);
                 self.shared.journal.dropped(&self.record, key);
                 h.queue
@@ -100,7 +100,7 @@ impl Session {
         tracing::warn!(%key, fence = h.fence, %reason, "lock lost");
         self.shared.metrics.lost(why);
         self.forget(&h);
-        self.shared.renewer.remove(h.lease_id);
+        h.clock.release();
         self.shared.journal.dropped(&self.record, shared_key);
         // If the store is reachable again, let the others in now rather than at expiry.
         self.release_in_background(key.to_owned(), h.owner.to_string());

@@ -1,4 +1,5 @@
-//! One acquire: try, and while busy and allowed to, wait for a wake-up and try again.
+//! One acquire: its trace span, and its store calls: try, and while busy and allowed
+//! to, wait for a wake-up and try again.
 //!
 //! A waiting acquire listens to its key's notices ([`Store::listen`]) from its first
 //! busy answer until it ends, however it ends; an acquire that is granted at once, or
@@ -14,8 +15,40 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{AcquireResult, Done, Note};
+use crate::engine::AcquireRequest;
 use crate::engine::wakers::WaitGuard;
-use crate::store::{Acquired, Claim, Store};
+use crate::store::{Acquired, Claim, Sharing, Store};
+
+/// The span of a first acquire of a key; its outcome, wait and token are recorded
+/// when it is answered (`results.rs`).
+pub(super) fn acquire_span(
+    session: &tracing::Span,
+    request: &AcquireRequest,
+    sharing: Sharing,
+    limit: u32,
+) -> tracing::Span {
+    let mode = match (sharing, limit) {
+        (Sharing::Shared, _) => "shared",
+        (Sharing::Exclusive, 1) => "exclusive",
+        (Sharing::Exclusive, _) => "semaphore",
+    };
+    let span = tracing::info_span!(
+        parent: session,
+        "acquire",
+        key = %request.key,
+        mode,
+        limit,
+        fair = request.fair,
+        wait_timeout_ms = request.wait.map(|w| w.as_millis() as u64),
+        outcome = tracing::field::Empty,
+        waited_ms = tracing::field::Empty,
+        queue_position = tracing::field::Empty,
+        fencing_token = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    crate::telemetry::set_remote_parent(&span, &request.trace);
+    span
+}
 
 pub(super) struct AcquireOp {
     pub(super) store: Arc<dyn Store>,

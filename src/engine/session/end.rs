@@ -8,7 +8,8 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio_stream::StreamExt;
 
-use super::{AcquireResult, Done, Session, Slot, forget, lost_because};
+use super::grants::{forget, lost_because};
+use super::{AcquireResult, Done, Session, Slot};
 use crate::engine::{EndReason, Event};
 use crate::metrics::Loss;
 use crate::store::Store;

@@ -61,7 +61,7 @@ impl Session {
                 queue,
             })),
         );
-        tracing::debug!(%key, fence, "granted");
+        log!(self, DEBUG, %key, fence, "granted");
         self.send(Event::Granted {
             request_id,
             key: key.to_string(),
@@ -96,8 +96,8 @@ impl Session {
         let Some((shared_key, Slot::Held(h))) = self.slots.remove_entry(key) else {
             return VecDeque::new();
         };
-        let reason = super::lost_because(why);
-        tracing::warn!(%key, fence = h.fence, %reason, "lock lost");
+        let reason = lost_because(why);
+        log!(self, WARN, %key, fence = h.fence, %reason, "lock lost");
         self.shared.metrics.lost(why);
         self.forget(&h);
         h.clock.release();
@@ -195,4 +195,21 @@ impl Session {
             _ => {}
         }
     }
+}
+
+/// The reason a `Lost` event gives, for each way of losing a lock.
+pub(super) fn lost_because(why: Loss) -> &'static str {
+    match why {
+        Loss::Deadline => "renewal not confirmed before the safe deadline",
+        Loss::NotHeld => "the store no longer holds the lock",
+        Loss::Shutdown => "the sidecar is shutting down",
+    }
+}
+
+/// A grant leaves the session: gauges and the hold-time histogram.
+pub(super) fn forget(metrics: &crate::metrics::Metrics, held: &Held) {
+    metrics.locks_held.dec();
+    metrics
+        .hold_time
+        .observe(held.granted_at.elapsed().as_secs_f64());
 }

@@ -8,36 +8,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::attempt::{AcquireOp, acquire};
+use super::attempt::{AcquireOp, acquire, acquire_span};
 use super::{Acquiring, Done, Session, Slot};
 use crate::engine::{AcquireRequest, Command, Mode, RejectCode, validate_key};
 use crate::proto::limits::{MAX_VALUE_BYTES, MAX_WAIT, MIN_TTL};
 use crate::store::{Claim, Sharing};
-
-/// The span of a first acquire of a key; its outcome, wait and token are recorded
-/// when it is answered (`results.rs`).
-fn acquire_span(request: &AcquireRequest, sharing: Sharing, limit: u32) -> tracing::Span {
-    let mode = match (sharing, limit) {
-        (Sharing::Shared, _) => "shared",
-        (Sharing::Exclusive, 1) => "exclusive",
-        (Sharing::Exclusive, _) => "semaphore",
-    };
-    let span = tracing::info_span!(
-        "acquire",
-        key = %request.key,
-        mode,
-        limit,
-        fair = request.fair,
-        wait_timeout_ms = request.wait.map(|w| w.as_millis() as u64),
-        outcome = tracing::field::Empty,
-        waited_ms = tracing::field::Empty,
-        queue_position = tracing::field::Empty,
-        fencing_token = tracing::field::Empty,
-        otel.status_code = tracing::field::Empty,
-    );
-    crate::telemetry::set_remote_parent(&span, &request.trace);
-    span
-}
 
 impl Session {
     pub(super) fn handle(&mut self, command: Command) {
@@ -259,7 +234,7 @@ impl Session {
                     value: request.value.clone(),
                 };
                 let cancel = CancellationToken::new();
-                let span = acquire_span(&request, sharing, limit);
+                let span = acquire_span(&self.span, &request, sharing, limit);
                 self.slots.insert(
                     request.key.as_str().into(),
                     Slot::Acquiring(Box::new(Acquiring {

@@ -143,7 +143,7 @@ impl Session {
                     }
                     Err(e) if last => {
                         // Stop renewing: the store lets the lock go at its expiry.
-                        tracing::warn!(%key, error = %e, "release not confirmed by the store; the lock expires at its TTL");
+                        log!(self, WARN, %key, error = %e, "release not confirmed by the store; the lock expires at its TTL");
                         self.released(key, request_id);
                     }
                     Err(e) => {
@@ -207,7 +207,7 @@ impl Session {
         let key = claim.key.clone();
         let Some((shared_key, Slot::Acquiring(a))) = self.slots.remove_entry(key.as_str()) else {
             // Cannot happen: an Acquiring slot only leaves through here.
-            tracing::error!(%key, "acquire finished without its slot");
+            log!(self, ERROR, %key, "acquire finished without its slot");
             if let AcquireResult::Granted { .. } = outcome {
                 self.release_in_background(key, claim.owner);
             }

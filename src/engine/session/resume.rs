@@ -135,7 +135,7 @@ impl Session {
                 queue: VecDeque::new(),
             })),
         );
-        tracing::debug!(%key, fence = grant.fence, "resumed");
+        log!(self, DEBUG, %key, fence = grant.fence, "resumed");
         self.greeting.push(Event::Granted {
             request_id: 0,
             key,

@@ -13,6 +13,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let descriptors = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("lockside.bin");
     tonic_prost_build::configure()
         .file_descriptor_set_path(descriptors)
+        // Prost's codec with 1 KiB buffers per RPC, not 8 KiB (`src/proto/codec.rs`).
+        .codec_path("crate::proto::codec::LeanCodec")
         .build_client(true)
         .build_server(true)
         .compile_with_config(config, &[proto], &["proto"])?;

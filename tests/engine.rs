@@ -45,6 +45,8 @@ struct Switchable {
     frozen_node: AtomicBool,
     renew_calls: AtomicUsize,
     renew_items: AtomicUsize,
+    /// Every key a renewal was asked for, in order.
+    renewed_keys: std::sync::Mutex<Vec<String>>,
     /// Listens started, and listens not yet ended (without `watch`).
     listen_calls: AtomicUsize,
     listens: AtomicUsize,
@@ -136,6 +138,8 @@ impl Store for Switchable {
     fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<Renewed>> {
         self.renew_calls.fetch_add(1, Ordering::SeqCst);
         self.renew_items.fetch_add(batch.len(), Ordering::SeqCst);
+        (self.renewed_keys.lock().expect("renewed keys"))
+            .extend(batch.iter().map(|r| r.key.to_owned()));
         Box::pin(async move {
             self.check()?;
             if self.forget.load(Ordering::SeqCst) {
@@ -428,6 +432,71 @@ async fn only_the_grants_whose_renewal_failed_are_in_jeopardy() {
         let state = store.inner.describe(key).await.expect("memory store");
         assert_eq!(state.holders.len(), 1, "{key} still held");
     }
+}
+
+/// Sessions tell the renewer nothing when they give a grant back (they mark its clock):
+/// a grant released before its first renewal, the common case, must never be renewed,
+/// whether the renewer had already looked at it or not.
+#[tokio::test(start_paused = true)]
+async fn a_grant_released_before_its_first_renewal_is_never_renewed() {
+    let (store, engine) = setup();
+    let mut a = start(&engine);
+    // Held throughout: the renewer ticks every second for it, so grants are released
+    // both before and after the renewer first looked at them.
+    a.granted("kept", 3).await;
+    for i in 0..40 {
+        a.granted(&format!("brief{i}"), 3).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(a.release(&format!("brief{i}")).await, 0);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let renewed = store.renewed_keys.lock().expect("renewed keys").clone();
+    assert!(
+        renewed.iter().all(|k| k == "kept"),
+        "released grants renewed: {:?}",
+        renewed.iter().filter(|k| *k != "kept").collect::<Vec<_>>()
+    );
+    assert!(renewed.len() >= 15, "kept renewed {} times", renewed.len());
+}
+
+/// The renewer sleeps until the first renewal it knows of and is woken only by a grant
+/// due earlier: a short-TTL grant taken while it waits for a long one must still be
+/// renewed at TTL/3, not when the long one is due.
+#[tokio::test(start_paused = true)]
+async fn a_grant_due_before_the_renewers_next_tick_is_renewed_on_time() {
+    let (store, engine) = setup();
+    let mut a = start(&engine);
+    let mut b = start(&engine);
+    // First renewal at 10 s.
+    a.granted("long", 30).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // First renewal at 1.5 s; expired at 3.5 s unless renewed before.
+    let t0 = Instant::now();
+    a.granted("short", 3).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let id = b.send(request("short", 3, None)).await;
+    assert!(matches!(b.next().await, Event::Started { .. }));
+    assert_eq!(
+        b.next().await,
+        Event::NotAcquired {
+            request_id: id,
+            key: "short".into(),
+            reason: NotAcquiredReason::Busy
+        },
+        "the short grant was not renewed in time"
+    );
+    if let Ok(event) = a.rx.try_recv() {
+        panic!("no event expected while renewals succeed, got {event:?}");
+    }
+    let renewed = store.renewed_keys.lock().expect("renewed keys").clone();
+    // Every second from the grant: at 1 to 5 s, and perhaps at 6 s (now).
+    let short = renewed.iter().filter(|k| *k == "short").count();
+    assert!(
+        (5..=6).contains(&short),
+        "renewed {short} times in {:?}",
+        t0.elapsed()
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -8,6 +8,7 @@
 
 mod config;
 mod journal;
+mod mailbox;
 mod notices;
 mod protocol;
 mod renewer;
@@ -24,7 +25,6 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use crate::metrics::Metrics;
 use crate::metrics::store::MeteredStore;
@@ -230,20 +230,14 @@ impl Engine {
     ) where
         S: Stream<Item = Inbound> + Send + Unpin + 'static,
     {
-        // INFO: exported as a trace span when traces are on (a sidecar's sessions are
-        // few and long; this is not per request).
-        let span = tracing::info_span!("session", session = %session.id(), client = %session.client_name());
-        crate::telemetry::set_remote_parent(&span, trace);
+        crate::telemetry::set_remote_parent(session.span(), trace);
         let sessions = self.shared.metrics.sessions.clone();
         sessions.inc();
-        tokio::spawn(
-            async move {
-                session.run(inbound).await;
-                sessions.dec();
-                drop(permit);
-            }
-            .instrument(span),
-        );
+        tokio::spawn(async move {
+            session.run(inbound).await;
+            sessions.dec();
+            drop(permit);
+        });
     }
 
     /// A permit for one more session, unless the sidecar shuts down or is full.

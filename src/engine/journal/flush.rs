@@ -2,7 +2,9 @@
 //! what to take off, whether the record ends), all sessions' writes go in one store
 //! call, and each answer updates what the journal knows of the store's record.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -28,7 +30,7 @@ impl Task {
         serials.dedup();
         let mut writes = Vec::new();
         // Per write: its session, and the keys it takes from the pending changes.
-        let mut written: Vec<(u64, Vec<String>)> = Vec::new();
+        let mut written: Vec<(u64, Vec<Arc<str>>)> = Vec::new();
         let mut creates = false;
         let mut young: Option<Instant> = None;
         for serial in serials {
@@ -62,20 +64,19 @@ impl Task {
                             let ready = *since + FLUSH_EVERY;
                             young = Some(young.map_or(ready, |y| y.min(ready)));
                             deferred = true;
+                            continue;
                         }
-                        Some((line, _)) => write.set.push((key.clone(), line.clone())),
-                        None => write.remove.push(key.clone()),
+                        Some((line, _)) => write.set.push((key.to_string(), line.clone())),
+                        None => write.remove.push(key.to_string()),
                     }
+                    taken.push(key.clone());
                 }
-                taken = (write.set.iter().map(|(k, _)| k.clone()))
-                    .chain(write.remove.iter().cloned())
-                    .collect();
                 if due.contains(&serial) {
                     // An extension: the lines go again, so a record that expired
                     // meanwhile (a long store outage) is made again whole.
                     for (key, line) in &tracked.listed {
                         if !tracked.pending.contains_key(key) {
-                            write.set.push((key.clone(), line.clone()));
+                            write.set.push((key.to_string(), line.clone()));
                         }
                     }
                 }
@@ -120,15 +121,21 @@ impl Task {
             };
             match answer {
                 Some(Recorded::Written) => {
-                    for (key, line) in &write.set {
-                        tracked.listed.insert(key.clone(), line.clone());
+                    // Nothing changed `pending` while the call ran (this task made
+                    // it): each change taken is the one written.
+                    for key in taken {
+                        match tracked.pending.remove(&key) {
+                            Some(Some((line, _))) => {
+                                tracked.listed.insert(key, line);
+                            }
+                            Some(None) => {
+                                tracked.listed.remove(&key);
+                            }
+                            None => {}
+                        }
                     }
-                    for key in &write.remove {
-                        tracked.listed.remove(key);
-                    }
-                    for key in &taken {
-                        tracked.pending.remove(key);
-                    }
+                    shrink(&mut tracked.pending);
+                    shrink(&mut tracked.listed);
                 }
                 Some(Recorded::Foreign) => {
                     // Resumed elsewhere: this sidecar's copy of the session is a
@@ -161,5 +168,14 @@ impl Task {
         {
             self.refreshes.remove(&(at, serial));
         }
+    }
+}
+
+/// Gives back most of a map's table once it holds far fewer entries than it has room
+/// for: a hash table never shrinks by itself, and a session that took 1,000 locks at
+/// once would keep a 2,048-bucket table of pending changes for as long as it lives.
+fn shrink<K: Eq + Hash, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > 4 * map.len() + 16 {
+        map.shrink_to_fit();
     }
 }

@@ -3,8 +3,10 @@
 //! sidecar if this one dies.
 //!
 //! Sessions tell the journal when a grant is handed out, when a lock leaves them and
-//! when they end; the journal gathers the changes and writes a grant once it has been
-//! held for [`FLUSH_EVERY`], all sessions' writes of a flush in one store call
+//! when they end, by posts in a mailbox (`engine/mailbox.rs`) that the journal reads
+//! [`FLUSH_EVERY`] after the first of them: a busy session wakes it once per window,
+//! not twice per lock. The journal gathers the changes and writes a grant once it has
+//! been held for [`FLUSH_EVERY`], all sessions' writes of a flush in one store call
 //! (pipelined). A lock granted and released within that time costs the store nothing,
 //! and a session that never holds a lock writes nothing. The price: a lock granted
 //! less than about twice that before the sidecar died may be missing from the record;
@@ -19,14 +21,18 @@
 //! `flush.rs` turns the gathered changes into record writes and reads the answers.
 
 mod flush;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
+use super::mailbox::Mailbox;
 use crate::store::{RecordLine, Store};
 
 /// How long changes gather before they are written.
@@ -45,10 +51,13 @@ pub(crate) struct SessionRef {
     pub(crate) client_name: String,
 }
 
+/// Keys are the session's own (`Arc<str>`): the journal lists every held lock, and a
+/// copy of each key would cost as much as the session's. The `Instant` is when the
+/// session posted the change: the journal reads its mail up to [`FLUSH_EVERY`] later.
 enum Entry {
-    Granted(Arc<SessionRef>, String, RecordLine),
-    Dropped(Arc<SessionRef>, String),
-    Ended(Arc<SessionRef>),
+    Granted(Arc<SessionRef>, Arc<str>, RecordLine, Instant),
+    Dropped(Arc<SessionRef>, Arc<str>, Instant),
+    Ended(Arc<SessionRef>, Instant),
     /// A resumed session: the store's record lists these and is already this
     /// sidecar's.
     Adopted(Arc<SessionRef>, Vec<(String, RecordLine)>),
@@ -56,9 +65,19 @@ enum Entry {
 }
 
 /// The handle sessions use. Does nothing on a store that keeps no session records.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub(crate) struct Journal {
-    tx: Option<mpsc::UnboundedSender<Entry>>,
+    mailbox: Option<Arc<Mailbox<Entry>>>,
+    /// Ends the task, after a last flush, when the last handle goes.
+    _alive: Option<Arc<DropGuard>>,
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal")
+            .field("keeps_records", &self.mailbox.is_some())
+            .finish()
+    }
 }
 
 impl Journal {
@@ -66,56 +85,71 @@ impl Journal {
     /// `attachment`.
     pub(crate) fn spawn(store: Arc<dyn Store>, sidecar: String, attachment: Duration) -> Self {
         if !store.keeps_sessions() {
-            return Self { tx: None };
+            return Self {
+                mailbox: None,
+                _alive: None,
+            };
         }
-        let (tx, rx) = mpsc::unbounded_channel();
+        let mailbox = Arc::new(Mailbox::new());
+        let alive = CancellationToken::new();
         let task = Task {
             store,
             sidecar,
             attachment,
-            rx,
+            mailbox: mailbox.clone(),
             tracked: HashMap::new(),
             refreshes: BTreeSet::new(),
             dirty: HashSet::new(),
             flush_at: None,
             attach_at: None,
         };
-        tokio::spawn(task.run());
-        Self { tx: Some(tx) }
-    }
-
-    fn send(&self, entry: Entry) {
-        if let Some(tx) = &self.tx {
-            // The task lives as long as any sender: it cannot be gone.
-            let _ = tx.send(entry);
+        tokio::spawn(task.run(alive.clone()));
+        Self {
+            mailbox: Some(mailbox),
+            _alive: Some(Arc::new(alive.drop_guard())),
         }
     }
 
-    /// A grant was handed out.
-    pub(crate) fn granted(&self, session: &Arc<SessionRef>, key: &str, line: RecordLine) {
-        self.send(Entry::Granted(session.clone(), key.to_owned(), line));
+    /// Posts `entry`, to be read by `by`: the task is woken only if that is earlier
+    /// than the time it armed (see `engine/mailbox.rs`).
+    fn send(&self, entry: Entry, by: Instant) {
+        if let Some(mailbox) = &self.mailbox {
+            mailbox.post(entry, by);
+        }
+    }
+
+    /// A grant was handed out. It is written once held for [`FLUSH_EVERY`], so the
+    /// journal reads of it no sooner.
+    pub(crate) fn granted(&self, session: &Arc<SessionRef>, key: Arc<str>, line: RecordLine) {
+        let now = Instant::now();
+        self.send(
+            Entry::Granted(session.clone(), key, line, now),
+            now + FLUSH_EVERY,
+        );
     }
 
     /// A lock left the session (released, lost).
-    pub(crate) fn dropped(&self, session: &Arc<SessionRef>, key: &str) {
-        self.send(Entry::Dropped(session.clone(), key.to_owned()));
+    pub(crate) fn dropped(&self, session: &Arc<SessionRef>, key: Arc<str>) {
+        let now = Instant::now();
+        self.send(Entry::Dropped(session.clone(), key, now), now + FLUSH_EVERY);
     }
 
     /// The session ended: its record goes.
     pub(crate) fn ended(&self, session: &Arc<SessionRef>) {
-        self.send(Entry::Ended(session.clone()));
+        let now = Instant::now();
+        self.send(Entry::Ended(session.clone(), now), now + FLUSH_EVERY);
     }
 
     /// A resumed session, whose record lists `lines` and names this sidecar.
     pub(crate) fn adopted(&self, session: &Arc<SessionRef>, lines: Vec<(String, RecordLine)>) {
-        self.send(Entry::Adopted(session.clone(), lines));
+        self.send(Entry::Adopted(session.clone(), lines), Instant::now());
     }
 
     /// Writes every change made so far, then completes (at shutdown, once every
     /// session has ended: their records go with them).
     pub(crate) async fn flush(&self) {
         let (done, flushed) = oneshot::channel();
-        self.send(Entry::Flush(done));
+        self.send(Entry::Flush(done), Instant::now());
         let _ = flushed.await;
     }
 }
@@ -125,10 +159,10 @@ impl Journal {
 struct Tracked {
     session: Option<Arc<SessionRef>>,
     /// What the store's record lists (as far as the journal knows).
-    listed: HashMap<String, RecordLine>,
+    listed: HashMap<Arc<str>, RecordLine>,
     /// Changes not written yet: a line to list (with when it was granted), or `None`
-    /// to take the key off.
-    pending: HashMap<String, Option<(RecordLine, Instant)>>,
+    /// to take the key off. Emptied by a flush, it gives its table back (`flush.rs`).
+    pending: HashMap<Arc<str>, Option<(RecordLine, Instant)>>,
     ended: bool,
     /// The record is another generation's: never written again.
     foreign: bool,
@@ -156,7 +190,8 @@ struct Task {
     store: Arc<dyn Store>,
     sidecar: String,
     attachment: Duration,
-    rx: mpsc::UnboundedReceiver<Entry>,
+    /// What sessions posted since the last look.
+    mailbox: Arc<Mailbox<Entry>>,
     tracked: HashMap<u64, Tracked>,
     /// Records to extend, by when.
     refreshes: BTreeSet<(Instant, u64)>,
@@ -169,9 +204,9 @@ struct Task {
 }
 
 impl Task {
-    async fn run(mut self) {
+    async fn run(mut self, alive: CancellationToken) {
         loop {
-            let next = [
+            let own = [
                 self.flush_at,
                 self.attach_at,
                 self.refreshes.first().map(|(at, _)| *at),
@@ -179,34 +214,49 @@ impl Task {
             .into_iter()
             .flatten()
             .min();
+            let next = self.mailbox.arm(own);
             tokio::select! {
-                entry = self.rx.recv() => match entry {
-                    Some(Entry::Flush(done)) => {
-                        self.flush(true).await;
-                        let _ = done.send(());
-                    }
-                    Some(entry) => self.apply(entry),
-                    None => {
-                        self.flush(true).await;
-                        return;
-                    }
-                },
+                _ = alive.cancelled() => {
+                    self.collect().await;
+                    self.flush(true).await;
+                    return;
+                }
+                // A post wanted before `next`: arm again.
+                _ = self.mailbox.earlier() => {}
                 _ = tokio::time::sleep_until(next.unwrap_or_else(Instant::now)), if next.is_some() => {
+                    self.collect().await;
                     self.tick().await;
                 }
             }
         }
     }
 
+    /// Applies what sessions posted, in order; a flush asked for is done at once.
+    async fn collect(&mut self) {
+        let mut flushed = Vec::new();
+        for entry in self.mailbox.take() {
+            match entry {
+                Entry::Flush(done) => flushed.push(done),
+                entry => self.apply(entry),
+            }
+        }
+        if !flushed.is_empty() {
+            self.flush(true).await;
+            for done in flushed {
+                let _ = done.send(());
+            }
+        }
+    }
+
     fn apply(&mut self, entry: Entry) {
-        let (session, change) = match entry {
-            Entry::Granted(s, key, line) => (s, Some((key, Some(line)))),
-            Entry::Dropped(s, key) => (s, Some((key, None))),
-            Entry::Ended(s) => {
+        let (session, change, at) = match entry {
+            Entry::Granted(s, key, line, at) => (s, Some((key, Some(line))), at),
+            Entry::Dropped(s, key, at) => (s, Some((key, None)), at),
+            Entry::Ended(s, at) => {
                 if let Some(t) = self.tracked.get_mut(&s.serial) {
                     t.ended = true;
                     self.dirty.insert(s.serial);
-                    self.flush_at.get_or_insert(Instant::now() + FLUSH_EVERY);
+                    self.flush_soon(at);
                 }
                 return;
             }
@@ -214,7 +264,9 @@ impl Task {
                 let serial = s.serial;
                 let tracked = self.tracked.entry(serial).or_default();
                 tracked.session = Some(s);
-                tracked.listed.extend(lines);
+                tracked
+                    .listed
+                    .extend(lines.into_iter().map(|(key, line)| (key.into(), line)));
                 // The resume just wrote the attachment.
                 self.attach_at
                     .get_or_insert(Instant::now() + self.attachment / 3);
@@ -232,7 +284,7 @@ impl Task {
         }
         match line {
             Some(line) => {
-                tracked.pending.insert(key, Some((line, Instant::now())));
+                tracked.pending.insert(key, Some((line, at)));
             }
             None if tracked.listed.contains_key(&key) => {
                 tracked.pending.insert(key, None);
@@ -243,7 +295,13 @@ impl Task {
             }
         }
         self.dirty.insert(serial);
-        self.flush_at.get_or_insert(Instant::now() + FLUSH_EVERY);
+        self.flush_soon(at);
+    }
+
+    /// Gathered changes are written [`FLUSH_EVERY`] after the first one was made
+    /// (`at`), unless a flush is already planned.
+    fn flush_soon(&mut self, at: Instant) {
+        self.flush_at.get_or_insert(at + FLUSH_EVERY);
     }
 
     /// Whether some session of this sidecar has (or is about to have) a record.

@@ -1,4 +1,5 @@
-//! One acquire: try, and while busy and allowed to, wait for a wake-up and try again.
+//! One acquire: its trace span, and its store calls: try, and while busy and allowed
+//! to, wait for a wake-up and try again.
 //!
 //! A waiting acquire listens to its key's notices ([`Store::listen`]) from its first
 //! busy answer until it ends, however it ends; an acquire that is granted at once, or
@@ -13,9 +14,41 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{AcquireResult, Done};
+use super::{AcquireResult, Done, Note};
+use crate::engine::AcquireRequest;
 use crate::engine::wakers::WaitGuard;
-use crate::store::{Acquired, Claim, Store};
+use crate::store::{Acquired, Claim, Sharing, Store};
+
+/// The span of a first acquire of a key; its outcome, wait and token are recorded
+/// when it is answered (`results.rs`).
+pub(super) fn acquire_span(
+    session: &tracing::Span,
+    request: &AcquireRequest,
+    sharing: Sharing,
+    limit: u32,
+) -> tracing::Span {
+    let mode = match (sharing, limit) {
+        (Sharing::Shared, _) => "shared",
+        (Sharing::Exclusive, 1) => "exclusive",
+        (Sharing::Exclusive, _) => "semaphore",
+    };
+    let span = tracing::info_span!(
+        parent: session,
+        "acquire",
+        key = %request.key,
+        mode,
+        limit,
+        fair = request.fair,
+        wait_timeout_ms = request.wait.map(|w| w.as_millis() as u64),
+        outcome = tracing::field::Empty,
+        waited_ms = tracing::field::Empty,
+        queue_position = tracing::field::Empty,
+        fencing_token = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    crate::telemetry::set_remote_parent(&span, &request.trace);
+    span
+}
 
 pub(super) struct AcquireOp {
     pub(super) store: Arc<dyn Store>,
@@ -25,7 +58,7 @@ pub(super) struct AcquireOp {
     pub(super) wait_until: Option<Instant>,
     pub(super) guard: Option<WaitGuard>,
     pub(super) cancel: CancellationToken,
-    pub(super) waiting: mpsc::UnboundedSender<(u64, String, u32)>,
+    pub(super) waiting: mpsc::UnboundedSender<Note>,
 }
 
 pub(super) async fn acquire(op: AcquireOp) -> Done {
@@ -112,9 +145,11 @@ async fn attempts(op: &AcquireOp) -> AcquireResult {
         }
         if !told {
             told = true;
-            let _ = op
-                .waiting
-                .send((op.request_id, op.claim.key.clone(), position));
+            let _ = op.waiting.send(Note::Waiting {
+                request_id: op.request_id,
+                key: op.claim.key.clone(),
+                position,
+            });
         }
         // +1 ms: look just after the holder's expiry, not just before it.
         let look_again =

@@ -8,7 +8,8 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio_stream::StreamExt;
 
-use super::{AcquireResult, Done, Session, Slot, forget, lost_because};
+use super::grants::{forget, lost_because};
+use super::{AcquireResult, Done, Session, Slot};
 use crate::engine::{EndReason, Event};
 use crate::metrics::Loss;
 use crate::store::Store;
@@ -42,7 +43,7 @@ impl Session {
         let mut held = Vec::new();
         for (key, slot) in self.slots.drain() {
             if let Slot::Held(h) = slot {
-                self.shared.renewer.remove(h.lease_id);
+                h.clock.release();
                 forget(&self.shared.metrics, &h);
                 held.push((key, h.owner, h.fence));
             }
@@ -52,7 +53,7 @@ impl Session {
                 let reason = lost_because(Loss::Shutdown).to_owned();
                 self.shared.metrics.lost(Loss::Shutdown);
                 let _ = self.out.try_send(Event::Lost {
-                    key: key.clone(),
+                    key: key.to_string(),
                     reason,
                     fence: *fence,
                 });

@@ -15,37 +15,39 @@ use crate::store::Claim;
 
 impl Session {
     /// Takes on a grant the store just made: the renewer renews it, the journal will
-    /// record it, and the client hears `Granted`.
+    /// record it, and the client hears `Granted`. `slot` is what the acquire's slot
+    /// leaves: its key (the one string of it that the session, the renewer and the
+    /// journal share) and the commands queued behind it.
     pub(super) fn hold_grant(
         &mut self,
         request_id: u64,
+        slot: (Arc<str>, VecDeque<Command>),
         claim: Claim,
         fence: u64,
         sent_at: Instant,
         valid_until: Instant,
-        queue: VecDeque<Command>,
     ) {
+        let (key, queue) = slot;
         let lease_id = self.shared.next_lease_id();
         let clock = Arc::new(LeaseClock::new(valid_until));
-        let key = claim.key;
+        let owner: Arc<str> = claim.owner.into();
         self.shared.renewer.add(Renewable {
             id: lease_id,
             key: key.clone(),
-            owner: claim.owner.clone(),
+            owner: owner.clone(),
             ttl: claim.ttl,
             confirmed_at: sent_at,
             clock: clock.clone(),
-            events: self.renew_tx.clone(),
+            events: self.notes_tx.clone(),
         });
-        self.leases.insert(lease_id, key.clone());
         self.shared.metrics.locks_held.inc();
-        self.journal_granted(&key, &claim.owner, claim.ttl, fence);
+        self.journal_granted(&key, &owner, claim.ttl, fence);
         let remaining = valid_until.saturating_duration_since(Instant::now());
         self.slots.insert(
             key.clone(),
-            Slot::Held(Held {
+            Slot::Held(Box::new(Held {
                 lease_id,
-                owner: claim.owner,
+                owner,
                 fence,
                 ttl: claim.ttl,
                 sharing: claim.sharing,
@@ -57,12 +59,12 @@ impl Session {
                 jeopardy: false,
                 busy: false,
                 queue,
-            }),
+            })),
         );
-        tracing::debug!(%key, fence, "granted");
+        log!(self, DEBUG, %key, fence, "granted");
         self.send(Event::Granted {
             request_id,
-            key,
+            key: key.to_string(),
             fence,
             ttl: remaining,
             hold_count: 1,
@@ -71,12 +73,11 @@ impl Session {
 
     /// The last hold is gone: forget the grant and answer.
     pub(super) fn released(&mut self, key: String, request_id: u64) {
-        let queue = match self.slots.remove(&key) {
-            Some(Slot::Held(h)) => {
-                self.shared.renewer.remove(h.lease_id);
-                self.leases.remove(&h.lease_id);
+        let queue = match self.slots.remove_entry(key.as_str()) {
+            Some((key, Slot::Held(h))) => {
+                h.clock.release();
                 self.forget(&h);
-                self.shared.journal.dropped(&self.record, &key);
+                self.shared.journal.dropped(&self.record, key);
                 h.queue
             }
             _ => VecDeque::new(),
@@ -92,18 +93,17 @@ impl Session {
     /// Drops a grant the session can no longer count on and says so. Returns the
     /// commands that were queued behind it.
     pub(super) fn lose(&mut self, key: &str, why: Loss) -> VecDeque<Command> {
-        let Some(Slot::Held(h)) = self.slots.remove(key) else {
+        let Some((shared_key, Slot::Held(h))) = self.slots.remove_entry(key) else {
             return VecDeque::new();
         };
-        let reason = super::lost_because(why);
-        tracing::warn!(%key, fence = h.fence, %reason, "lock lost");
+        let reason = lost_because(why);
+        log!(self, WARN, %key, fence = h.fence, %reason, "lock lost");
         self.shared.metrics.lost(why);
         self.forget(&h);
-        self.shared.renewer.remove(h.lease_id);
-        self.leases.remove(&h.lease_id);
-        self.shared.journal.dropped(&self.record, key);
+        h.clock.release();
+        self.shared.journal.dropped(&self.record, shared_key);
         // If the store is reachable again, let the others in now rather than at expiry.
-        self.release_in_background(key.to_owned(), h.owner);
+        self.release_in_background(key.to_owned(), h.owner.to_string());
         self.send(Event::Lost {
             key: key.to_owned(),
             reason: reason.to_owned(),
@@ -163,31 +163,53 @@ impl Session {
     }
 
     pub(super) fn on_renew_event(&mut self, event: RenewEvent) {
-        let (RenewEvent::Failing(id) | RenewEvent::Restored(id) | RenewEvent::NotHeld(id)) = event;
-        let Some(key) = self.leases.get(&id).cloned() else {
+        let (RenewEvent::Failing(id, key)
+        | RenewEvent::Restored(id, key)
+        | RenewEvent::NotHeld(id, key)) = &event;
+        let (id, key) = (*id, key.to_string());
+        // The key may have another grant by now (released and taken again): the event
+        // is about the grant it names only.
+        let Some(Slot::Held(h)) = self.slots.get_mut(key.as_str()) else {
             return;
         };
-        let Some(Slot::Held(h)) = self.slots.get_mut(&key) else {
+        if h.lease_id != id {
             return;
-        };
+        }
         let left = h.clock.get().saturating_duration_since(Instant::now());
         match event {
-            RenewEvent::Failing(_) if !h.jeopardy => {
+            RenewEvent::Failing(..) if !h.jeopardy => {
                 h.jeopardy = true;
                 self.send(Event::Jeopardy {
                     key,
                     ttl_remaining: left,
                 });
             }
-            RenewEvent::Restored(_) if h.jeopardy => {
+            RenewEvent::Restored(..) if h.jeopardy => {
                 h.jeopardy = false;
                 self.send(Event::Restored { key, ttl: left });
             }
-            RenewEvent::NotHeld(_) => {
+            RenewEvent::NotHeld(..) => {
                 let queue = self.lose(&key, Loss::NotHeld);
                 self.redispatch(queue);
             }
             _ => {}
         }
     }
+}
+
+/// The reason a `Lost` event gives, for each way of losing a lock.
+pub(super) fn lost_because(why: Loss) -> &'static str {
+    match why {
+        Loss::Deadline => "renewal not confirmed before the safe deadline",
+        Loss::NotHeld => "the store no longer holds the lock",
+        Loss::Shutdown => "the sidecar is shutting down",
+    }
+}
+
+/// A grant leaves the session: gauges and the hold-time histogram.
+pub(super) fn forget(metrics: &crate::metrics::Metrics, held: &Held) {
+    metrics.locks_held.dec();
+    metrics
+        .hold_time
+        .observe(held.granted_at.elapsed().as_secs_f64());
 }

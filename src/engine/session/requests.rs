@@ -8,36 +8,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::attempt::{AcquireOp, acquire};
+use super::attempt::{AcquireOp, acquire, acquire_span};
 use super::{Acquiring, Done, Session, Slot};
 use crate::engine::{AcquireRequest, Command, Mode, RejectCode, validate_key};
 use crate::proto::limits::{MAX_VALUE_BYTES, MAX_WAIT, MIN_TTL};
 use crate::store::{Claim, Sharing};
-
-/// The span of a first acquire of a key; its outcome, wait and token are recorded
-/// when it is answered (`results.rs`).
-fn acquire_span(request: &AcquireRequest, sharing: Sharing, limit: u32) -> tracing::Span {
-    let mode = match (sharing, limit) {
-        (Sharing::Shared, _) => "shared",
-        (Sharing::Exclusive, 1) => "exclusive",
-        (Sharing::Exclusive, _) => "semaphore",
-    };
-    let span = tracing::info_span!(
-        "acquire",
-        key = %request.key,
-        mode,
-        limit,
-        fair = request.fair,
-        wait_timeout_ms = request.wait.map(|w| w.as_millis() as u64),
-        outcome = tracing::field::Empty,
-        waited_ms = tracing::field::Empty,
-        queue_position = tracing::field::Empty,
-        fencing_token = tracing::field::Empty,
-        otel.status_code = tracing::field::Empty,
-    );
-    crate::telemetry::set_remote_parent(&span, &request.trace);
-    span
-}
 
 impl Session {
     pub(super) fn handle(&mut self, command: Command) {
@@ -117,7 +92,7 @@ impl Session {
         };
         let config = &self.shared.config;
         let (max_locks, max_waiters) = (config.max_locks_per_session, config.max_waiters_per_key);
-        match self.slots.get_mut(&request.key) {
+        match self.slots.get_mut(request.key.as_str()) {
             Some(Slot::Acquiring(a)) => {
                 self.pending.insert(request.request_id);
                 a.queue.push_back(Command::Acquire(request));
@@ -259,10 +234,10 @@ impl Session {
                     value: request.value.clone(),
                 };
                 let cancel = CancellationToken::new();
-                let span = acquire_span(&request, sharing, limit);
+                let span = acquire_span(&self.span, &request, sharing, limit);
                 self.slots.insert(
-                    request.key.clone(),
-                    Slot::Acquiring(Acquiring {
+                    request.key.as_str().into(),
+                    Slot::Acquiring(Box::new(Acquiring {
                         request_id: request.request_id,
                         span: span.clone(),
                         started: Instant::now(),
@@ -271,7 +246,7 @@ impl Session {
                         cancel: cancel.clone(),
                         cancelled: false,
                         queue: VecDeque::new(),
-                    }),
+                    })),
                 );
                 self.pending.insert(request.request_id);
                 let op = acquire(AcquireOp {
@@ -282,7 +257,7 @@ impl Session {
                     wait_until,
                     guard,
                     cancel,
-                    waiting: self.waiting_tx.clone(),
+                    waiting: self.notes_tx.clone(),
                 });
                 self.ops.push(Box::pin(op.instrument(span)));
             }
@@ -290,7 +265,7 @@ impl Session {
     }
 
     pub(super) fn release(&mut self, request_id: u64, key: String) {
-        match self.slots.get_mut(&key) {
+        match self.slots.get_mut(key.as_str()) {
             Some(Slot::Acquiring(a)) => {
                 // A Release of a key the session waits for cancels the wait; the pending
                 // Acquire is answered NotAcquired CANCELLED, the Release not at all.
@@ -347,7 +322,7 @@ impl Session {
             key: key.clone(),
             value: value.clone(),
         };
-        match self.slots.get_mut(&key) {
+        match self.slots.get_mut(key.as_str()) {
             Some(Slot::Acquiring(a)) => {
                 self.pending.insert(request_id);
                 a.queue.push_back(command());

@@ -33,7 +33,7 @@ fn trace_outcome(a: &Acquiring, outcome: &AcquireResult) {
 
 impl Session {
     pub(super) fn on_waiting(&mut self, request_id: u64, key: String, position: u32) {
-        if let Some(Slot::Acquiring(a)) = self.slots.get_mut(&key)
+        if let Some(Slot::Acquiring(a)) = self.slots.get_mut(key.as_str())
             && a.request_id == request_id
             && !a.cancelled
         {
@@ -66,7 +66,7 @@ impl Session {
                 self.pending.remove(&request.request_id);
                 let Some(Slot::Held(h)) = self
                     .slots
-                    .get_mut(&key)
+                    .get_mut(key.as_str())
                     .filter(|s| lease_of(s) == Some(lease_id))
                 else {
                     // The grant was lost while the call ran: acquire afresh.
@@ -109,7 +109,7 @@ impl Session {
                 self.pending.remove(&request_id);
                 let Some(Slot::Held(h)) = self
                     .slots
-                    .get_mut(&key)
+                    .get_mut(key.as_str())
                     .filter(|s| lease_of(s) == Some(lease_id))
                 else {
                     // Lost while the call ran: nothing is held any more.
@@ -143,7 +143,7 @@ impl Session {
                     }
                     Err(e) if last => {
                         // Stop renewing: the store lets the lock go at its expiry.
-                        tracing::warn!(%key, error = %e, "release not confirmed by the store; the lock expires at its TTL");
+                        log!(self, WARN, %key, error = %e, "release not confirmed by the store; the lock expires at its TTL");
                         self.released(key, request_id);
                     }
                     Err(e) => {
@@ -174,7 +174,7 @@ impl Session {
         let not_held = "this session does not hold this key";
         let Some(Slot::Held(h)) = self
             .slots
-            .get_mut(&key)
+            .get_mut(key.as_str())
             .filter(|s| lease_of(s) == Some(lease_id))
         else {
             // Lost while the call ran (its `Lost` went out).
@@ -205,9 +205,9 @@ impl Session {
     pub(super) fn acquired(&mut self, request_id: u64, claim: Claim, outcome: AcquireResult) {
         self.pending.remove(&request_id);
         let key = claim.key.clone();
-        let Some(Slot::Acquiring(a)) = self.slots.remove(&key) else {
+        let Some((shared_key, Slot::Acquiring(a))) = self.slots.remove_entry(key.as_str()) else {
             // Cannot happen: an Acquiring slot only leaves through here.
-            tracing::error!(%key, "acquire finished without its slot");
+            log!(self, ERROR, %key, "acquire finished without its slot");
             if let AcquireResult::Granted { .. } = outcome {
                 self.release_in_background(key, claim.owner);
             }
@@ -236,7 +236,8 @@ impl Session {
                     if a.waited {
                         metrics.handoffs.inc();
                     }
-                    self.hold_grant(request_id, claim, fence, sent_at, valid_until, a.queue);
+                    let slot = (shared_key, a.queue);
+                    self.hold_grant(request_id, slot, claim, fence, sent_at, valid_until);
                     return self.drain(&key);
                 }
             }

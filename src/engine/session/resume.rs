@@ -27,13 +27,19 @@ impl Session {
     }
 
     /// Tells the journal that `key` was granted to `owner` (`session.secret.n`).
-    pub(super) fn journal_granted(&mut self, key: &str, owner: &str, ttl: Duration, fence: u64) {
+    pub(super) fn journal_granted(
+        &mut self,
+        key: &Arc<str>,
+        owner: &str,
+        ttl: Duration,
+        fence: u64,
+    ) {
         let Some(grant) = owner.rsplit('.').next().and_then(|n| n.parse().ok()) else {
             return;
         };
         self.journaled = true;
         let line = RecordLine { grant, ttl, fence };
-        self.shared.journal.granted(&self.record, key, line);
+        self.shared.journal.granted(&self.record, key.clone(), line);
     }
 
     /// A resumed session: id `id`, new secret `secret`, holding again every grant of
@@ -87,7 +93,9 @@ impl Session {
                     self.release_in_background(key.clone(), owner);
                 }
                 self.shared.metrics.lost(Loss::NotHeld);
-                self.shared.journal.dropped(&self.record, &key);
+                self.shared
+                    .journal
+                    .dropped(&self.record, key.as_str().into());
                 self.greeting.push(Event::Lost {
                     key,
                     reason: EXPIRED.to_owned(),
@@ -98,20 +106,20 @@ impl Session {
         };
         let lease_id = self.shared.next_lease_id();
         let clock = Arc::new(LeaseClock::new(valid_until));
+        let (shared_key, owner): (Arc<str>, Arc<str>) = (key.as_str().into(), owner.into());
         self.shared.renewer.add(Renewable {
             id: lease_id,
-            key: key.clone(),
+            key: shared_key.clone(),
             owner: owner.clone(),
             ttl,
             confirmed_at: sent_at,
             clock: clock.clone(),
-            events: self.renew_tx.clone(),
+            events: self.notes_tx.clone(),
         });
-        self.leases.insert(lease_id, key.clone());
         self.shared.metrics.locks_held.inc();
         self.slots.insert(
-            key.clone(),
-            Slot::Held(Held {
+            shared_key,
+            Slot::Held(Box::new(Held {
                 lease_id,
                 owner,
                 fence: grant.fence,
@@ -125,9 +133,9 @@ impl Session {
                 jeopardy: false,
                 busy: false,
                 queue: VecDeque::new(),
-            }),
+            })),
         );
-        tracing::debug!(%key, fence = grant.fence, "resumed");
+        log!(self, DEBUG, %key, fence = grant.fence, "resumed");
         self.greeting.push(Event::Granted {
             request_id: 0,
             key,

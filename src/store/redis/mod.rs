@@ -156,16 +156,13 @@ impl RedisStore {
     /// The keys of one lock, in the order the scripts take them: its hash, its
     /// waiters, its fair queue, its watchers (see `lua/core.lua`).
     fn keys(&self, key: &str) -> [String; 4] {
-        let h = self.key(key, "h");
-        let part = |p: &str| {
-            let mut name = h.clone();
-            name.replace_range(name.len() - 1.., p);
-            name
-        };
-        let (w, q, l) = (part("w"), part("q"), part("l"));
-        [h, w, q, l]
+        LOCK_PARTS.map(|part| self.key(key, part))
     }
 }
+
+/// The parts of one lock's keys (`{ns:KEY}:part`), in the order the scripts take them:
+/// its hash, its waiters, its fair queue, its watchers (see `lua/core.lua`).
+const LOCK_PARTS: [&str; 4] = ["h", "w", "q", "l"];
 
 /// The end of an exclusive lock's string (see `lua/core.lua`): `owner|name length|name`,
 /// then the value. Made here, once per acquire, rather than in Lua.

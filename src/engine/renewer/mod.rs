@@ -8,90 +8,75 @@
 //! The renewer never decides that a lock is lost by time: the session's own deadline
 //! timer does, so a renewal stuck in a slow store cannot delay a `Lost`.
 //!
+//! The renewer hears of a grant only when it would first renew it: sessions post their
+//! grants in a [`Mailbox`] that wakes the renewer only for a grant due before the time
+//! it armed, and give a grant up by marking its [`LeaseClock`] released, which wakes
+//! no one. A grant taken and given back within TTL/3, the common case, costs the
+//! renewer one look at its mark; a released grant is never renewed again (a renewal
+//! already under way when it is released is undone).
+//!
 //! The store answers per grant: only the grants whose part of the batch failed (a
 //! frozen Cluster node, too few Redlock masters) go failing and are retried soon; the
 //! rest of the batch is renewed as usual.
+//!
+//! Files: this one has the handle and the task; `clock.rs` a grant's [`LeaseClock`].
+
+mod clock;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
+use super::mailbox::Mailbox;
+use super::session::Note;
 use crate::metrics::{Metrics, Renewed as Counted};
 use crate::store::drift_margin;
 use crate::store::{Renewal, Renewed, Store, StoreError};
+pub(crate) use clock::LeaseClock;
 
 /// Shortest pause before retrying a failed renewal.
 const MIN_RETRY: Duration = Duration::from_millis(50);
 
-/// The validity of one grant: until when the session may use it.
-/// Written by the renewer, read by the session's deadline timer.
-#[derive(Debug)]
-pub(crate) struct LeaseClock {
-    epoch: Instant,
-    /// Nanoseconds after `epoch`.
-    valid_until: AtomicU64,
-}
-
-impl LeaseClock {
-    pub(crate) fn new(valid_until: Instant) -> Self {
-        let epoch = Instant::now();
-        let clock = Self {
-            epoch,
-            valid_until: AtomicU64::new(0),
-        };
-        clock.set(valid_until);
-        clock
-    }
-
-    pub(crate) fn get(&self) -> Instant {
-        self.epoch + Duration::from_nanos(self.valid_until.load(Ordering::Acquire))
-    }
-
-    fn set(&self, valid_until: Instant) {
-        let nanos = valid_until.saturating_duration_since(self.epoch).as_nanos();
-        self.valid_until
-            .store(u64::try_from(nanos).unwrap_or(u64::MAX), Ordering::Release);
-    }
-}
-
-/// What the renewer tells a session about one of its grants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What the renewer tells a session about one of its grants (its lease id and key: the
+/// session finds the grant by its key, so it keeps no map of lease ids).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum RenewEvent {
     /// A renewal failed after the previous one succeeded.
-    Failing(u64),
+    Failing(u64, Arc<str>),
     /// A renewal succeeded after failures.
-    Restored(u64),
+    Restored(u64, Arc<str>),
     /// The store no longer holds the grant.
-    NotHeld(u64),
+    NotHeld(u64, Arc<str>),
 }
 
-/// A grant to keep alive.
+/// A grant to keep alive. Its key and owner are the session's own strings, shared: at
+/// 100,000 grants each copy would cost about 10 MB.
 pub(crate) struct Renewable {
     pub(crate) id: u64,
-    pub(crate) key: String,
-    pub(crate) owner: String,
+    pub(crate) key: Arc<str>,
+    pub(crate) owner: Arc<str>,
     pub(crate) ttl: Duration,
     /// When the write that last confirmed the grant was sent.
     pub(crate) confirmed_at: Instant,
     pub(crate) clock: Arc<LeaseClock>,
-    pub(crate) events: mpsc::UnboundedSender<RenewEvent>,
-}
-
-enum Cmd {
-    Add(Renewable),
-    Remove(u64),
+    pub(crate) events: mpsc::UnboundedSender<Note>,
 }
 
 /// Handle to the renewer task.
 #[derive(Clone)]
 pub(crate) struct Renewer {
-    tx: mpsc::UnboundedSender<Cmd>,
+    mailbox: Arc<Mailbox<Renewable>>,
+    /// Ends the task when the last handle goes (an engine dropped without a shutdown).
+    _alive: Arc<DropGuard>,
 }
+
+/// Grants the mailbox holds before it drops those released while waiting (see
+/// [`Mailbox::post_compacting`]).
+const MAILBOX_FLOOR: usize = 64;
 
 impl Renewer {
     pub(crate) fn spawn(
@@ -100,36 +85,53 @@ impl Renewer {
         shutdown: CancellationToken,
         drift: f64,
     ) -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let mailbox = Arc::new(Mailbox::new());
+        let alive = CancellationToken::new();
         tokio::spawn(
             Task {
                 store,
                 metrics,
                 drift,
-                rx,
+                mailbox: mailbox.clone(),
                 entries: HashMap::new(),
                 schedule: BTreeMap::new(),
                 ttls: BTreeMap::new(),
             }
-            .run(shutdown),
+            .run(shutdown, alive.clone()),
         );
-        Self { tx }
+        Self {
+            mailbox,
+            _alive: Arc::new(alive.drop_guard()),
+        }
     }
 
+    /// Hands the renewer a grant. It reads it at its first renewal, TTL/3 after the
+    /// write that confirmed it, and is woken now only if that is earlier than the time
+    /// it armed; a grant released before then ([`LeaseClock::release`]) costs it
+    /// nothing more than being dropped.
     pub(crate) fn add(&self, lease: Renewable) {
-        // The task only ends at shutdown, after which nothing needs renewing.
-        let _ = self.tx.send(Cmd::Add(lease));
-    }
-
-    pub(crate) fn remove(&self, id: u64) {
-        let _ = self.tx.send(Cmd::Remove(id));
+        let due = lease.confirmed_at + period(lease.ttl);
+        (self.mailbox).post_compacting(lease, due, MAILBOX_FLOOR, |l| !l.clock.released());
     }
 }
 
+/// One grant as the renewer keeps it: a [`Renewable`] without its `id` (the map's key)
+/// and `confirmed_at` (read once, for the first `due`). At 100,000 grants the map has
+/// 131,072 buckets: every byte of an entry costs 128 KB.
 struct Entry {
-    lease: Renewable,
+    key: Arc<str>,
+    owner: Arc<str>,
+    ttl: Duration,
+    clock: Arc<LeaseClock>,
+    events: mpsc::UnboundedSender<Note>,
     due: Instant,
     failing: bool,
+}
+
+impl Entry {
+    fn event(&self, id: u64, event: fn(u64, Arc<str>) -> RenewEvent) {
+        let _ = self.events.send(Note::Renew(event(id, self.key.clone())));
+    }
 }
 
 fn period(ttl: Duration) -> Duration {
@@ -141,7 +143,8 @@ struct Task {
     metrics: Arc<Metrics>,
     /// The configured clock drift (`EngineConfig::clock_drift`).
     drift: f64,
-    rx: mpsc::UnboundedReceiver<Cmd>,
+    /// Grants handed over since the last look (see [`Renewer::add`]).
+    mailbox: Arc<Mailbox<Renewable>>,
     entries: HashMap<u64, Entry>,
     /// Every entry by when it is due, with its TTL: a tick decides which grants to
     /// renew from here alone, without reading the entries (at 100,000 grants each read
@@ -153,46 +156,45 @@ struct Task {
 }
 
 impl Task {
-    async fn run(mut self, shutdown: CancellationToken) {
+    async fn run(mut self, shutdown: CancellationToken, alive: CancellationToken) {
         loop {
-            let next = self.schedule.first_key_value().map(|((due, _), _)| *due);
+            let own = self.schedule.first_key_value().map(|((due, _), _)| *due);
+            let next = self.mailbox.arm(own);
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                cmd = self.rx.recv() => match cmd {
-                    Some(cmd) => {
-                        self.apply(cmd);
-                    }
-                    None => return,
-                },
+                _ = alive.cancelled() => return,
+                // A grant due before `next`: arm again.
+                _ = self.mailbox.earlier() => {}
                 _ = tokio::time::sleep_until(next.unwrap_or_else(Instant::now)), if next.is_some() => {
+                    self.collect();
                     self.tick().await;
                 }
             }
         }
     }
 
-    /// Applies a command; returns the entry a removal took out.
-    fn apply(&mut self, cmd: Cmd) -> Option<Entry> {
-        match cmd {
-            Cmd::Add(lease) => {
-                let due = lease.confirmed_at + period(lease.ttl);
-                self.schedule.insert((due, lease.id), lease.ttl);
-                *self.ttls.entry(lease.ttl).or_default() += 1;
-                self.entries.insert(
-                    lease.id,
-                    Entry {
-                        lease,
-                        due,
-                        failing: false,
-                    },
-                );
-                None
+    /// Schedules the grants handed over since the last look, but those released
+    /// meanwhile.
+    fn collect(&mut self) {
+        for lease in self.mailbox.take() {
+            if lease.clock.released() {
+                continue;
             }
-            Cmd::Remove(id) => {
-                let entry = self.forget(id)?;
-                self.schedule.remove(&(entry.due, id));
-                Some(entry)
-            }
+            let due = lease.confirmed_at + period(lease.ttl);
+            self.schedule.insert((due, lease.id), lease.ttl);
+            *self.ttls.entry(lease.ttl).or_default() += 1;
+            self.entries.insert(
+                lease.id,
+                Entry {
+                    key: lease.key,
+                    owner: lease.owner,
+                    ttl: lease.ttl,
+                    clock: lease.clock,
+                    events: lease.events,
+                    due,
+                    failing: false,
+                },
+            );
         }
     }
 
@@ -200,10 +202,10 @@ impl Task {
     /// schedule: the caller knows whether it is there).
     fn forget(&mut self, id: u64) -> Option<Entry> {
         let entry = self.entries.remove(&id)?;
-        if let Some(n) = self.ttls.get_mut(&entry.lease.ttl) {
+        if let Some(n) = self.ttls.get_mut(&entry.ttl) {
             *n -= 1;
             if *n == 0 {
-                self.ttls.remove(&entry.lease.ttl);
+                self.ttls.remove(&entry.ttl);
             }
         }
         Some(entry)
@@ -232,33 +234,33 @@ impl Task {
         for slot in &ids {
             self.schedule.remove(slot);
         }
+        // Grants released since they were scheduled are forgotten here, unrenewed:
+        // their sessions never woke the renewer to say so.
+        let mut released = Vec::new();
+        ids.retain(|(_, id)| match self.entries.get(id) {
+            Some(e) if !e.clock.released() => true,
+            Some(_) => {
+                released.push(*id);
+                false
+            }
+            None => false,
+        });
+        for id in released {
+            self.forget(id);
+        }
         let sent_at = Instant::now();
         let result = {
-            // The schedule and the entries change together; were an entry missing, its
-            // slot is dropped here (one read of each entry) so that answers and `ids`
-            // still pair up.
-            let mut batch = Vec::with_capacity(ids.len());
-            ids.retain(|(_, id)| match self.entries.get(id) {
-                Some(e) => {
-                    batch.push(Renewal {
-                        key: &e.lease.key,
-                        owner: &e.lease.owner,
-                        ttl: e.lease.ttl,
-                    });
-                    true
-                }
-                None => false,
-            });
+            // Every id left has its entry (checked just above).
+            let batch: Vec<Renewal<'_>> = (ids.iter())
+                .filter_map(|(_, id)| self.entries.get(id))
+                .map(|e| Renewal {
+                    key: &e.key,
+                    owner: &e.owner,
+                    ttl: e.ttl,
+                })
+                .collect();
             self.store.renew(&batch).await
         };
-        // Removals that arrived during the call must be seen before its results: a
-        // renewal that landed for a grant dropped meanwhile is undone below.
-        let mut dropped = HashMap::new();
-        while let Ok(cmd) = self.rx.try_recv() {
-            if let Some(entry) = self.apply(cmd) {
-                dropped.insert(entry.lease.id, entry.lease);
-            }
-        }
         let done = Instant::now();
         self.metrics
             .renewal_time
@@ -278,38 +280,48 @@ impl Task {
         self.count(&answers);
         for ((_, id), renewed) in ids.iter().zip(answers) {
             let Some(entry) = self.entries.get_mut(id) else {
-                if let (Renewed::Extended, Some(lease)) = (&renewed, dropped.get(id)) {
-                    self.undo(lease);
-                }
                 continue;
             };
-            let lease = &entry.lease;
+            // Released while the call ran: the session hears nothing more of it, and a
+            // renewal that landed is undone. A clock not released takes the extension.
+            let ttl = entry.ttl;
+            let released = match renewed {
+                Renewed::Extended => {
+                    !(entry.clock).extend(sent_at + ttl - drift_margin(ttl, self.drift))
+                }
+                _ => entry.clock.released(),
+            };
+            if released {
+                if let Some(entry) = self.forget(*id)
+                    && matches!(renewed, Renewed::Extended)
+                {
+                    self.undo(&entry);
+                }
+                continue;
+            }
             match renewed {
                 Renewed::Extended => {
-                    lease
-                        .clock
-                        .set(sent_at + lease.ttl - drift_margin(lease.ttl, self.drift));
-                    entry.due = sent_at + period(lease.ttl);
+                    entry.due = sent_at + period(ttl);
                     if entry.failing {
                         entry.failing = false;
-                        let _ = lease.events.send(RenewEvent::Restored(*id));
+                        entry.event(*id, RenewEvent::Restored);
                     }
-                    self.schedule.insert((entry.due, *id), lease.ttl);
+                    self.schedule.insert((entry.due, *id), ttl);
                 }
                 Renewed::NotHeld => {
-                    let _ = lease.events.send(RenewEvent::NotHeld(*id));
+                    entry.event(*id, RenewEvent::NotHeld);
                     self.forget(*id);
                 }
                 // Only the grants whose part of the batch failed (one frozen Cluster
                 // node, too few Redlock masters) are in jeopardy; the others go on.
                 Renewed::Failed(e) => {
                     if !entry.failing {
-                        tracing::warn!(key = %lease.key, error = %e, "renewal failed; retrying");
+                        tracing::warn!(key = %entry.key, error = %e, "renewal failed; retrying");
                         entry.failing = true;
-                        let _ = lease.events.send(RenewEvent::Failing(*id));
+                        entry.event(*id, RenewEvent::Failing);
                     }
-                    entry.due = done + (lease.ttl / 20).max(MIN_RETRY);
-                    self.schedule.insert((entry.due, *id), lease.ttl);
+                    entry.due = done + (ttl / 20).max(MIN_RETRY);
+                    self.schedule.insert((entry.due, *id), ttl);
                 }
             }
         }
@@ -334,19 +346,10 @@ impl Task {
 
     /// Releases a grant whose renewal landed after its session dropped it, so the
     /// store does not keep it for a whole TTL.
-    fn undo(&self, lease: &Renewable) {
-        super::release_in_background(&self.store, lease.key.clone(), lease.owner.clone());
+    fn undo(&self, entry: &Entry) {
+        super::release_in_background(&self.store, entry.key.to_string(), entry.owner.to_string());
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn clocks_round_trip_instants() {
-        let t = Instant::now() + Duration::from_millis(1500);
-        let clock = LeaseClock::new(t);
-        assert_eq!(clock.get(), t);
-    }
-}
+mod tests;

@@ -1,0 +1,77 @@
+//! The journal's memory: what it keeps of a session's record after a flush.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Entry, SessionRef, Task};
+use crate::engine::mailbox::Mailbox;
+use crate::store::memory::MemoryStore;
+use crate::store::{RecordLine, Store};
+
+fn session() -> Arc<SessionRef> {
+    Arc::new(SessionRef {
+        serial: 1,
+        id: "0123456789abcdef".into(),
+        secret: "s".into(),
+        client_name: "test".into(),
+    })
+}
+
+fn task() -> Task {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    Task {
+        store,
+        sidecar: "sidecar".into(),
+        attachment: Duration::from_secs(10),
+        mailbox: Arc::new(Mailbox::new()),
+        tracked: Default::default(),
+        refreshes: Default::default(),
+        dirty: Default::default(),
+        flush_at: None,
+        attach_at: None,
+    }
+}
+
+/// A session that took 1,000 locks at once, then gave them back: once written, its
+/// pending changes give their table back, and so does the record's list once empty
+/// (a hash table never shrinks by itself: 2,048 buckets of each were kept before).
+#[tokio::test(start_paused = true)]
+async fn a_flush_gives_back_the_tables_of_changes_written() {
+    let mut task = task();
+    let s = session();
+    let keys: Vec<Arc<str>> = (0..1000).map(|i| format!("k{i}").into()).collect();
+    for (i, key) in keys.iter().enumerate() {
+        let line = RecordLine {
+            grant: i as u64 + 1,
+            ttl: Duration::from_secs(10),
+            fence: 1,
+        };
+        task.apply(Entry::Granted(s.clone(), key.clone(), line, Instant::now()));
+    }
+    task.flush(true).await;
+    let tracked = &task.tracked[&1];
+    assert_eq!(tracked.listed.len(), 1000, "every grant is listed");
+    assert!(tracked.pending.is_empty());
+    assert!(
+        tracked.pending.capacity() < 64,
+        "pending keeps room for {} changes",
+        tracked.pending.capacity()
+    );
+    // The key is the session's own string, not a copy.
+    let (listed, _) = tracked.listed.get_key_value(&*keys[0]).expect("listed");
+    assert!(Arc::ptr_eq(listed, &keys[0]));
+
+    for key in &keys {
+        task.apply(Entry::Dropped(s.clone(), key.clone(), Instant::now()));
+    }
+    task.flush(true).await;
+    let tracked = &task.tracked[&1];
+    assert!(tracked.listed.is_empty(), "every lock was taken off");
+    assert!(
+        tracked.listed.capacity() < 64,
+        "the list keeps room for {} lines",
+        tracked.listed.capacity()
+    );
+}

@@ -377,6 +377,36 @@ async fn lost_is_sent_at_the_safe_deadline_while_the_store_still_holds() {
     assert!(state.holders[0].ttl_remaining >= margin(ttl));
 }
 
+/// The session's deadline timer is set for the earliest safe deadline of its grants:
+/// a grant taken after a longer one, with a shorter TTL, brings it forward. Were the
+/// timer left at the first grant's deadline, the second would be lost 27 s late.
+#[tokio::test(start_paused = true)]
+async fn a_later_grant_with_an_earlier_deadline_is_lost_on_time() {
+    let (store, engine) = setup();
+    let mut a = start(&engine);
+    a.granted("long", 30).await;
+    let t0 = Instant::now();
+    let short = Duration::from_secs(3);
+    a.granted("short", 3).await;
+    store.down.store(true, Ordering::SeqCst);
+    loop {
+        match a.next().await {
+            Event::Jeopardy { .. } => continue,
+            Event::Lost { key, reason, .. } => {
+                assert_eq!(key, "short");
+                assert!(reason.contains("deadline"), "{reason}");
+                break;
+            }
+            other => panic!("expected Lost, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        t0.elapsed(),
+        short - margin(short),
+        "Lost exactly at the later grant's safe deadline"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn restored_after_a_short_outage() {
     let (store, engine) = setup();

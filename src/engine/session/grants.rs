@@ -43,6 +43,7 @@ impl Session {
         self.shared.metrics.locks_held.inc();
         self.journal_granted(&key, &owner, claim.ttl, fence);
         let remaining = valid_until.saturating_duration_since(Instant::now());
+        self.watch_deadline(valid_until);
         self.slots.insert(
             key.clone(),
             Slot::Held(Box::new(Held {
@@ -55,7 +56,6 @@ impl Session {
                 count: 1,
                 clock,
                 granted_at: Instant::now(),
-                valid_until,
                 jeopardy: false,
                 busy: false,
                 queue,
@@ -135,27 +135,30 @@ impl Session {
         }
     }
 
-    pub(super) fn next_deadline(&self) -> Option<Instant> {
-        self.slots
-            .values()
-            .filter_map(|s| match s {
-                Slot::Held(h) => Some(h.valid_until),
-                Slot::Acquiring(_) => None,
-            })
-            .min()
+    /// A grant safe until `valid_until` was taken on: the timer fires by then.
+    pub(super) fn watch_deadline(&mut self, valid_until: Instant) {
+        self.deadline = Some(self.deadline.map_or(valid_until, |at| at.min(valid_until)));
     }
 
+    /// The deadline timer fired: every grant whose clock (moved on by the renewer) says
+    /// it is past its safe deadline is lost, and the timer is set to the earliest of
+    /// the others. The only walk over the slots: once per earliest deadline, not per
+    /// event.
     pub(super) fn check_deadlines(&mut self) {
         let now = Instant::now();
         let mut lost = Vec::new();
-        for (key, slot) in &mut self.slots {
+        let mut earliest: Option<Instant> = None;
+        for (key, slot) in &self.slots {
             if let Slot::Held(h) = slot {
-                h.valid_until = h.clock.get();
-                if h.valid_until <= now {
+                let valid_until = h.clock.get();
+                if valid_until <= now {
                     lost.push(key.clone());
+                } else {
+                    earliest = Some(earliest.map_or(valid_until, |at| at.min(valid_until)));
                 }
             }
         }
+        self.deadline = earliest;
         for key in lost {
             let queue = self.lose(&key, Loss::Deadline);
             self.redispatch(queue);

@@ -117,6 +117,7 @@ impl Session {
             events: self.notes_tx.clone(),
         });
         self.shared.metrics.locks_held.inc();
+        self.watch_deadline(valid_until);
         self.slots.insert(
             shared_key,
             Slot::Held(Box::new(Held {
@@ -129,7 +130,6 @@ impl Session {
                 count: grant.count.max(1),
                 clock,
                 granted_at: now,
-                valid_until,
                 jeopardy: false,
                 busy: false,
                 queue: VecDeque::new(),

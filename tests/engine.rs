@@ -221,6 +221,31 @@ fn start(engine: &Engine) -> Session {
     Session { tx, rx, next_id: 0 }
 }
 
+impl Session {
+    /// The first request of a new session, an acquire of `key` without waiting, is
+    /// refused `Busy` (after `SessionStarted`): someone else holds `key`.
+    async fn first_try_is_busy(&mut self, key: &str, why: &str) {
+        let id = self.send(request(key, 3, None)).await;
+        assert!(matches!(self.next().await, Event::Started { .. }));
+        assert_eq!(
+            self.next().await,
+            Event::NotAcquired {
+                request_id: id,
+                key: key.into(),
+                reason: NotAcquiredReason::Busy
+            },
+            "{why}"
+        );
+    }
+
+    /// Nothing is waiting on this session's stream: no `Jeopardy` or `Lost`.
+    fn no_event_while_renewals_succeed(&mut self) {
+        if let Ok(event) = self.rx.try_recv() {
+            panic!("no event expected while renewals succeed, got {event:?}");
+        }
+    }
+}
+
 fn request(key: &str, ttl: u64, wait: Option<u64>) -> AcquireRequest {
     AcquireRequest {
         request_id: 0,
@@ -307,16 +332,7 @@ async fn renewals_keep_locks_and_are_batched() {
     }
     // Thirty seconds, ten TTLs: without renewal every lock would have expired.
     tokio::time::sleep(Duration::from_secs(30)).await;
-    let id = b.send(request("k50", 3, None)).await;
-    assert!(matches!(b.next().await, Event::Started { .. }));
-    assert_eq!(
-        b.next().await,
-        Event::NotAcquired {
-            request_id: id,
-            key: "k50".into(),
-            reason: NotAcquiredReason::Busy
-        }
-    );
+    b.first_try_is_busy("k50", "").await;
     // Renewed every ~TTL/3 = 1 s, in batches: about 30 calls for all 100 locks, not
     // 3,000 (one per lock per tick).
     let calls = store.renew_calls.load(Ordering::SeqCst);
@@ -328,9 +344,7 @@ async fn renewals_keep_locks_and_are_batched() {
         "batches of {} on average",
         items / calls
     );
-    if let Ok(event) = a.rx.try_recv() {
-        panic!("no event expected while renewals succeed, got {event:?}");
-    }
+    a.no_event_while_renewals_succeed();
 }
 
 #[tokio::test(start_paused = true)]
@@ -505,20 +519,9 @@ async fn a_grant_due_before_the_renewers_next_tick_is_renewed_on_time() {
     let t0 = Instant::now();
     a.granted("short", 3).await;
     tokio::time::sleep(Duration::from_secs(6)).await;
-    let id = b.send(request("short", 3, None)).await;
-    assert!(matches!(b.next().await, Event::Started { .. }));
-    assert_eq!(
-        b.next().await,
-        Event::NotAcquired {
-            request_id: id,
-            key: "short".into(),
-            reason: NotAcquiredReason::Busy
-        },
-        "the short grant was not renewed in time"
-    );
-    if let Ok(event) = a.rx.try_recv() {
-        panic!("no event expected while renewals succeed, got {event:?}");
-    }
+    b.first_try_is_busy("short", "the short grant was not renewed in time")
+        .await;
+    a.no_event_while_renewals_succeed();
     let renewed = store.renewed_keys.lock().expect("renewed keys").clone();
     // Every second from the grant: at 1 to 5 s, and perhaps at 6 s (now).
     let short = renewed.iter().filter(|k| *k == "short").count();

@@ -23,7 +23,7 @@
 
 mod clock;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -66,6 +66,27 @@ pub(crate) struct Renewable {
     pub(crate) events: mpsc::UnboundedSender<Note>,
 }
 
+/// The grants of one tick that went failing, by error: one log line per failed call
+/// (a chunk's grants share its error), not one per grant (a frozen Redis would
+/// otherwise print 100,000 lines at once).
+#[derive(Default)]
+struct Failing(Vec<(Arc<StoreError>, usize, Arc<str>)>);
+
+impl Failing {
+    fn add(&mut self, error: &Arc<StoreError>, key: &Arc<str>) {
+        match self.0.iter_mut().find(|(e, ..)| Arc::ptr_eq(e, error)) {
+            Some((_, n, _)) => *n += 1,
+            None => self.0.push((error.clone(), 1, key.clone())),
+        }
+    }
+
+    fn log(self) {
+        for (error, grants, key) in self.0 {
+            tracing::warn!(grants, first_key = %key, error = %error, "renewals failed; retrying");
+        }
+    }
+}
+
 /// Handle to the renewer task.
 #[derive(Clone)]
 pub(crate) struct Renewer {
@@ -93,7 +114,6 @@ impl Renewer {
                 metrics,
                 drift,
                 mailbox: mailbox.clone(),
-                entries: HashMap::new(),
                 schedule: BTreeMap::new(),
                 ttls: BTreeMap::new(),
             }
@@ -115,22 +135,23 @@ impl Renewer {
     }
 }
 
-/// One grant as the renewer keeps it: a [`Renewable`] without its `id` (the map's key)
-/// and `confirmed_at` (read once, for the first `due`). At 100,000 grants the map has
-/// 131,072 buckets: every byte of an entry costs 128 KB.
+/// One grant as the renewer keeps it: a [`Renewable`] without `confirmed_at` (read
+/// once, for its first due time), in the [`Task::schedule`] group of the time it is due.
 struct Entry {
+    id: u64,
     key: Arc<str>,
     owner: Arc<str>,
     ttl: Duration,
     clock: Arc<LeaseClock>,
     events: mpsc::UnboundedSender<Note>,
-    due: Instant,
     failing: bool,
 }
 
 impl Entry {
-    fn event(&self, id: u64, event: fn(u64, Arc<str>) -> RenewEvent) {
-        let _ = self.events.send(Note::Renew(event(id, self.key.clone())));
+    fn event(&self, event: fn(u64, Arc<str>) -> RenewEvent) {
+        let _ = self
+            .events
+            .send(Note::Renew(event(self.id, self.key.clone())));
     }
 }
 
@@ -145,12 +166,14 @@ struct Task {
     drift: f64,
     /// Grants handed over since the last look (see [`Renewer::add`]).
     mailbox: Arc<Mailbox<Renewable>>,
-    entries: HashMap<u64, Entry>,
-    /// Every entry by when it is due, with its TTL: a tick decides which grants to
-    /// renew from here alone, without reading the entries (at 100,000 grants each read
-    /// is a cache miss).
-    schedule: BTreeMap<(Instant, u64), Duration>,
-    /// How many entries have each TTL: the longest tells [`Task::tick`] how far ahead
+    /// Every grant, in groups by when it is due. The grants renewed in one batch are
+    /// due again together (when they share a TTL, the common case): a tick takes whole
+    /// groups and puts each renewed grant in one group again, so 100,000 locks make a
+    /// few groups and a renewal costs no map operation per grant (a map entry per
+    /// grant cost a `BTreeMap` and a `HashMap` operation each, most of them cache
+    /// misses, and about 100 bytes).
+    schedule: BTreeMap<Instant, Vec<Entry>>,
+    /// How many grants have each TTL: the longest tells [`Task::tick`] how far ahead
     /// of now a grant can be due and still be renewed early (half its period).
     ttls: BTreeMap<Duration, usize>,
 }
@@ -158,7 +181,7 @@ struct Task {
 impl Task {
     async fn run(mut self, shutdown: CancellationToken, alive: CancellationToken) {
         loop {
-            let own = self.schedule.first_key_value().map(|((due, _), _)| *due);
+            let own = self.schedule.first_key_value().map(|(due, _)| *due);
             let next = self.mailbox.arm(own);
             tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -180,108 +203,113 @@ impl Task {
             if lease.clock.released() {
                 continue;
             }
-            let due = lease.confirmed_at + period(lease.ttl);
-            self.schedule.insert((due, lease.id), lease.ttl);
             *self.ttls.entry(lease.ttl).or_default() += 1;
-            self.entries.insert(
-                lease.id,
-                Entry {
-                    key: lease.key,
-                    owner: lease.owner,
-                    ttl: lease.ttl,
-                    clock: lease.clock,
-                    events: lease.events,
-                    due,
-                    failing: false,
-                },
-            );
+            let due = lease.confirmed_at + period(lease.ttl);
+            let entry = Entry {
+                id: lease.id,
+                key: lease.key,
+                owner: lease.owner,
+                ttl: lease.ttl,
+                clock: lease.clock,
+                events: lease.events,
+                failing: false,
+            };
+            self.schedule.entry(due).or_default().push(entry);
         }
     }
 
-    /// Takes an entry out of `entries` and its TTL out of `ttls` (not out of the
-    /// schedule: the caller knows whether it is there).
-    fn forget(&mut self, id: u64) -> Option<Entry> {
-        let entry = self.entries.remove(&id)?;
+    /// Takes a forgotten grant's TTL out of `ttls`.
+    fn forget(&mut self, entry: &Entry) {
         if let Some(n) = self.ttls.get_mut(&entry.ttl) {
             *n -= 1;
             if *n == 0 {
                 self.ttls.remove(&entry.ttl);
             }
         }
-        Some(entry)
     }
 
-    /// Renews every grant due within half its renewal period, in one store call.
-    async fn tick(&mut self) {
-        let now = Instant::now();
+    /// Takes out of the schedule every grant due within half its renewal period,
+    /// forgetting those released since they were scheduled (their sessions never woke
+    /// the renewer to say so).
+    fn due(&mut self, now: Instant) -> Vec<Entry> {
         // No grant due later than half the longest period from now can be renewed
-        // early: the walk stops there rather than going through every grant on every
-        // tick (with one TTL for all, it reads exactly the grants it renews).
+        // early: the walk stops there (with one TTL for all, it takes exactly the
+        // groups it renews).
         let horizon = now
             + self
                 .ttls
                 .last_key_value()
                 .map_or(Duration::ZERO, |(ttl, _)| period(*ttl) / 2);
-        let mut ids = Vec::new();
-        for (&(due, id), &ttl) in &self.schedule {
-            if due > horizon {
+        let mut due = Vec::new();
+        let mut later = Vec::new();
+        while let Some(group) = self.schedule.first_entry() {
+            if *group.key() > horizon {
                 break;
             }
-            if due <= now + period(ttl) / 2 {
-                ids.push((due, id));
+            let (at, entries) = group.remove_entry();
+            due.reserve(entries.len());
+            for entry in entries {
+                if entry.clock.released() {
+                    self.forget(&entry);
+                } else if at <= now + period(entry.ttl) / 2 {
+                    due.push(entry);
+                } else {
+                    later.push((at, entry));
+                }
             }
         }
-        for slot in &ids {
-            self.schedule.remove(slot);
+        for (at, entry) in later {
+            self.schedule.entry(at).or_default().push(entry);
         }
-        // Grants released since they were scheduled are forgotten here, unrenewed:
-        // their sessions never woke the renewer to say so.
-        let mut released = Vec::new();
-        ids.retain(|(_, id)| match self.entries.get(id) {
-            Some(e) if !e.clock.released() => true,
-            Some(_) => {
-                released.push(*id);
-                false
-            }
-            None => false,
-        });
-        for id in released {
-            self.forget(id);
+        due
+    }
+
+    /// Puts `entry` in the group due at `at`; a new group gets room for `room` grants
+    /// (the rest of its batch, which mostly follows).
+    fn schedule(&mut self, at: Instant, entry: Entry, room: usize) {
+        (self.schedule.entry(at))
+            .or_insert_with(|| Vec::with_capacity(room))
+            .push(entry);
+    }
+
+    /// Renews every grant due within half its renewal period, in one store call.
+    async fn tick(&mut self) {
+        let batch = self.due(Instant::now());
+        if batch.is_empty() {
+            return;
         }
         let sent_at = Instant::now();
         let result = {
-            // Every id left has its entry (checked just above).
-            let batch: Vec<Renewal<'_>> = (ids.iter())
-                .filter_map(|(_, id)| self.entries.get(id))
+            let renewals: Vec<Renewal<'_>> = (batch.iter())
                 .map(|e| Renewal {
                     key: &e.key,
                     owner: &e.owner,
                     ttl: e.ttl,
                 })
                 .collect();
-            self.store.renew(&batch).await
+            self.store.renew(&renewals).await
         };
         let done = Instant::now();
         self.metrics
             .renewal_time
             .observe((done - sent_at).as_secs_f64());
         let answers = match result {
-            Ok(answers) if answers.len() == ids.len() => answers,
+            Ok(answers) if answers.len() == batch.len() => answers,
             Ok(answers) => {
                 let e = StoreError::Protocol(format!(
                     "{} renewal answers for a batch of {}",
                     answers.len(),
-                    ids.len()
+                    batch.len()
                 ));
-                vec![Renewed::Failed(Arc::new(e)); ids.len()]
+                vec![Renewed::Failed(Arc::new(e)); batch.len()]
             }
-            Err(e) => vec![Renewed::Failed(Arc::new(e)); ids.len()],
+            Err(e) => vec![Renewed::Failed(Arc::new(e)); batch.len()],
         };
         self.count(&answers);
-        for ((_, id), renewed) in ids.iter().zip(answers) {
-            let Some(entry) = self.entries.get_mut(id) else {
-                continue;
-            };
+        let mut failing = Failing::default();
+        let mut left = batch.len();
+        for (mut entry, renewed) in batch.into_iter().zip(answers) {
+            left -= 1;
             // Released while the call ran: the session hears nothing more of it, and a
             // renewal that landed is undone. A clock not released takes the extension.
             let ttl = entry.ttl;
@@ -292,39 +320,37 @@ impl Task {
                 _ => entry.clock.released(),
             };
             if released {
-                if let Some(entry) = self.forget(*id)
-                    && matches!(renewed, Renewed::Extended)
-                {
+                self.forget(&entry);
+                if matches!(renewed, Renewed::Extended) {
                     self.undo(&entry);
                 }
                 continue;
             }
             match renewed {
                 Renewed::Extended => {
-                    entry.due = sent_at + period(ttl);
                     if entry.failing {
                         entry.failing = false;
-                        entry.event(*id, RenewEvent::Restored);
+                        entry.event(RenewEvent::Restored);
                     }
-                    self.schedule.insert((entry.due, *id), ttl);
+                    self.schedule(sent_at + period(ttl), entry, left + 1);
                 }
                 Renewed::NotHeld => {
-                    entry.event(*id, RenewEvent::NotHeld);
-                    self.forget(*id);
+                    entry.event(RenewEvent::NotHeld);
+                    self.forget(&entry);
                 }
                 // Only the grants whose part of the batch failed (one frozen Cluster
                 // node, too few Redlock masters) are in jeopardy; the others go on.
                 Renewed::Failed(e) => {
                     if !entry.failing {
-                        tracing::warn!(key = %entry.key, error = %e, "renewal failed; retrying");
+                        failing.add(&e, &entry.key);
                         entry.failing = true;
-                        entry.event(*id, RenewEvent::Failing);
+                        entry.event(RenewEvent::Failing);
                     }
-                    entry.due = done + (ttl / 20).max(MIN_RETRY);
-                    self.schedule.insert((entry.due, *id), ttl);
+                    self.schedule(done + (ttl / 20).max(MIN_RETRY), entry, 1);
                 }
             }
         }
+        failing.log();
     }
 
     /// Counts a batch's answers in the metrics: each failure once per store error (a

@@ -112,10 +112,10 @@ impl RedisStore {
 
 /// One key of a lock, `{ns:KEY}:part` (as `RedisStore::key` makes it), written into a
 /// command piece by piece rather than made as a `String` first.
-struct KeyName<'a> {
-    namespace: &'a str,
-    key: &'a str,
-    part: &'a str,
+pub(super) struct KeyName<'a> {
+    pub(super) namespace: &'a str,
+    pub(super) key: &'a str,
+    pub(super) part: &'a str,
 }
 
 impl KeyName<'_> {

@@ -1,13 +1,17 @@
 //! Batched renewal: `renew.lua` extends many grants in one call. On one server a batch
-//! is cut into chunks of [`RENEW_CHUNK`] grants, sent concurrently (pipelined on the
-//! multiplexed connection: one round trip). On a Cluster one script call may only touch
+//! is cut into chunks of [`RENEW_CHUNK`] grants, [`RENEW_IN_FLIGHT`] of them on the
+//! multiplexed connection at a time (pipelined: a round trip is not paid per chunk).
+//! Never the whole batch at once: each call's timeout starts when it is sent, and a
+//! chunk queued behind 99 others in Redis would spend its timeout waiting for them (at
+//! 100,000 locks on a busy machine the later chunks timed out, their grants went
+//! failing and were retried with the next ones, and the batches grew). On a Cluster one script call may only touch
 //! one slot, so the batch is grouped by the slot of each lock's hash tag; the groups go
 //! out concurrently too, and the cluster connection pipelines those bound for the same
 //! node. Better, once the slot map is known: the batch is grouped by the *node* that
 //! serves each slot and renewed with `renew.lua` flagged `allow-cross-slot-keys` (Redis
 //! 7), so 10,000 locks cost about ten calls per node again instead of one per slot.
-//! With `--min-replica-acks`, each slot group is followed by its own `WAIT` on its node
-//! (see `acked.rs`).
+//! With `--min-replica-acks`, each chunk (grouped by slot) is followed by its own `WAIT`
+//! on its node (see `acked.rs`).
 //!
 //! **One node's failure stays its own.** Every chunk is its own call with its own
 //! timeout and its own answer: a frozen master fails the chunks it serves, whose grants
@@ -27,7 +31,9 @@ use std::sync::Arc;
 
 use deadpool_redis::redis::{self, FromRedisValue};
 use futures_util::future::join_all;
+use futures_util::stream::{self, StreamExt};
 
+use super::call::KeyName;
 use super::{Conn, Lua, RedisStore, slots};
 use crate::store::{Renewal, Renewed, StoreError};
 
@@ -35,6 +41,11 @@ use crate::store::{Renewal, Renewed, StoreError};
 /// calls pipelined in one round trip, small enough that one call does not stall Redis
 /// (about a millisecond each).
 pub(super) const RENEW_CHUNK: usize = 1000;
+
+/// Chunks of one group (one server, one Cluster node) in flight at a time: two, so
+/// that Redis runs one while the next is on its way, and a call's timeout measures
+/// that call and at most one before it.
+pub(super) const RENEW_IN_FLIGHT: usize = 2;
 
 /// The answers for some grants of a batch: (position in the batch, answer).
 type Answers = Vec<(usize, Renewed)>;
@@ -68,6 +79,16 @@ fn flagged(chunk: &[usize], flags: Vec<i64>) -> Answers {
 }
 
 impl RedisStore {
+    /// A lock's key `{ns:KEY}:h`, written straight into the command: a renewal of
+    /// 100,000 locks builds no `String` per lock.
+    fn lock_arg<'a>(&'a self, key: &'a str) -> KeyName<'a> {
+        KeyName {
+            namespace: &self.namespace,
+            key,
+            part: "h",
+        }
+    }
+
     /// The batch's positions, grouped so that each group may go in one script call: by
     /// node when `owners` is known, else by slot on a Cluster (in slot order), all
     /// together on one server; then cut into chunks.
@@ -162,33 +183,27 @@ impl RedisStore {
         }
     }
 
-    /// With `--min-replica-acks`: renews one slot group's chunks and waits for the
-    /// replicas in one pipeline on the slot's node, within its own timeout. Grants
-    /// renewed on the master only count as failed: a failover could lose the renewal.
-    async fn renew_acked(&self, batch: &[Renewal<'_>], chunks: &[Vec<usize>]) -> Answers {
-        let calls = chunks
-            .iter()
-            .map(|c| self.renew_call(batch, c, false))
-            .collect();
-        let all = || chunks.iter().flatten().copied().collect::<Vec<usize>>();
+    /// With `--min-replica-acks`: renews one chunk and waits for the replicas in one
+    /// pipeline on its node, within its own timeout. Grants renewed on the master only
+    /// count as failed: a failover could lose the renewal.
+    async fn renew_acked(&self, batch: &[Renewal<'_>], chunk: &[usize]) -> Answers {
+        let calls = vec![self.renew_call(batch, chunk, false)];
         match self.pipelined_with_wait(&self.scripts.renew, calls).await {
-            Ok((replies, true)) if replies.len() == chunks.len() => chunks
-                .iter()
-                .zip(replies)
-                .flat_map(|(chunk, reply)| match Vec::<i64>::from_redis_value(reply) {
+            Ok((replies, true)) => match replies.into_iter().next() {
+                Some(reply) => match Vec::<i64>::from_redis_value(reply) {
                     Ok(flags) => flagged(chunk, flags),
                     Err(e) => failed(chunk, StoreError::Protocol(e.to_string())),
-                })
-                .collect(),
-            Ok((_, true)) => failed(&all(), StoreError::Protocol("renew: bad reply".into())),
+                },
+                None => failed(chunk, StoreError::Protocol("renew: bad reply".into())),
+            },
             Ok((_, false)) => failed(
-                &all(),
+                chunk,
                 StoreError::Unavailable(format!(
                     "the renewal was not acknowledged by {} replicas within {:?}",
                     self.acks.min, self.acks.timeout
                 )),
             ),
-            Err(e) => failed(&all(), e),
+            Err(e) => failed(chunk, e),
         }
     }
 
@@ -211,10 +226,10 @@ impl RedisStore {
         let mut call = Self::script_call(&self.scripts.renew_across_slots, source);
         call.arg(1);
         if let Some(&first) = chunk.first() {
-            call.arg(self.key(batch[first].key, "h"));
+            call.arg(self.lock_arg(batch[first].key));
         }
         for &i in chunk {
-            call.arg(self.key(batch[i].key, "h"))
+            call.arg(self.lock_arg(batch[i].key))
                 .arg(batch[i].owner)
                 .arg(batch[i].ttl.as_millis() as u64);
         }
@@ -226,7 +241,7 @@ impl RedisStore {
         let mut call = Self::script_call(&self.scripts.renew, source);
         call.arg(chunk.len());
         for &i in chunk {
-            call.arg(self.key(batch[i].key, "h"));
+            call.arg(self.lock_arg(batch[i].key));
         }
         for &i in chunk {
             call.arg(batch[i].owner)
@@ -235,8 +250,34 @@ impl RedisStore {
         call
     }
 
+    /// Renews one group's chunks (one server, one Cluster node or slot),
+    /// [`RENEW_IN_FLIGHT`] at a time, pipelined on the multiplexed connection.
+    async fn renew_group(
+        &self,
+        batch: &[Renewal<'_>],
+        chunks: &[Vec<usize>],
+        across: bool,
+    ) -> Vec<Answers> {
+        // By position: a closure taking a `&Vec` would make the future not `Send`
+        // (rust-lang/rust#64552).
+        stream::iter(0..chunks.len())
+            .map(|k| self.renew_one(batch, &chunks[k], across))
+            .buffer_unordered(RENEW_IN_FLIGHT)
+            .collect()
+            .await
+    }
+
+    /// Renews one chunk: with replica acknowledgement, or else alone.
+    async fn renew_one(&self, batch: &[Renewal<'_>], chunk: &[usize], across: bool) -> Answers {
+        if self.acks.min > 0 {
+            self.renew_acked(batch, chunk).await
+        } else {
+            self.renew_chunk(batch, chunk, across).await
+        }
+    }
+
     /// Renews `batch`: one answer per grant, in order. Every chunk (or, with replica
-    /// acknowledgement, every slot group) is its own call with its own timeout, so a
+    /// acknowledgement, its WAIT with it) is its own call with its own timeout, so a
     /// node that does not answer fails its own grants only.
     pub(super) async fn renew_batch(
         &self,
@@ -258,14 +299,13 @@ impl RedisStore {
         };
         let groups = self.renewal_groups(batch, owners.as_deref().map(Vec::as_slice));
         let across = owners.is_some();
-        // Concurrent calls on a multiplexed connection go out pipelined: one round trip
-        // for the whole batch (per node, on a Cluster).
-        let answers: Vec<Answers> = if self.acks.min > 0 {
-            join_all(groups.iter().map(|chunks| self.renew_acked(batch, chunks))).await
-        } else {
-            let chunks = groups.iter().flatten();
-            join_all(chunks.map(|chunk| self.renew_chunk(batch, chunk, across))).await
-        };
+        // The groups (nodes, or slots) go concurrently.
+        let answers: Vec<Answers> =
+            join_all(groups.iter().map(|g| self.renew_group(batch, g, across)))
+                .await
+                .into_iter()
+                .flatten()
+                .collect();
         let mut renewed: Vec<Option<Renewed>> = vec![None; batch.len()];
         for (i, answer) in answers.into_iter().flatten() {
             if let Some(slot) = renewed.get_mut(i) {

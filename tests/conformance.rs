@@ -1210,11 +1210,15 @@ async fn records_follow_their_locks(s: Subject) {
         Resumption::Refused,
         "no lock, no record"
     );
+    // A write of no line extends b's record, which keeps its line.
+    let extend = record(b, "s", "A", &[]);
+    assert_eq!(write(&s, extend).await, Recorded::Written);
     let kept = s.store.resume(&resume_claim(b, "s", "t", "B")).await;
     assert!(matches!(kept.expect("answer"), Resumption::Claimed(l) if l.len() == 1));
-    // Writing nothing creates nothing.
+    // Extending no record says so (the sidecar writes it again whole), and creates
+    // nothing.
     let empty = record("cccccccccccccccc", "s", "A", &[]);
-    assert_eq!(write(&s, empty).await, Recorded::Written);
+    assert_eq!(write(&s, empty).await, Recorded::Missing);
     let none = s
         .store
         .resume(&resume_claim("cccccccccccccccc", "s", "t", "B"))

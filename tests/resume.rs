@@ -532,3 +532,69 @@ async fn hundreds_of_locks_resume_from_an_older_sidecar_s_record() {
     let cli = |_: &str, args: &[&str]| redis.cli(args);
     common::records::many_locks_resume(&redis.url(), &namespace(), cli, true).await;
 }
+
+/// The record's time left (ms; -2 when it is gone).
+fn record_pttl(redis: &Redis, record: &str) -> i64 {
+    redis.cli(&["pttl", record]).trim().parse().unwrap_or(-2)
+}
+
+/// How many HSET calls Redis has run (scripts' included) since its stats were reset.
+fn hsets(redis: &Redis) -> u64 {
+    let stats = redis.cli(&["info", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_hset:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap_or(0))
+}
+
+/// Keeping a record alive writes no line: 100 held locks cost the extension one call
+/// and a few writes of the record's own fields (every line went again before, 100
+/// HSETs a TTL). A record Redis lost (deleted here: an outage past its TTL, a failover
+/// that lost it) is found missing by the next extension and written again whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_is_extended_without_its_lines_and_rewritten_when_lost() {
+    let redis = Redis::start();
+    let ns = namespace();
+    let sidecar = SidecarProcess::start(&redis.url(), &ns, &["--attachment-ttl", ATTACHMENT]);
+    let client = Client::connect(&sidecar.addr).await;
+    let mut app = client.lease().await;
+    let locks = 100;
+    for i in 0..locks {
+        let id = app.send_acquire(with_ttl(&format!("k{i}"), 1.0)).await;
+        app.expect_granted(id).await;
+    }
+    recorded(&redis, &ns, &app.session_id, locks).await;
+    let record = record_key(&ns, &app.session_id);
+
+    // The record lives twice the TTL and is extended every TTL: wait for its time
+    // left to go up (an extension), counting the HSETs Redis ran meanwhile.
+    redis.cli(&["config", "resetstat"]);
+    let deadline = Instant::now() + PATIENCE;
+    let mut last = record_pttl(&redis, &record);
+    loop {
+        let left = record_pttl(&redis, &record);
+        if left > last + 200 {
+            break;
+        }
+        last = left;
+        assert!(Instant::now() < deadline, "the record was never extended");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let written = hsets(&redis);
+    assert!(
+        written < 10,
+        "{written} HSETs to extend a record of {locks} lines"
+    );
+    assert_eq!(record_lines(|args| redis.cli(args), &record), locks);
+
+    // Gone from Redis, the record comes back whole at the next extension.
+    let keys = common::records::record_keys(|args| redis.cli(args), &record);
+    for key in keys.keys() {
+        redis.cli(&["del", key]);
+    }
+    assert_eq!(record_lines(|args| redis.cli(args), &record), 0);
+    recorded(&redis, &ns, &app.session_id, locks).await;
+    let quiet = tokio::time::timeout(Duration::from_millis(100), app.next()).await;
+    assert!(quiet.is_err(), "the session heard nothing: {quiet:?}");
+}

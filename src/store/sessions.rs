@@ -68,7 +68,8 @@ pub struct RecordWrite {
     /// The session ended: the record goes.
     pub end: bool,
     /// How long the record lives after this write, unless written again. A record that
-    /// lists no lock goes at once.
+    /// lists no lock goes at once. A write with no line to list or take off (and no
+    /// end) only extends the record: [`Recorded::Missing`] if there is none.
     pub ttl: Duration,
 }
 
@@ -93,6 +94,9 @@ pub enum Recorded {
     /// The record belongs to another generation of the session (it was resumed
     /// elsewhere): nothing was changed, and this sidecar must not write it again.
     Foreign,
+    /// An extension found no record (it expired during an outage, or the store lost
+    /// it): the sidecar writes every line again.
+    Missing,
 }
 
 /// A request to resume a session. Its `Debug` leaves both secrets out.

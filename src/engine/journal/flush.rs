@@ -71,20 +71,14 @@ impl Task {
                     }
                     taken.push(key.clone());
                 }
-                if due.contains(&serial) {
-                    // An extension: the lines go again, so a record that expired
-                    // meanwhile (a long store outage) is made again whole.
-                    for (key, line) in &tracked.listed {
-                        if !tracked.pending.contains_key(key) {
-                            write.set.push((key.to_string(), line.clone()));
-                        }
-                    }
-                }
             }
             if deferred {
                 self.dirty.insert(serial);
             }
-            if !write.end && write.set.is_empty() && write.remove.is_empty() {
+            // A write with no line extends the record (its TTL only: a record that
+            // expired meanwhile answers Missing and is written again whole).
+            let extends = due.contains(&serial) && !tracked.listed.is_empty();
+            if !write.end && write.set.is_empty() && write.remove.is_empty() && !extends {
                 self.schedule_refresh(serial);
                 continue;
             }
@@ -136,6 +130,20 @@ impl Task {
                     }
                     shrink(&mut tracked.pending);
                     shrink(&mut tracked.listed);
+                }
+                Some(Recorded::Missing) => {
+                    // Gone from the store: every listed line is a change to write
+                    // again (a change not written yet stays the newer one).
+                    tracing::info!(session = %write.session_id, "the session's record was gone; writing it again");
+                    let written_at = now.checked_sub(FLUSH_EVERY).unwrap_or(now);
+                    for (key, line) in tracked.listed.drain() {
+                        tracked
+                            .pending
+                            .entry(key)
+                            .or_insert(Some((line, written_at)));
+                    }
+                    retry = true;
+                    self.dirty.insert(serial);
                 }
                 Some(Recorded::Foreign) => {
                     // Resumed elsewhere: this sidecar's copy of the session is a

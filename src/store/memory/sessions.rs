@@ -58,6 +58,9 @@ impl Sessions {
 
     fn write(&mut self, write: &RecordWrite, now: Instant) -> Recorded {
         if self.live(&write.session_id, now).is_none() {
+            if !write.end && write.set.is_empty() && write.remove.is_empty() {
+                return Recorded::Missing;
+            }
             if write.end || write.set.is_empty() {
                 return Recorded::Written;
             }

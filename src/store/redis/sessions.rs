@@ -97,10 +97,10 @@ impl RedisStore {
         }
         args.extend(write.remove.iter().map(|k| k.as_bytes()));
         let written: i64 = self.call(&self.scripts.record, &keys, &args).await?;
-        Ok(if written == 1 {
-            Recorded::Written
-        } else {
-            Recorded::Foreign
+        Ok(match written {
+            1 => Recorded::Written,
+            2 => Recorded::Missing,
+            _ => Recorded::Foreign,
         })
     }
 

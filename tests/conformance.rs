@@ -401,6 +401,26 @@ fn renewal<'a>(key: &'a str, owner: &'a str, ttl_ms: u64) -> Renewal<'a> {
     }
 }
 
+/// A renewal extends the holder's own grant only: not an owner that is a prefix of the
+/// holder's, nor one named in the holder's client name or value (`renew.lua` finds the
+/// holder by position, not by searching the lock's string).
+async fn renewals_match_the_whole_holder(s: Subject) {
+    let holder = claim("k", "sid.secret.12", 10_000);
+    let holder = Claim {
+        client_name: "x|sid.secret.1|y".into(),
+        value: b"|sid.secret.1|sid.secret.3|".to_vec(),
+        ..holder
+    };
+    fence(&s, &holder).await;
+    let batch = [
+        renewal("k", "sid.secret.1", 10_000),
+        renewal("k", "sid.secret.123", 10_000),
+        renewal("k", "sid.secret.3", 10_000),
+        renewal("k", "sid.secret.12", 10_000),
+    ];
+    assert_eq!(renewed(&s, &batch).await, vec![false, false, false, true]);
+}
+
 async fn renewals_extend_only_held_grants(s: Subject) {
     fence(&s, &claim("k", "a", 300)).await;
     for _ in 0..3 {
@@ -1251,6 +1271,7 @@ conformance!(
     holds_and_releases_are_idempotent,
     grants_expire_and_fences_survive,
     renewals_extend_only_held_grants,
+    renewals_match_the_whole_holder,
     large_batches_keep_their_order,
     releases_notify_only_when_someone_waits,
     unwait_and_expiry_remove_waiters,
@@ -1317,6 +1338,7 @@ on_redlock!(
     holds_and_releases_are_idempotent,
     grants_expire_and_fences_survive,
     renewals_extend_only_held_grants,
+    renewals_match_the_whole_holder,
     describe_shows_holders_but_no_secrets,
     keys_are_opaque,
     pings,

@@ -55,6 +55,7 @@ mod scale;
 mod servers;
 mod session;
 mod svg;
+mod watchdog;
 
 use std::fmt::Display;
 use std::path::PathBuf;

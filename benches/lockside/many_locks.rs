@@ -11,7 +11,7 @@ use tokio::time::{Instant, timeout};
 use tonic::transport::Channel;
 
 use super::process::{clock_ticks, cpu_ticks, rss_kb};
-use super::redis_side::{CommandStats, info, info_value};
+use super::redis_side::{CommandStats, RedisProcs, info, info_value};
 use super::report::{Report, mb};
 use super::servers::Servers;
 use super::session::Session;
@@ -22,7 +22,7 @@ use lockside::proto::lease_response::Event as E;
 /// Locks per session (a sidecar allows 1024 by default).
 pub(super) const LOCKS_PER_SESSION: u64 = 1000;
 /// Renewal rounds the phase samples (its window is this many renewal periods, TTL/3).
-const HOLD_ROUNDS: u32 = 6;
+pub(super) const HOLD_ROUNDS: u32 = 6;
 /// Sessions taking their locks at once: 2,000 acquires in flight keep the store busy
 /// without queueing calls past the store timeout (1 s), which fails acquires and the
 /// renewals of locks already held: 100,000 at once did on the 2-core machine, and
@@ -55,6 +55,7 @@ pub(super) async fn hold_phase(
         None,
     );
     report.put("hold_cpu_percent", held.cpu_percent, None);
+    report.put("hold_redis_cpu_percent", held.redis_cpu_percent, None);
     report.put("hold_rss_before_mb", rss_before.map(mb), None);
     report.put("hold_rss_mb", held.rss_kb.map(mb), None);
     if pid.is_none() {
@@ -78,6 +79,9 @@ pub(super) struct Held {
     pub(super) evalsha_per_s: f64,
     /// The sidecar's CPU in % of a core; `None` without a pid.
     pub(super) cpu_percent: Option<f64>,
+    /// Redis' CPU in % of a core (every master's, all clients'); `None` when Redis is
+    /// not a process of this machine.
+    pub(super) redis_cpu_percent: Option<f64>,
     /// The sidecar's RSS at the end.
     pub(super) rss_kb: Option<u64>,
     /// Events (a `Lost`), or stream ends, on sessions that asked for nothing more.
@@ -110,10 +114,13 @@ pub(super) async fn hold(
         .map(|s| (s.tx, tokio::spawn(count_events(s.rx, events.clone()))))
         .collect();
     let ticks_per_s = clock_ticks().await;
+    let procs = RedisProcs::find(redis).await?;
+    let redis_before = procs.cpu_ns()?;
     let before = sample(redis, pid).await?;
     // The measurement window itself, not a wait for an event.
     tokio::time::sleep(ttl / 3 * HOLD_ROUNDS).await;
     let after = sample(redis, pid).await?;
+    let redis_after = procs.cpu_ns()?;
     for (tx, reader) in held {
         reader.abort();
         drop(tx);
@@ -127,6 +134,9 @@ pub(super) async fn hold(
         commands_per_s: before.commands_until(&after) as f64 / secs,
         evalsha_per_s: before.evalsha_until(&after) as f64 / secs,
         cpu_percent: cpu,
+        redis_cpu_percent: redis_before
+            .zip(redis_after)
+            .map(|(b, a)| a.saturating_sub(b) as f64 / 1e9 / secs * 100.0),
         rss_kb: after.rss_kb,
         unexpected: events.load(Ordering::Relaxed),
     })

@@ -10,10 +10,11 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, timeout};
 use tonic::transport::Channel;
 
-use super::many_locks::{LOCKS_PER_SESSION, hold, take_locks};
+use super::many_locks::{HOLD_ROUNDS, LOCKS_PER_SESSION, hold, take_locks};
 use super::process::{Sidecar, Spawn, connect, rss_kb};
 use super::report::{Report, mb};
 use super::session::{Session, Want};
+use super::watchdog::classic_hold;
 use super::{BenchArgs, err, join_all, plain_redis, sub_namespace};
 
 /// Sessions per HTTP/2 connection: below the sidecar's 1,024 concurrent streams.
@@ -64,6 +65,14 @@ pub(super) async fn scale_phase(
     report.put("scale_locks_cpu_percent", held.cpu_percent, None);
     report.put("scale_locks_rss_mb", held.rss_kb.map(mb), None);
     report.put("scale_locks_evalsha_per_s", Some(held.evalsha_per_s), None);
+    // The baseline: as many locks held by the classic recipe, renewed one call each.
+    let watchdog =
+        classic_hold(&args.redis, &mut redis, &ns, scale.locks, ttl, HOLD_ROUNDS).await?;
+    report.put(
+        "scale_locks_redis_cpu_percent",
+        held.redis_cpu_percent,
+        watchdog,
+    );
     report.put("scale_locks_events", Some(held.unexpected as f64), None);
 
     eprintln!(
@@ -94,7 +103,9 @@ pub(super) async fn scale_phase(
     report.notes.push(format!(
         "scale: {} locks in sessions of {LOCKS_PER_SESSION} on one sidecar, then {} \
          sessions with one lock each on another (its RSS with no session: {} MB); TTL \
-         {ttl:?}, CPU and RSS over six renewal periods",
+         {ttl:?}, CPU and RSS over six renewal periods; Redis CPU's baseline: as many \
+         keys SET PX and renewed the classic way (Redisson's watchdog: one \
+         compare-and-PEXPIRE script call per lock every TTL/3, pipelined), same window",
         scale.locks,
         scale.sessions,
         rss_idle.map_or("n/a".into(), |kb| format!("{:.1}", mb(kb))),

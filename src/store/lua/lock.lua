@@ -251,17 +251,26 @@ local function wake(w, q, l, lock, channel, key, sharded, now)
   publish(channel, sharded, message)
 end
 
+-- Whether an exclusive lock's string v names owner as its holder (the field after the
+-- third '|'). What a renewal asks of every held lock every TTL/3: two plain finds and
+-- one substring, where parse_single makes four captures, one of them the whole tail
+-- with the holder's value.
+local function held_by(v, owner)
+  local a = string.find(v, '|', 3, true)
+  local b = a and string.find(v, '|', a + 1, true)
+  if not b then
+    return false
+  end
+  return string.sub(v, b + 1, b + #owner) == owner and string.byte(v, b + #owner + 1) == 124
+end
+
 -- Extends owner's grant of lock h by ttl ms (a string) while it is still held. Returns
 -- 1 when renewed, 0 when not held. Two commands for an exclusive lock (its key's TTL is
 -- the grant's), three in a hash: renewals run for every held lock every TTL/3.
 local function renew_grant(h, owner, ttl, now)
   local ok, v = pcall(redis.call, 'GET', h)
   if ok then
-    if not v or string.sub(v, 1, 1) ~= 'x' then
-      return 0
-    end
-    local _, _, _, holder = parse_single(v)
-    if holder ~= owner then
+    if not v or string.sub(v, 1, 1) ~= 'x' or not held_by(v, owner) then
       return 0
     end
     redis.call('PEXPIRE', h, ttl)

@@ -6,11 +6,11 @@
 -- call to the node; ARGV are lock owner ttl per grant, the first one included. A key
 -- the node does not serve (the slot moved) fails the call; the sidecar then renews
 -- that chunk slot by slot.
--- Returns one 1 (renewed) or 0 (not held) per grant, in order.
+-- Returns one character per grant, in order: '1' renewed, '0' not held (as renew.lua).
 local now = now_ms()
 local out = {}
 for i = 1, #ARGV / 3 do
   local at = 3 * (i - 1)
   out[i] = renew_grant(ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], now)
 end
-return out
+return table.concat(out)

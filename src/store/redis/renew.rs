@@ -59,8 +59,8 @@ fn failed(chunk: &[usize], error: StoreError) -> Answers {
         .collect()
 }
 
-/// The script's flags (1: renewed, 0: not held) for the grants of `chunk`.
-fn flagged(chunk: &[usize], flags: Vec<i64>) -> Answers {
+/// The script's flags (b'1': renewed, b'0': not held) for the grants of `chunk`.
+fn flagged(chunk: &[usize], flags: Vec<u8>) -> Answers {
     if flags.len() != chunk.len() {
         return failed(chunk, StoreError::Protocol("renew: bad reply".into()));
     }
@@ -68,7 +68,7 @@ fn flagged(chunk: &[usize], flags: Vec<i64>) -> Answers {
         .iter()
         .zip(flags)
         .map(|(&i, flag)| {
-            let answer = if flag == 1 {
+            let answer = if flag == b'1' {
                 Renewed::Extended
             } else {
                 Renewed::NotHeld
@@ -127,7 +127,7 @@ impl RedisStore {
         across: bool,
         batch: &[Renewal<'_>],
         chunk: &[usize],
-    ) -> redis::RedisResult<Vec<i64>> {
+    ) -> redis::RedisResult<Vec<u8>> {
         let call = |source: bool| {
             if across {
                 self.across_call(batch, chunk, source)
@@ -135,7 +135,7 @@ impl RedisStore {
                 self.renew_call(batch, chunk, source)
             }
         };
-        match call(false).query_async::<Vec<i64>>(conn).await {
+        match call(false).query_async::<Vec<u8>>(conn).await {
             Err(e) if e.code() == Some("NOSCRIPT") => call(true).query_async(conn).await,
             other => other,
         }
@@ -190,7 +190,7 @@ impl RedisStore {
         let calls = vec![self.renew_call(batch, chunk, false)];
         match self.pipelined_with_wait(&self.scripts.renew, calls).await {
             Ok((replies, true)) => match replies.into_iter().next() {
-                Some(reply) => match Vec::<i64>::from_redis_value(reply) {
+                Some(reply) => match Vec::<u8>::from_redis_value(reply) {
                     Ok(flags) => flagged(chunk, flags),
                     Err(e) => failed(chunk, StoreError::Protocol(e.to_string())),
                 },

@@ -16,6 +16,9 @@
 //! attachment alive (refreshed every third of its TTL), written before the first record
 //! names the sidecar; an idle sidecar writes nothing. Each record lives twice its
 //! longest lock TTL and is extended every such TTL, so it outlives every lock it lists.
+//! An extension sends no line (one small call per session per TTL, whatever the number
+//! of its locks); a record the store no longer has (expired in an outage, lost in a
+//! restart) answers `Recorded::Missing`, and the journal writes every line again.
 //!
 //! This file has the handle and the task's loop (what it tracks, when it writes);
 //! `flush.rs` turns the gathered changes into record writes and reads the answers.

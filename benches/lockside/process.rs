@@ -90,6 +90,8 @@ impl Sidecar {
             .args(&spawn.extra)
             // Through the environment, not argv: a password in the URL stays out of `ps`.
             .env("LOCKSIDE_STORE", &spawn.store)
+            // As the image runs it (Dockerfile): two malloc arenas.
+            .env("MALLOC_ARENA_MAX", "2")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -1231,14 +1231,23 @@ async fn records_follow_their_locks(s: Subject) {
         "no lock, no record"
     );
     // A write of no line extends b's record, which keeps its line.
-    let extend = record(b, "s", "A", &[]);
+    let extend = RecordWrite {
+        listed: true,
+        ..record(b, "s", "A", &[])
+    };
     assert_eq!(write(&s, extend).await, Recorded::Written);
     let kept = s.store.resume(&resume_claim(b, "s", "t", "B")).await;
     assert!(matches!(kept.expect("answer"), Resumption::Claimed(l) if l.len() == 1));
-    // Extending no record says so (the sidecar writes it again whole), and creates
-    // nothing.
+    // Writing nothing creates nothing.
     let empty = record("cccccccccccccccc", "s", "A", &[]);
-    assert_eq!(write(&s, empty).await, Recorded::Missing);
+    assert_eq!(write(&s, empty).await, Recorded::Written);
+    // A writer that listed lines before finds the record lost: told so, nothing is
+    // written (a record of this write's line alone would leave the others out).
+    let lost = RecordWrite {
+        listed: true,
+        ..record("cccccccccccccccc", "s", "A", &[("other-key", line(2, 1))])
+    };
+    assert_eq!(write(&s, lost).await, Recorded::Missing);
     let none = s
         .store
         .resume(&resume_claim("cccccccccccccccc", "s", "t", "B"))

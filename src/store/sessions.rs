@@ -67,9 +67,14 @@ pub struct RecordWrite {
     pub remove: Vec<String>,
     /// The session ended: the record goes.
     pub end: bool,
+    /// The writer has written lines to this record before: if the store has no record
+    /// (it expired in an outage, a restart or a failover lost it), nothing is written
+    /// and the answer is [`Recorded::Missing`], so that the writer writes every line
+    /// again rather than make a record of this write's lines alone.
+    pub listed: bool,
     /// How long the record lives after this write, unless written again. A record that
     /// lists no lock goes at once. A write with no line to list or take off (and no
-    /// end) only extends the record: [`Recorded::Missing`] if there is none.
+    /// end) only extends the record.
     pub ttl: Duration,
 }
 
@@ -81,6 +86,7 @@ impl std::fmt::Debug for RecordWrite {
             .field("set", &self.set)
             .field("remove", &self.remove)
             .field("end", &self.end)
+            .field("listed", &self.listed)
             .field("ttl", &self.ttl)
             .finish_non_exhaustive()
     }
@@ -94,8 +100,8 @@ pub enum Recorded {
     /// The record belongs to another generation of the session (it was resumed
     /// elsewhere): nothing was changed, and this sidecar must not write it again.
     Foreign,
-    /// An extension found no record (it expired during an outage, or the store lost
-    /// it): the sidecar writes every line again.
+    /// A write with `listed` found no record (it expired during an outage, or the
+    /// store lost it): nothing was written, and the sidecar writes every line again.
     Missing,
 }
 

@@ -52,6 +52,7 @@ impl Task {
                 client_name: session.client_name.clone(),
                 sidecar: self.sidecar.clone(),
                 end: tracked.ended,
+                listed: !tracked.listed.is_empty(),
                 ttl: tracked.longest_ttl().max(Duration::from_secs(1)) * 2,
                 ..RecordWrite::default()
             };
@@ -75,8 +76,8 @@ impl Task {
             if deferred {
                 self.dirty.insert(serial);
             }
-            // A write with no line extends the record (its TTL only: a record that
-            // expired meanwhile answers Missing and is written again whole).
+            // A write with no line extends the record (its TTL only: a record the
+            // store lost answers Missing and is written again whole).
             let extends = due.contains(&serial) && !tracked.listed.is_empty();
             if !write.end && write.set.is_empty() && write.remove.is_empty() && !extends {
                 self.schedule_refresh(serial);
@@ -132,8 +133,9 @@ impl Task {
                     shrink(&mut tracked.listed);
                 }
                 Some(Recorded::Missing) => {
-                    // Gone from the store: every listed line is a change to write
-                    // again (a change not written yet stays the newer one).
+                    // Gone from the store, and nothing written: every listed line is a
+                    // change to write again (a change not written yet, this write's
+                    // among them, stays the newer one).
                     tracing::info!(session = %write.session_id, "the session's record was gone; writing it again");
                     let written_at = now.checked_sub(FLUSH_EVERY).unwrap_or(now);
                     for (key, line) in tracked.listed.drain() {

@@ -30,13 +30,15 @@
 -- new secret, so the sidecar it left cannot change its record.
 -- ARGV: secret sidecar client_name ttl_ms end n_set, then n_set pairs KEY LINE to list,
 -- then the KEYs to take off the list. end = '1': the session ended; the record goes.
--- A record that lists no lock goes at once; one this call creates takes 'a' and 'c'.
--- A write with no line to list or take off extends the record: it sends no line, so
--- keeping 100,000 locks' records alive costs a call per session per TTL, not a line
--- per lock (the lines went again with every extension before).
--- Returns 1 (written, or nothing to do), 0 (the record is another generation's), 2 (an
--- extension found no record: it expired, or Redis lost it; the sidecar writes it again
--- whole).
+-- end = 'l': the sidecar wrote lines to this record before, so a missing record was
+-- lost (expired in an outage, lost in a restart or a failover): nothing is written,
+-- and the answer 2 makes the sidecar write every line again, rather than a record of
+-- this call's lines alone. A record that lists no lock goes at once; one this call
+-- creates takes 'a' and 'c'. A write with no line to list or take off extends the
+-- record: it sends no line, so keeping 100,000 locks' records alive costs a call per
+-- session per TTL, not a line per lock (every line went again before).
+-- Returns 1 (written, or nothing to do), 0 (the record is another generation's), 2 (the
+-- record was lost: see 'l').
 local INLINE = 64
 local PER_BUCKET = 64
 local r = KEYS[1]
@@ -68,8 +70,11 @@ if ARGV[5] == '1' then
 end
 local n_set = tonumber(ARGV[6])
 if not current then
+  if ARGV[5] == 'l' then
+    return 2
+  end
   if n_set == 0 then
-    return #ARGV == 6 and 2 or 1
+    return 1
   end
   redis.call('HSET', r, 't', t, 'a', ARGV[2], 'c', ARGV[3])
 end

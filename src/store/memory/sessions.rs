@@ -58,7 +58,7 @@ impl Sessions {
 
     fn write(&mut self, write: &RecordWrite, now: Instant) -> Recorded {
         if self.live(&write.session_id, now).is_none() {
-            if !write.end && write.set.is_empty() && write.remove.is_empty() {
+            if write.listed && !write.end {
                 return Recorded::Missing;
             }
             if write.end || write.set.is_empty() {

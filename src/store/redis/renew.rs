@@ -4,10 +4,11 @@
 //! Never the whole batch at once: each call's timeout starts when it is sent, and a
 //! chunk queued behind 99 others in Redis would spend its timeout waiting for them (at
 //! 100,000 locks on a busy machine the later chunks timed out, their grants went
-//! failing and were retried with the next ones, and the batches grew). On a Cluster one script call may only touch
-//! one slot, so the batch is grouped by the slot of each lock's hash tag; the groups go
-//! out concurrently too, and the cluster connection pipelines those bound for the same
-//! node. Better, once the slot map is known: the batch is grouped by the *node* that
+//! failing and were retried with the next ones, and the batches grew).
+//!
+//! On a Cluster one script call may only touch one slot, so the batch is grouped by the
+//! slot of each lock's hash tag; the groups go out concurrently, and the cluster
+//! connection pipelines those bound for the same node. Better, once the slot map is known: the batch is grouped by the *node* that
 //! serves each slot and renewed with `renew.lua` flagged `allow-cross-slot-keys` (Redis
 //! 7), so 10,000 locks cost about ten calls per node again instead of one per slot.
 //! With `--min-replica-acks`, each chunk (grouped by slot) is followed by its own `WAIT`

@@ -88,7 +88,11 @@ impl RedisStore {
             write.sidecar.as_bytes(),
             write.client_name.as_bytes(),
             ttl.as_bytes(),
-            if write.end { b"1" } else { b"0" },
+            match (write.end, write.listed) {
+                (true, _) => b"1",
+                (false, true) => b"l",
+                (false, false) => b"0",
+            },
             n_set.as_bytes(),
         ];
         for ((key, _), line) in write.set.iter().zip(&lines) {

@@ -27,7 +27,7 @@ use tonic::transport::Channel;
 use super::floor::Floor;
 use super::many_locks::take_locks;
 use super::process::{Sidecar, Spawn, cpu_ns, stop_all};
-use super::redis_side::{CommandStats, RedisProcs, used_memory};
+use super::redis_side::{CommandStats, RedisProcs, delete, set_px, used_memory};
 use super::report::{Report, Table};
 use super::servers::Servers;
 use super::session::{Session, Want};
@@ -306,11 +306,11 @@ impl Meter {
         let pattern = format!("*{ns}*");
         let before = used_memory(&mut self.servers).await?;
         let keys_before = self.servers.count_matching(&pattern).await?;
-        self.set_px(&names, DIRECT_TTL).await?;
+        set_px(&mut self.classic, &names, DIRECT_TTL, || random_hex(16)).await?;
         let set_bytes = used_memory(&mut self.servers).await?.saturating_sub(before);
         let set_keys = self.servers.count_matching(&pattern).await?;
         let set_keys = set_keys.saturating_sub(keys_before);
-        self.delete(&names).await?;
+        delete(&mut self.classic, &names).await?;
 
         let before = used_memory(&mut self.servers).await?;
         let keys_before = self.servers.count_matching(&pattern).await?;
@@ -334,38 +334,6 @@ impl Meter {
              by then), against {locks} SET PX keys of the same names and \
              32-character tokens; it includes the growth of Redis' key table"
         ));
-        Ok(())
-    }
-
-    /// `SET name token PX ttl` for every name, pipelined a thousand at a time.
-    async fn set_px(&mut self, names: &[String], ttl: Duration) -> Result<(), String> {
-        for chunk in names.chunks(1000) {
-            let mut pipe = redis::pipe();
-            for name in chunk {
-                pipe.cmd("SET")
-                    .arg(name)
-                    .arg(random_hex(16)?)
-                    .arg("PX")
-                    .arg(ttl.as_millis() as u64)
-                    .ignore();
-            }
-            pipe.query_async::<()>(&mut self.classic)
-                .await
-                .map_err(err("SET PX"))?;
-        }
-        Ok(())
-    }
-
-    async fn delete(&mut self, names: &[String]) -> Result<(), String> {
-        for chunk in names.chunks(1000) {
-            let mut pipe = redis::pipe();
-            for name in chunk {
-                pipe.cmd("DEL").arg(name).ignore();
-            }
-            pipe.query_async::<()>(&mut self.classic)
-                .await
-                .map_err(err("DEL"))?;
-        }
         Ok(())
     }
 

@@ -11,7 +11,7 @@ use tokio::time::{Instant, timeout};
 use tonic::transport::Channel;
 
 use super::process::{clock_ticks, cpu_ticks, rss_kb};
-use super::redis_side::{CommandStats, RedisProcs, info, info_value};
+use super::redis_side::{CommandStats, RedisProcs, info, info_value, percent_of_core};
 use super::report::{Report, mb};
 use super::servers::Servers;
 use super::session::Session;
@@ -134,9 +134,7 @@ pub(super) async fn hold(
         commands_per_s: before.commands_until(&after) as f64 / secs,
         evalsha_per_s: before.evalsha_until(&after) as f64 / secs,
         cpu_percent: cpu,
-        redis_cpu_percent: redis_before
-            .zip(redis_after)
-            .map(|(b, a)| a.saturating_sub(b) as f64 / 1e9 / secs * 100.0),
+        redis_cpu_percent: percent_of_core(redis_before, redis_after, secs),
         rss_kb: after.rss_kb,
         unexpected: events.load(Ordering::Relaxed),
     })

@@ -211,6 +211,62 @@ pub(super) fn info_value(info: &str, name: &str) -> Option<u64> {
     })
 }
 
+/// Adds one command per name to pipelines of a thousand and runs them on `conn`
+/// (`what` names the commands in an error).
+pub(super) async fn per_name(
+    conn: &mut MultiplexedConnection,
+    names: &[String],
+    what: &str,
+    mut command: impl FnMut(&mut redis::Pipeline, &str) -> Result<(), String>,
+) -> Result<(), String> {
+    for chunk in names.chunks(1000) {
+        let mut pipe = redis::pipe();
+        for name in chunk {
+            command(&mut pipe, name)?;
+        }
+        pipe.query_async::<()>(conn).await.map_err(err(what))?;
+    }
+    Ok(())
+}
+
+/// `SET name token PX ttl` for every name, a token from `token` each.
+pub(super) async fn set_px(
+    conn: &mut MultiplexedConnection,
+    names: &[String],
+    ttl: std::time::Duration,
+    token: impl Fn() -> Result<String, String>,
+) -> Result<(), String> {
+    per_name(conn, names, "SET PX", |pipe, name| {
+        pipe.cmd("SET")
+            .arg(name)
+            .arg(token()?)
+            .arg("PX")
+            .arg(ttl.as_millis() as u64)
+            .ignore();
+        Ok(())
+    })
+    .await
+}
+
+/// `DEL name` for every name.
+pub(super) async fn delete(
+    conn: &mut MultiplexedConnection,
+    names: &[String],
+) -> Result<(), String> {
+    per_name(conn, names, "DEL", |pipe, name| {
+        pipe.cmd("DEL").arg(name).ignore();
+        Ok(())
+    })
+    .await
+}
+
+/// CPU time between two readings (ns) over `secs`, in % of a core.
+pub(super) fn percent_of_core(before: Option<u64>, after: Option<u64>, secs: f64) -> Option<f64> {
+    before
+        .zip(after)
+        .map(|(b, a)| a.saturating_sub(b) as f64 / 1e9 / secs * 100.0)
+}
+
 #[cfg(test)]
 mod tests {
     // Run by tests/bench_units.rs; the bench target itself has no harness, so there

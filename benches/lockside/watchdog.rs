@@ -9,7 +9,7 @@ use std::time::Duration;
 use deadpool_redis::redis::{self, Script};
 use tokio::time::Instant;
 
-use super::redis_side::RedisProcs;
+use super::redis_side::{RedisProcs, delete, per_name, percent_of_core, set_px};
 use super::servers::Servers;
 use super::{err, random_hex};
 
@@ -17,13 +17,10 @@ use super::{err, random_hex};
 const RENEW: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then \
     return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0";
 
-/// Calls per pipeline.
-const PIPELINE: usize = 1000;
-
 /// Holds `locks` keys named `{ns}/watchdog/{i}` with `ttl` for `periods` renewal
-/// periods (TTL/3 each), renewing each key once a period; returns Redis' CPU over that window in % of a
-/// core (`None` when Redis is not a process of this machine, or on a Cluster: one
-/// connection here serves one server). The keys are deleted after.
+/// periods (TTL/3 each), renewing each key once a period; returns Redis' CPU over that
+/// window in % of a core (`None` when Redis is not a process of this machine, or on a
+/// Cluster: one connection here serves one server). The keys are deleted after.
 pub(super) async fn classic_hold(
     url: &str,
     servers: &mut Servers,
@@ -42,20 +39,7 @@ pub(super) async fn classic_hold(
     let keys: Vec<String> = (0..locks).map(|i| format!("{ns}/watchdog/{i}")).collect();
     let token = random_hex(16)?;
     let ttl_ms = ttl.as_millis() as u64;
-    for chunk in keys.chunks(PIPELINE) {
-        let mut pipe = redis::pipe();
-        for key in chunk {
-            pipe.cmd("SET")
-                .arg(key)
-                .arg(&token)
-                .arg("PX")
-                .arg(ttl_ms)
-                .ignore();
-        }
-        pipe.query_async::<()>(&mut conn)
-            .await
-            .map_err(err("SET PX"))?;
-    }
+    set_px(&mut conn, &keys, ttl, || Ok(token.clone())).await?;
     let renew = Script::new(RENEW);
     renew
         .prepare_invoke()
@@ -67,34 +51,20 @@ pub(super) async fn classic_hold(
     for period in 1..=periods {
         // One renewal of every lock per TTL/3, as the watchdog's timer would.
         tokio::time::sleep_until(start + ttl / 3 * period).await;
-        for chunk in keys.chunks(PIPELINE) {
-            let mut pipe = redis::pipe();
-            for key in chunk {
-                pipe.cmd("EVALSHA")
-                    .arg(renew.get_hash())
-                    .arg(1)
-                    .arg(key)
-                    .arg(&token)
-                    .arg(ttl_ms)
-                    .ignore();
-            }
-            pipe.query_async::<()>(&mut conn)
-                .await
-                .map_err(err("renewing"))?;
-        }
+        per_name(&mut conn, &keys, "renewing", |pipe, key| {
+            pipe.cmd("EVALSHA")
+                .arg(renew.get_hash())
+                .arg(1)
+                .arg(key)
+                .arg(&token)
+                .arg(ttl_ms)
+                .ignore();
+            Ok(())
+        })
+        .await?;
     }
     let after = procs.cpu_ns()?;
     let secs = start.elapsed().as_secs_f64();
-    for chunk in keys.chunks(PIPELINE) {
-        let mut pipe = redis::pipe();
-        for key in chunk {
-            pipe.cmd("DEL").arg(key).ignore();
-        }
-        pipe.query_async::<()>(&mut conn)
-            .await
-            .map_err(err("DEL"))?;
-    }
-    Ok(before
-        .zip(after)
-        .map(|(b, a)| a.saturating_sub(b) as f64 / 1e9 / secs * 100.0))
+    delete(&mut conn, &keys).await?;
+    Ok(percent_of_core(before, after, secs))
 }

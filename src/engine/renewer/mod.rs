@@ -224,7 +224,7 @@ impl Task {
             let joined = (due.checked_sub(period(lease.ttl) / 16))
                 .and_then(|from| self.schedule.range(from..=due).next_back())
                 .map_or(due, |(at, _)| *at);
-            self.schedule.entry(joined).or_default().push(entry);
+            self.schedule(joined, entry, 1);
         }
     }
 
@@ -269,7 +269,7 @@ impl Task {
             }
         }
         for (at, entry) in later {
-            self.schedule.entry(at).or_default().push(entry);
+            self.schedule(at, entry, 1);
         }
         due
     }

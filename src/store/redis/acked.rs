@@ -31,24 +31,20 @@ impl RedisStore {
             .arg(keys.len())
             .arg(keys)
             .arg(args);
-        self.pipelined_with_wait(lua, vec![evalsha])
-            .await
-            .map(|(mut replies, acked)| (replies.pop().unwrap_or(Value::Nil), acked))
+        self.pipelined_with_wait(lua, evalsha).await
     }
 
-    /// Runs `calls` (EVALSHA of `script`) and `WAIT` in one pipeline; loads the script
-    /// and tries once more on NOSCRIPT. Returns each call's reply and whether enough
-    /// replicas acknowledged them.
+    /// Runs `call` (an EVALSHA of `lua`) and `WAIT` in one pipeline; loads the script
+    /// and tries once more on NOSCRIPT. Returns the call's reply and whether enough
+    /// replicas acknowledged it.
     pub(super) async fn pipelined_with_wait(
         &self,
         lua: &Lua,
-        calls: Vec<redis::Cmd>,
-    ) -> Result<(Vec<Value>, bool), StoreError> {
+        call: redis::Cmd,
+    ) -> Result<(Value, bool), StoreError> {
         let wanted = self.acks.min;
         let mut pipe = redis::pipe();
-        for call in calls {
-            pipe.add_command(call);
-        }
+        pipe.add_command(call);
         pipe.cmd("WAIT")
             .arg(wanted)
             .arg(self.acks.timeout.as_millis() as u64);
@@ -68,6 +64,7 @@ impl RedisStore {
             Some(Value::Int(n)) => n,
             _ => return Err(StoreError::Protocol("WAIT: bad reply".into())),
         };
-        Ok((replies, acks >= i64::from(wanted)))
+        let reply = replies.pop().unwrap_or(Value::Nil);
+        Ok((reply, acks >= i64::from(wanted)))
     }
 }

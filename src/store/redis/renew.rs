@@ -8,9 +8,10 @@
 //!
 //! On a Cluster one script call may only touch one slot, so the batch is grouped by the
 //! slot of each lock's hash tag; the groups go out concurrently, and the cluster
-//! connection pipelines those bound for the same node. Better, once the slot map is known: the batch is grouped by the *node* that
-//! serves each slot and renewed with `renew.lua` flagged `allow-cross-slot-keys` (Redis
-//! 7), so 10,000 locks cost about ten calls per node again instead of one per slot.
+//! connection pipelines those bound for the same node. Better, once the slot map is
+//! known: the batch is grouped by the *node* that serves each slot and renewed with
+//! `renew.lua` flagged `allow-cross-slot-keys` (Redis 7), so 10,000 locks cost about
+//! ten calls per node again instead of one per slot.
 //! With `--min-replica-acks`, each chunk (grouped by slot) is followed by its own `WAIT`
 //! on its node (see `acked.rs`).
 //!
@@ -188,14 +189,11 @@ impl RedisStore {
     /// pipeline on its node, within its own timeout. Grants renewed on the master only
     /// count as failed: a failover could lose the renewal.
     async fn renew_acked(&self, batch: &[Renewal<'_>], chunk: &[usize]) -> Answers {
-        let calls = vec![self.renew_call(batch, chunk, false)];
-        match self.pipelined_with_wait(&self.scripts.renew, calls).await {
-            Ok((replies, true)) => match replies.into_iter().next() {
-                Some(reply) => match Vec::<u8>::from_redis_value(reply) {
-                    Ok(flags) => flagged(chunk, flags),
-                    Err(e) => failed(chunk, StoreError::Protocol(e.to_string())),
-                },
-                None => failed(chunk, StoreError::Protocol("renew: bad reply".into())),
+        let call = self.renew_call(batch, chunk, false);
+        match self.pipelined_with_wait(&self.scripts.renew, call).await {
+            Ok((reply, true)) => match Vec::<u8>::from_redis_value(reply) {
+                Ok(flags) => flagged(chunk, flags),
+                Err(e) => failed(chunk, StoreError::Protocol(e.to_string())),
             },
             Ok((_, false)) => failed(
                 chunk,

@@ -47,7 +47,7 @@ pub(super) struct Lock {
     pub(super) fence: u64,
     /// Since when the lock has had no holder (`None` while held).
     pub(super) unheld_since: Option<Instant>,
-    /// The time this lock was last put in the forget queue for.
+    /// The time of this lock's live entry in the forget queue (`None`: not queued).
     pub(super) queued_for: Option<Instant>,
 }
 

@@ -20,26 +20,29 @@ pub const SWEEP_BUDGET: usize = 1024;
 #[derive(Debug, Default)]
 pub(super) struct Locks {
     pub(super) map: HashMap<String, Lock>,
-    /// When locks may be forgotten, earliest first. A lock may be in it more than once
-    /// (used again meanwhile); only its latest time counts, checked when popped.
+    /// When locks may be forgotten, earliest first: about one entry per idle lock, not
+    /// one per release (a key locked and released 10,000 times a second is queued about
+    /// once a second). An entry whose time is not its lock's `queued_for` is stale
+    /// (the lock was forgotten, or queued earlier since) and is dropped when popped.
     pub(super) due: BinaryHeap<Reverse<(Instant, String)>>,
     /// The largest token of any lock forgotten so far: a lock made again starts there.
     pub(super) floor: u64,
 }
 
 impl Locks {
-    /// Puts `key` in the forget queue if it is unheld and not queued for that time yet.
+    /// Puts `key` in the forget queue if it is unheld and not queued yet for that time
+    /// or earlier: an entry due earlier looks again when popped (see `sweep`).
     pub(super) fn schedule(
         due: &mut BinaryHeap<Reverse<(Instant, String)>>,
         key: &str,
         lock: &mut Lock,
     ) {
-        let at = lock.forget_at();
-        if at.is_some() && at != lock.queued_for {
-            lock.queued_for = at;
-            if let Some(at) = at {
-                due.push(Reverse((at, key.to_owned())));
-            }
+        let Some(at) = lock.forget_at() else {
+            return;
+        };
+        if lock.queued_for.is_none_or(|queued| at < queued) {
+            lock.queued_for = Some(at);
+            due.push(Reverse((at, key.to_owned())));
         }
     }
 
@@ -51,12 +54,16 @@ impl Locks {
                 Some(Reverse((at, _))) if *at <= now => {}
                 _ => break,
             }
-            let Some(Reverse((_, key))) = self.due.pop() else {
+            let Some(Reverse((at, key))) = self.due.pop() else {
                 break;
             };
             let Some(lock) = self.map.get_mut(&key) else {
                 continue;
             };
+            if lock.queued_for != Some(at) {
+                continue;
+            }
+            lock.queued_for = None;
             lock.purge(now);
             if lock.idle() && lock.forget_at().is_some_and(|at| at <= now) {
                 self.floor = self.floor.max(lock.fence);

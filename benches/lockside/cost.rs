@@ -26,7 +26,7 @@ use tonic::transport::Channel;
 
 use super::floor::Floor;
 use super::many_locks::take_locks;
-use super::process::{Sidecar, Spawn, cpu_ns, stop_all};
+use super::process::{Sidecar, Spawn, cpu_ns, stop_all, user_system_ticks};
 use super::redis_side::{CommandStats, RedisProcs, delete, set_px, used_memory};
 use super::report::{Report, Table};
 use super::servers::Servers;
@@ -110,13 +110,37 @@ pub(super) async fn cost_phase(
         );
         let key = format!("{ns}/cycle");
         let spent = meter.cycles(&channel, &key, pid, cost.cycles, tag).await?;
-        let on_memory = memory_cycles(memory_channel, &key, memory_pid, cost.cycles).await?;
-        cycle_figures(&spent, on_memory, report);
+        let on_memory = match memory_pid {
+            Some(pid) => Some(burn(memory_channel, &key, pid, cost.cycles).await?),
+            None => None,
+        };
+        cycle_figures(&spent, on_memory.map(|b| b.us), report);
         let floor = floor_cycles(None, &key, cost.cycles).await?;
         let floor_redis = floor_cycles(Some(&args.redis), &key, cost.cycles).await?;
-        let on_redis = spent.sidecar.per_cycle_us(spent.sidecar.sidecar_ns);
-        report.put("cost_floor_cpu_us", on_redis, Some(floor_redis));
-        report.put("cost_memory_floor_cpu_us", on_memory, Some(floor));
+        // The kernel's part of the sidecar's CPU on Redis, from a run of its own: the
+        // cycles above read schedstat only, between the classic recipe's rounds.
+        let on_redis = match pid {
+            Some(pid) => Some(burn(channel.clone(), &key, pid, cost.cycles).await?),
+            None => None,
+        };
+        let cycle_us = spent.sidecar.per_cycle_us(spent.sidecar.sidecar_ns);
+        report.put("cost_floor_cpu_us", cycle_us, Some(floor_redis.us));
+        report.put(
+            "cost_memory_floor_cpu_us",
+            on_memory.map(|b| b.us),
+            Some(floor.us),
+        );
+        let kernel = |b: Option<Burn>| b.map(|b| b.kernel_us);
+        report.put(
+            "cost_kernel_us",
+            kernel(on_redis),
+            Some(floor_redis.kernel_us),
+        );
+        report.put(
+            "cost_memory_kernel_us",
+            kernel(on_memory),
+            Some(floor.kernel_us),
+        );
 
         eprintln!("bench: phase 8: cost, {} locks held vs SET PX", cost.locks);
         meter.memory(&channel, &ns, cost.locks, report).await?;
@@ -446,33 +470,40 @@ async fn answers(s: &mut Session, n: usize, want: Want) -> Result<(), String> {
     Ok(())
 }
 
-/// The memory store sidecar's CPU per cycle: `cycles` cycles after a warm-up.
-async fn memory_cycles(
-    channel: Channel,
-    key: &str,
-    pid: Option<u32>,
-    cycles: u64,
-) -> Result<Option<f64>, String> {
+/// A process's CPU per cycle, and the kernel's part of it.
+#[derive(Clone, Copy, Debug)]
+struct Burn {
+    /// Microseconds per cycle (schedstat).
+    us: f64,
+    /// Of which in the kernel: `us` split as /proc/PID/stat's stime and utime are (10 ms
+    /// ticks, too coarse to count a cycle but fine for a share of thousands).
+    kernel_us: f64,
+}
+
+/// The CPU per cycle of the process `pid` serving `channel`: `cycles` cycles after a
+/// warm-up, on a session of their own.
+async fn burn(channel: Channel, key: &str, pid: u32, cycles: u64) -> Result<Burn, String> {
     let mut session = Session::open(channel).await?;
     sidecar_cycles(&mut session, key, WARMUP).await?;
-    let before = pid.map(cpu_ns).transpose()?;
+    let (ns, ticks) = (cpu_ns(pid)?, user_system_ticks(pid)?);
     sidecar_cycles(&mut session, key, cycles).await?;
-    let after = pid.map(cpu_ns).transpose()?;
-    let spent = before.zip(after).map(|(b, a)| a.saturating_sub(b));
-    Ok(spent.map(|ns| ns as f64 / 1e3 / cycles as f64))
+    let ns = cpu_ns(pid)?.saturating_sub(ns);
+    let (user, system) = user_system_ticks(pid)?;
+    let (user, system) = (user.saturating_sub(ticks.0), system.saturating_sub(ticks.1));
+    let us = ns as f64 / 1e3 / cycles as f64;
+    let share = system as f64 / (user + system).max(1) as f64;
+    Ok(Burn {
+        us,
+        kernel_us: us * share,
+    })
 }
 
 /// The floor's CPU per cycle (see [`super::floor`]; with `redis`, one EVALSHA per
-/// request): `cycles` cycles after a warm-up, by the same client as the sidecar's.
-async fn floor_cycles(redis: Option<&str>, key: &str, cycles: u64) -> Result<f64, String> {
+/// request), by the same client as the sidecar's.
+async fn floor_cycles(redis: Option<&str>, key: &str, cycles: u64) -> Result<Burn, String> {
     let (floor, channel) = Floor::start(redis).await?;
     let pid = floor.pid().ok_or("the floor exited at once")?;
-    let mut session = Session::open(channel).await?;
-    sidecar_cycles(&mut session, key, WARMUP).await?;
-    let before = cpu_ns(pid)?;
-    sidecar_cycles(&mut session, key, cycles).await?;
-    let spent = cpu_ns(pid)?.saturating_sub(before);
-    Ok(spent as f64 / 1e3 / cycles as f64)
+    burn(channel, key, pid, cycles).await
 }
 
 /// The cycle lines and the commandstats table.

@@ -193,8 +193,14 @@ pub(super) async fn wait_ready(addr: &str, child: &mut Child) -> Result<Channel,
     }
 }
 
-/// utime + stime of `pid` in clock ticks: fields 14 and 15 of /proc/PID/stat.
+/// utime + stime of `pid` in clock ticks ([`user_system_ticks`]).
 pub(super) fn cpu_ticks(pid: u32) -> Result<u64, String> {
+    user_system_ticks(pid).map(|(user, system)| user + system)
+}
+
+/// utime and stime of `pid` in clock ticks: fields 14 and 15 of /proc/PID/stat, its
+/// time in its own code and in the kernel's (system calls: here mostly sockets).
+pub(super) fn user_system_ticks(pid: u32) -> Result<(u64, u64), String> {
     let (path, stat) = read_proc(pid, "stat")?;
     // The command name (field 2) may hold spaces: count the fields after its ')'.
     let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
@@ -205,7 +211,7 @@ pub(super) fn cpu_ticks(pid: u32) -> Result<u64, String> {
         .flat_map(str::parse::<u64>)
         .collect();
     match fields[..] {
-        [utime, stime] => Ok(utime + stime),
+        [utime, stime] => Ok((utime, stime)),
         _ => Err(format!("{path}: no utime and stime")),
     }
 }

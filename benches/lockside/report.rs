@@ -129,6 +129,8 @@ const TABLE: &[(&str, &str)] = &[
     ("cost_memory_store_cpu_us", "sidecar CPU/cycle, memory (µs) vs Redis' classic"),
     ("cost_floor_cpu_us", "sidecar CPU/cycle, Redis (µs) vs tonic+redis-rs floor"),
     ("cost_memory_floor_cpu_us", "sidecar CPU/cycle, memory (µs) vs tonic floor"),
+    ("cost_kernel_us", "  of it in the kernel, Redis (µs) vs the floor's"),
+    ("cost_memory_kernel_us", "  of it in the kernel, memory (µs) vs the floor's"),
     ("cost_memory_bytes", "Redis bytes per held lock vs SET PX"),
     ("cost_memory_keys", "Redis keys per held lock vs SET PX"),
     ("cost_keys_left", "keys left after release and TTL vs classic"),

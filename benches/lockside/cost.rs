@@ -96,12 +96,12 @@ pub(super) async fn cost_phase(
     let result = async {
         let ns = sub_namespace(tag, "cost");
         let (sidecar, channel) = Sidecar::spawn_with(&Spawn::new(args, ns.clone())).await?;
-        let pid = sidecar.pid();
+        let pid = sidecar.pid().ok_or("the sidecar exited at once")?;
         spawned.push(sidecar);
         let mut memory_spawn = Spawn::new(args, sub_namespace(tag, "memory"));
         memory_spawn.store = "memory".into();
         let (memory, memory_channel) = Sidecar::spawn_with(&memory_spawn).await?;
-        let memory_pid = memory.pid();
+        let memory_pid = memory.pid().ok_or("the memory sidecar exited at once")?;
         spawned.push(memory);
 
         eprintln!(
@@ -109,38 +109,29 @@ pub(super) async fn cost_phase(
             cost.cycles
         );
         let key = format!("{ns}/cycle");
-        let spent = meter.cycles(&channel, &key, pid, cost.cycles, tag).await?;
-        let on_memory = match memory_pid {
-            Some(pid) => Some(burn(memory_channel, &key, pid, cost.cycles).await?),
-            None => None,
-        };
-        cycle_figures(&spent, on_memory.map(|b| b.us), report);
+        let spent = meter
+            .cycles(&channel, &key, Some(pid), cost.cycles, tag)
+            .await?;
+        let on_memory = burn(memory_channel, &key, memory_pid, cost.cycles).await?;
+        cycle_figures(&spent, Some(on_memory.us), report);
         let floor = floor_cycles(None, &key, cost.cycles).await?;
         let floor_redis = floor_cycles(Some(&args.redis), &key, cost.cycles).await?;
         // The kernel's part of the sidecar's CPU on Redis, from a run of its own: the
         // cycles above read schedstat only, between the classic recipe's rounds.
-        let on_redis = match pid {
-            Some(pid) => Some(burn(channel.clone(), &key, pid, cost.cycles).await?),
-            None => None,
-        };
+        let on_redis = burn(channel.clone(), &key, pid, cost.cycles).await?;
         let cycle_us = spent.sidecar.per_cycle_us(spent.sidecar.sidecar_ns);
         report.put("cost_floor_cpu_us", cycle_us, Some(floor_redis.us));
         report.put(
             "cost_memory_floor_cpu_us",
-            on_memory.map(|b| b.us),
+            Some(on_memory.us),
             Some(floor.us),
         );
-        let kernel = |b: Option<Burn>| b.map(|b| b.kernel_us);
-        report.put(
-            "cost_kernel_us",
-            kernel(on_redis),
-            Some(floor_redis.kernel_us),
-        );
-        report.put(
-            "cost_memory_kernel_us",
-            kernel(on_memory),
-            Some(floor.kernel_us),
-        );
+        for (id, on, under) in [
+            ("cost_kernel_us", on_redis, floor_redis),
+            ("cost_memory_kernel_us", on_memory, floor),
+        ] {
+            report.put(id, Some(on.kernel_us), Some(under.kernel_us));
+        }
 
         eprintln!("bench: phase 8: cost, {} locks held vs SET PX", cost.locks);
         meter.memory(&channel, &ns, cost.locks, report).await?;

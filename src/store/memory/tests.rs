@@ -150,12 +150,15 @@ async fn tokens_increase_across_a_forgotten_key() {
     assert!(granted(&store, &claim("k", "c")).await > again);
 }
 
-/// A key locked and released again and again is queued to be forgotten once, not once
-/// per release: the queue stays about as long as the idle locks are many.
+/// A key locked and released again and again is queued to be forgotten about once a
+/// `FORGET_AFTER`, not once per release: the queue stays as long as the idle locks are
+/// many.
 #[tokio::test(start_paused = true)]
 async fn a_busy_key_is_queued_once() {
     let store = MemoryStore::new();
-    for _ in 0..1000 {
+    // Two seconds of cycles: the first entry comes due (after FORGET_AFTER) while the
+    // key is still in use, and the key is queued again then.
+    for _ in 0..2000 {
         granted(&store, &claim("busy", "a")).await;
         store
             .release("busy", "a", 0, Duration::ZERO)
@@ -164,7 +167,6 @@ async fn a_busy_key_is_queued_once() {
         tokio::time::advance(Duration::from_millis(1)).await;
     }
     assert_eq!(store.locks().due.len(), 1, "one entry for one idle key");
-    // Its entry came due while it was still used: it is queued again, then forgotten.
     assert_eq!(settled(&store).await, 0, "forgotten in the end");
     assert!(store.locks().due.is_empty());
 }

@@ -602,3 +602,57 @@ async fn a_record_is_extended_without_its_lines_and_rewritten_when_lost() {
     let quiet = tokio::time::timeout(Duration::from_millis(100), app.next()).await;
     assert!(quiet.is_err(), "the session heard nothing: {quiet:?}");
 }
+
+/// The connections to `redis` other than the `redis-cli` asking, by id.
+fn store_connections(redis: &Redis) -> Vec<String> {
+    redis
+        .cli(&["CLIENT", "LIST"])
+        .lines()
+        .filter(|line| !line.contains("cmd=client|list"))
+        .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
+
+/// A session-record call that times out (Redis frozen past the store timeout) keeps the
+/// shared connection: it is off the lock path, and only the lock path's timeouts
+/// replace a hanging connection (a reconnect through a slow link can itself time out).
+/// redis-rs' own answer timeout, the same as the store's, ends such a call in the same
+/// clock tick as the store's; it must not drop the connection either.
+#[tokio::test]
+async fn a_record_call_that_times_out_keeps_the_shared_connection() {
+    use lockside::store::{RecordLine, RecordWrite, Store, redis::RedisStore};
+    let redis = Redis::start();
+    // A timeout long enough that the lock path's calls between the freezes never meet
+    // it on a loaded machine (one of them would replace the connection, rightly).
+    let store =
+        RedisStore::new(&redis.url(), &namespace(), Duration::from_secs(1)).expect("redis store");
+    store.describe("k").await.expect("the store answers");
+    let connections = store_connections(&redis);
+    assert_eq!(connections.len(), 1, "{connections:?}");
+    let write = RecordWrite {
+        session_id: "0123456789abcdef".into(),
+        secret: "s3cret".into(),
+        sidecar: "sidecar-a".into(),
+        set: vec![(
+            "k".into(),
+            RecordLine {
+                grant: 1,
+                ttl: Duration::from_secs(10),
+                fence: 1,
+            },
+        )],
+        ttl: Duration::from_secs(20),
+        ..RecordWrite::default()
+    };
+    for round in 0..3 {
+        common::signal(redis.pid(), "STOP");
+        let answers = store.record(std::slice::from_ref(&write)).await;
+        common::signal(redis.pid(), "CONT");
+        assert!(
+            matches!(answers.as_deref(), Ok([None])),
+            "round {round}: the write was not made: {answers:?}"
+        );
+        store.describe("k").await.expect("the store answers again");
+        assert_eq!(store_connections(&redis), connections, "round {round}");
+    }
+}

@@ -29,7 +29,9 @@ impl RedisStore {
     }
 
     /// [`RedisStore::run`], saying whether a timeout drops the shared connection
-    /// (calls off the lock path keep it: see `redis/sessions.rs`).
+    /// (calls off the lock path keep it: see `redis/sessions.rs`). A timeout is ours or
+    /// redis-rs' own answer timeout (the same duration, so often in the same clock
+    /// tick, and then redis-rs' error is what the call returns): both obey the flag.
     pub(super) async fn run_within<T, F, Fut>(
         &self,
         f: F,
@@ -42,7 +44,9 @@ impl RedisStore {
         let attempt = async {
             let conn = self.link.connection().await?;
             f(conn).await.map_err(|e| {
-                self.link.failed(&e);
+                if forget_on_timeout || !e.is_timeout() {
+                    self.link.failed(&e);
+                }
                 unavailable(e)
             })
         };

@@ -510,3 +510,62 @@ async fn scenario_8_cluster_frozen_master_with_replica_acks_never_grants_twice()
         outcome.unavailable
     );
 }
+
+/// Connections Redis has accepted so far, the `redis-cli` that asks among them.
+fn connections_received(redis: &common::Redis) -> u64 {
+    let stats = redis.cli(&["INFO", "stats"]);
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("total_connections_received:"))
+        .and_then(|n| n.trim().parse::<u64>().ok())
+        .expect("total_connections_received")
+}
+
+/// A call that times out on a connection the store has already replaced does not drop
+/// the replacement: a hung link makes calls time out one after another, and each must
+/// cost at most the connection it was made on, not whichever came after it (every
+/// replacement also costs the notice subscriptions and a resync).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_timeout_does_not_drop_the_connection_that_replaced_its_own() {
+    let redis = common::Redis::start();
+    let proxy = Proxy::start(redis.port).await;
+    let timeout = Duration::from_secs(1);
+    let store = Arc::new(
+        RedisStore::new(
+            &format!("redis://127.0.0.1:{}", proxy.port),
+            &namespace(),
+            timeout,
+        )
+        .expect("store"),
+    );
+    store.describe("k").await.expect("connection A");
+    let received = connections_received(&redis);
+    // A hangs: two calls on it, half a timeout apart.
+    proxy.both(Fault::Blackhole);
+    let first = tokio::spawn({
+        let store = store.clone();
+        async move { store.describe("k").await }
+    });
+    tokio::time::sleep(timeout / 2).await;
+    let second = tokio::spawn({
+        let store = store.clone();
+        async move { store.describe("k").await }
+    });
+    assert!(
+        first.await.expect("task").is_err(),
+        "the first call timed out"
+    );
+    // A is dropped; its replacement B works.
+    proxy.heal();
+    store.describe("k").await.expect("connection B");
+    assert!(
+        second.await.expect("task").is_err(),
+        "the second call timed out"
+    );
+    store.describe("k").await.expect("still B");
+    assert_eq!(
+        connections_received(&redis) - received,
+        2,
+        "B and this count's redis-cli only: the second call's timeout must not drop B"
+    );
+}

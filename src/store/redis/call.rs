@@ -41,11 +41,15 @@ impl RedisStore {
         F: FnOnce(Conn) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
+        // The connection the call went out on: a timeout drops that one, not one that
+        // replaced it meanwhile (see `Link::forget`).
+        let used = std::sync::OnceLock::new();
         let attempt = async {
-            let conn = self.link.connection().await?;
+            let (conn, id) = self.link.connection_with_id().await?;
+            let _ = used.set(id);
             f(conn).await.map_err(|e| {
                 if forget_on_timeout || !e.is_timeout() {
-                    self.link.failed(&e);
+                    self.link.failed(id, &e);
                 }
                 unavailable(e)
             })
@@ -53,8 +57,8 @@ impl RedisStore {
         match tokio::time::timeout(self.timeout, attempt).await {
             Ok(result) => result,
             Err(_) => {
-                if forget_on_timeout {
-                    self.link.forget();
+                if let Some(id) = used.get().filter(|_| forget_on_timeout) {
+                    self.link.forget(*id);
                 }
                 Err(StoreError::Unavailable(format!(
                     "no answer within {:?}",

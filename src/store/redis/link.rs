@@ -222,37 +222,34 @@ impl Link {
         Ok((conn, id))
     }
 
-    /// Forgets the shared connection after `error` when it may be broken or point at
-    /// the wrong server, so the next call makes a new one.
-    pub(crate) fn failed(&self, error: &RedisError) {
-        if self.is_cluster() {
-            // The cluster connection repairs itself (see the module docs).
-            return;
-        }
+    /// Forgets connection `id` after `error` when it may be broken or point at the
+    /// wrong server, so the next call makes a new one.
+    pub(crate) fn failed(&self, id: u64, error: &RedisError) {
         if error.is_io_error()
             || error.is_connection_dropped()
             || error.is_unrecoverable_error()
             || error.is_timeout()
             || moved_role(error)
         {
-            self.forget();
+            self.forget(id);
         }
     }
 
-    /// Forgets the shared connection (after a timeout). Not a cluster connection: a
-    /// timeout there may concern one frozen node, and the connection reroutes by itself
-    /// once the cluster has failed over.
-    pub(crate) fn forget(&self) {
-        if !self.is_cluster() && self.slot().take().is_some() {
+    /// Forgets connection `id` (it failed, timed out or ended) if it is still the shared
+    /// one: a call made on an older connection says nothing of the one that replaced
+    /// it (calls on a hung link time out one after another, and each would otherwise
+    /// drop the next connection, and the notice subscriptions with it). Not a cluster
+    /// connection: it repairs itself (see the module docs), and a timeout there may
+    /// concern one frozen node.
+    pub(crate) fn forget(&self, id: u64) {
+        if self.is_cluster() {
+            return;
+        }
+        let mut slot = self.slot();
+        if slot.as_ref().is_some_and(|(_, current)| *current == id) {
+            *slot = None;
+            drop(slot);
             self.changes.send_modify(|n| *n += 1);
-        }
-    }
-
-    /// Forgets the shared connection if it is connection `id` (which ended: a
-    /// disconnection push); a newer one is kept.
-    pub(crate) fn forget_ended(&self, id: u64) {
-        if self.current() == Some(id) {
-            self.forget();
         }
     }
 }

@@ -246,7 +246,7 @@ impl Subscriptions {
         let connect = self.link.connection_with_id();
         let (conn, id) = match tokio::time::timeout(self.timeout, connect).await {
             Ok(made) => made?,
-            Err(_) => return Err(self.timed_out()),
+            Err(_) => return Err(self.timed_out(None)),
         };
         let (join, leave) = {
             let mut state = self.state();
@@ -273,9 +273,9 @@ impl Subscriptions {
             }
             (join, leave)
         };
-        match tokio::time::timeout(self.timeout, self.send(conn, &join, &leave)).await {
+        match tokio::time::timeout(self.timeout, self.send(conn, id, &join, &leave)).await {
             Ok(sent) => sent?,
-            Err(_) => return Err(self.timed_out()),
+            Err(_) => return Err(self.timed_out(Some(id))),
         }
         let missed = std::mem::take(&mut self.state().missed);
         if missed {
@@ -294,33 +294,42 @@ impl Subscriptions {
         state.leaving.clear();
     }
 
-    fn timed_out(&self) -> StoreError {
+    /// A pass that timed out, on connection `on` if it had one by then.
+    fn timed_out(&self, on: Option<u64>) -> StoreError {
         // As a request that timed out: the connection may be broken.
-        self.link.forget();
+        if let Some(id) = on {
+            self.link.forget(id);
+        }
         StoreError::Unavailable(format!("no answer within {:?}", self.timeout))
     }
 
-    fn failed(&self, e: RedisError) -> StoreError {
-        self.link.failed(&e);
+    fn failed(&self, on: u64, e: RedisError) -> StoreError {
+        self.link.failed(on, &e);
         StoreError::Unavailable(e.to_string())
     }
 
     /// Sends the subscribes and unsubscribes of one pass; records each one confirmed.
-    async fn send(&self, conn: Conn, join: &[String], leave: &[String]) -> Result<(), StoreError> {
+    async fn send(
+        &self,
+        conn: Conn,
+        on: u64,
+        join: &[String],
+        leave: &[String],
+    ) -> Result<(), StoreError> {
         match conn {
             Conn::Single(mut conn) => {
                 for keys in join.chunks(CHANNELS_PER_COMMAND) {
                     let channels: Vec<String> = keys.iter().map(|k| self.channel(k)).collect();
                     conn.subscribe(&channels)
                         .await
-                        .map_err(|e| self.failed(e))?;
+                        .map_err(|e| self.failed(on, e))?;
                     self.state().subscribed.extend(keys.iter().cloned());
                 }
                 for keys in leave.chunks(CHANNELS_PER_COMMAND) {
                     let channels: Vec<String> = keys.iter().map(|k| self.channel(k)).collect();
                     if let Err(e) = conn.unsubscribe(&channels).await {
                         self.still_subscribed(keys);
-                        return Err(self.failed(e));
+                        return Err(self.failed(on, e));
                     }
                 }
                 Ok(())

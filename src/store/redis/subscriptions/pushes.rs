@@ -99,7 +99,7 @@ impl Subscriptions {
                 PushKind::Disconnection => {
                     // The next pass makes a new connection and subscribes there.
                     tracing::debug!("the connection to Redis dropped");
-                    self.link.forget_ended(id);
+                    self.link.forget(id);
                     self.kick.notify_one();
                 }
                 _ => {}

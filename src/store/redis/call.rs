@@ -57,8 +57,11 @@ impl RedisStore {
         match tokio::time::timeout(self.timeout, attempt).await {
             Ok(result) => result,
             Err(_) => {
-                if let Some(id) = used.get().filter(|_| forget_on_timeout) {
-                    self.link.forget(*id);
+                if forget_on_timeout {
+                    // A call still connecting when it timed out went out on none.
+                    if let Some(id) = used.get() {
+                        self.link.forget(*id);
+                    }
                 }
                 Err(StoreError::Unavailable(format!(
                     "no answer within {:?}",

@@ -511,16 +511,6 @@ async fn scenario_8_cluster_frozen_master_with_replica_acks_never_grants_twice()
     );
 }
 
-/// Connections Redis has accepted so far, the `redis-cli` that asks among them.
-fn connections_received(redis: &common::Redis) -> u64 {
-    let stats = redis.cli(&["INFO", "stats"]);
-    stats
-        .lines()
-        .find_map(|line| line.strip_prefix("total_connections_received:"))
-        .and_then(|n| n.trim().parse::<u64>().ok())
-        .expect("total_connections_received")
-}
-
 /// A call that times out on a connection the store has already replaced does not drop
 /// the replacement: a hung link makes calls time out one after another, and each must
 /// cost at most the connection it was made on, not whichever came after it (every
@@ -539,7 +529,7 @@ async fn a_late_timeout_does_not_drop_the_connection_that_replaced_its_own() {
         .expect("store"),
     );
     store.describe("k").await.expect("connection A");
-    let received = connections_received(&redis);
+    let received = redis.connections_received();
     // A hangs: two calls on it, half a timeout apart.
     proxy.both(Fault::Blackhole);
     let first = tokio::spawn({
@@ -564,7 +554,7 @@ async fn a_late_timeout_does_not_drop_the_connection_that_replaced_its_own() {
     );
     store.describe("k").await.expect("still B");
     assert_eq!(
-        connections_received(&redis) - received,
+        redis.connections_received() - received,
         2,
         "B and this count's redis-cli only: the second call's timeout must not drop B"
     );

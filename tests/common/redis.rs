@@ -98,6 +98,17 @@ impl Redis {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// Connections the server has accepted so far (`total_connections_received`), the
+    /// `redis-cli` that asks among them: between two readings, one is the second
+    /// reading's own.
+    pub fn connections_received(&self) -> u64 {
+        self.cli(&["INFO", "stats"])
+            .lines()
+            .find_map(|line| line.strip_prefix("total_connections_received:"))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("total_connections_received")
+    }
+
     /// Whether the server on our port answers and is *our* child: a port found free
     /// may have been taken by another test's server, which would answer PING too.
     fn ping(&self) -> bool {

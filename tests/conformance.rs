@@ -106,6 +106,7 @@ fn claim(key: &str, owner: &str, ttl_ms: u64) -> Claim {
         wait: false,
         session_id: format!("sid-{owner}"),
         client_name: format!("name|{owner}"),
+        holder: String::new(),
         sharing: Sharing::Exclusive,
         limit: 1,
         fair: false,
@@ -408,6 +409,7 @@ async fn renewals_match_the_whole_holder(s: Subject) {
     let holder = claim("k", "sid.secret.12", 10_000);
     let holder = Claim {
         client_name: "x|sid.secret.1|y".into(),
+        holder: String::new(),
         value: b"|sid.secret.1|sid.secret.3|".to_vec(),
         ..holder
     };

@@ -134,6 +134,7 @@ fn orphan(key: &str, ttl: Duration, value: &[u8]) -> Claim {
         wait: false,
         session_id: "dead".into(),
         client_name: "dead-sidecar".into(),
+        holder: String::new(),
         sharing: Sharing::Exclusive,
         limit: 1,
         fair: true,
@@ -174,6 +175,7 @@ fn campaign(key: &str, value: &[u8]) -> AcquireRequest {
         ttl: Some(Duration::from_secs(10)),
         trace: Default::default(),
         value: value.to_vec(),
+        holder: String::new(),
     }
 }
 
@@ -217,6 +219,7 @@ impl Session {
             request_id,
             key,
             value,
+            holder: String::new(),
         })
         .await;
         self.next().await
@@ -231,8 +234,12 @@ impl Session {
 
     async fn release(&mut self, key: &str) {
         let key = key.to_owned();
-        self.command(|request_id| Command::Release { request_id, key })
-            .await;
+        self.command(|request_id| Command::Release {
+            request_id,
+            key,
+            holder: String::new(),
+        })
+        .await;
         match self.next().await {
             Event::Released { hold_count: 0, .. } => {}
             other => panic!("expected Released, got {other:?}"),

@@ -232,7 +232,8 @@ impl Session {
             Event::NotAcquired {
                 request_id: id,
                 key: key.into(),
-                reason: NotAcquiredReason::Busy
+                reason: NotAcquiredReason::Busy,
+                holder: String::new(),
             },
             "{why}"
         );
@@ -257,6 +258,7 @@ fn request(key: &str, ttl: u64, wait: Option<u64>) -> AcquireRequest {
         ttl: Some(Duration::from_secs(ttl)),
         trace: Default::default(),
         value: Vec::new(),
+        holder: String::new(),
     }
 }
 
@@ -282,6 +284,7 @@ impl Session {
         let command = Command::Release {
             request_id,
             key: key.into(),
+            holder: String::new(),
         };
         self.tx.send(Inbound::Command(command)).await.expect("send");
         match self.next().await {
@@ -361,7 +364,9 @@ async fn lost_is_sent_at_the_safe_deadline_while_the_store_still_holds() {
     );
     store.down.store(true, Ordering::SeqCst);
     match a.next().await {
-        Event::Jeopardy { key, ttl_remaining } => {
+        Event::Jeopardy {
+            key, ttl_remaining, ..
+        } => {
             assert_eq!(key, "k");
             // The first renewal is due at TTL/3.
             assert_eq!(t0.elapsed(), ttl / 3);
@@ -432,7 +437,7 @@ async fn restored_after_a_short_outage() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     store.down.store(false, Ordering::SeqCst);
     match a.next().await {
-        Event::Restored { key, ttl: left } => {
+        Event::Restored { key, ttl: left, .. } => {
             assert_eq!(key, "k");
             // Counted from the send time of the renewal that succeeded.
             assert!(left <= ttl - margin(ttl) && left > ttl - Duration::from_millis(300));
@@ -560,6 +565,7 @@ async fn a_waiter_is_woken_by_the_holders_expiry() {
         wait: false,
         session_id: "dead".into(),
         client_name: String::new(),
+        holder: String::new(),
         sharing: lockside::store::Sharing::Exclusive,
         limit: 1,
         fair: false,
@@ -597,7 +603,8 @@ async fn waits_time_out_exactly() {
         Event::NotAcquired {
             request_id: id,
             key: "k".into(),
-            reason: NotAcquiredReason::Timeout
+            reason: NotAcquiredReason::Timeout,
+            holder: String::new(),
         }
     );
     assert_eq!(t0.elapsed(), Duration::from_secs(5));
@@ -632,7 +639,8 @@ async fn shutdown_releases_and_says_so() {
         Event::Lost {
             key: "k".into(),
             reason: "the sidecar is shutting down".into(),
-            fence
+            fence,
+            holder: String::new(),
         }
     );
     assert_eq!(
@@ -733,6 +741,7 @@ async fn a_release_that_ran_but_timed_out_can_be_retried() {
     let command = Command::Release {
         request_id: id,
         key: "k".into(),
+        holder: String::new(),
     };
     a.tx.send(Inbound::Command(command)).await.expect("send");
     a.unavailable(id).await;
@@ -787,6 +796,7 @@ impl Session {
             .send(Inbound::Command(Command::Release {
                 request_id,
                 key: key.into(),
+                holder: String::new(),
             }))
             .await
             .expect("send");
@@ -946,6 +956,7 @@ async fn only_waiting_acquires_listen_and_only_while_they_wait() {
     a.tx.send(Inbound::Command(Command::Release {
         request_id: 99,
         key: "k".into(),
+        holder: String::new(),
     }))
     .await
     .expect("send");

@@ -21,6 +21,7 @@ fn claim(key: &str, owner: &str, ttl: Duration) -> Claim {
         wait: false,
         session_id: format!("sid{owner}"),
         client_name: String::new(),
+        holder: String::new(),
         sharing: Sharing::Exclusive,
         limit: 1,
         fair: false,
@@ -110,6 +111,41 @@ async fn a_held_lock_is_one_key() {
         .await;
     }
     assert_eq!(keys_of(&redis, &ns).len(), 50);
+}
+
+/// Holders inside a session cost the common case nothing: an exclusive lock held by
+/// the session itself (holder "") is the string it always was, `x|count|fence|owner|
+/// name length|name`; a named holder adds NUL and its name after the client's, in the
+/// same one key, and `Describe` reads both back.
+#[tokio::test]
+async fn a_holder_is_kept_in_the_locks_own_string() {
+    let redis = Redis::start();
+    let ns = namespace();
+    let store = RedisStore::new(&redis.url(), &ns, Duration::from_secs(1)).expect("store");
+    let mut session = claim("k", "a", Duration::from_secs(30));
+    session.client_name = "web".into();
+    let fence = granted(&store, &session).await;
+    let value = redis.cli(&["GET", &format!("{{{ns}:k}}:h")]);
+    assert_eq!(value, format!("x|1|{fence}|sida.secret.1|3|web"));
+    let mut thread = claim("t", "a", Duration::from_secs(30));
+    thread.client_name = "web".into();
+    thread.holder = "thread-7".into();
+    let fence = granted(&store, &thread).await;
+    let raw = redis.cli(&["--no-raw", "GET", &format!("{{{ns}:t}}:h")]);
+    assert_eq!(
+        raw,
+        format!("\"x|1|{fence}|sida.secret.1|12|web\\x00thread-7\"")
+    );
+    let holder = &store.describe("t").await.expect("describe").holders[0];
+    assert_eq!(
+        (holder.client_name.as_str(), holder.holder.as_str()),
+        ("web", "thread-7")
+    );
+    assert_eq!(
+        keys_of(&redis, &ns).len(),
+        2,
+        "one key a lock, whoever holds it"
+    );
 }
 
 /// Tokens keep increasing once a key's state is gone: after its keys expired (faked by

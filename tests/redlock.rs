@@ -77,6 +77,7 @@ fn claim(key: &str, owner: &str) -> Claim {
         wait: false,
         session_id: format!("session-of-{owner}"),
         client_name: "other".into(),
+        holder: String::new(),
         sharing: Sharing::Exclusive,
         limit: 1,
         fair: false,

@@ -650,3 +650,59 @@ async fn a_record_call_that_times_out_keeps_the_shared_connection() {
         );
     }
 }
+
+/// Holders inside a session: a resumed session gets back every holder's grants, each
+/// with its holder, token and count; each holder releases its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_holders_grants_come_back_with_their_holders() {
+    let redis = Redis::start();
+    let ns = namespace();
+    let args = ["--attachment-ttl", ATTACHMENT];
+    let mut doomed = SidecarProcess::start(&redis.url(), &ns, &args);
+    let other = SidecarProcess::start(&redis.url(), &ns, &args);
+    let on_other = Client::connect(&other.addr).await;
+    let mut app = Client::connect(&doomed.addr).await.lease().await;
+    let by = |holder: &str, a: proto::Acquire| proto::Acquire {
+        holder: holder.into(),
+        ..a
+    };
+    let shared = |key: &str| proto::Acquire {
+        mode: proto::LockMode::Shared as i32,
+        ..with_ttl(key, 5.0)
+    };
+    let mut held = BTreeMap::new();
+    for (holder, request) in [
+        ("a", with_ttl("k", 5.0)),
+        ("a", with_ttl("k", 5.0)),
+        ("b", with_ttl("other", 5.0)),
+        ("a", shared("s")),
+        ("b", shared("s")),
+    ] {
+        let key = request.key.clone();
+        let id = app.send_acquire(by(holder, request)).await;
+        let g = app.expect_granted(id).await;
+        held.insert((holder.to_owned(), key), (g.fencing_token, g.hold_count));
+    }
+    recorded(&redis, &ns, &app.session_id, 4).await;
+    doomed.kill();
+    let mut resumed = resume(&on_other, &app.resume_token).await;
+    assert_eq!(resumed.resumed_locks, 4);
+    let mut back = BTreeMap::new();
+    for _ in 0..4 {
+        let g = match resumed.next().await {
+            Event::Granted(g) if g.request_id == 0 => g,
+            other => panic!("expected a resumed Granted, got {other:?}"),
+        };
+        back.insert((g.holder, g.key), (g.fencing_token, g.hold_count));
+    }
+    assert_eq!(back, held, "every holder's grant, with its token and count");
+    // Each holder's grant is its own: another holder of the session is still excluded,
+    // and releasing one holder's leaves the other's.
+    let id = resumed.send_acquire(by("b", acquire("k"))).await;
+    resumed.expect_not_acquired(id).await;
+    let id = resumed.send_release_of("s", "a").await;
+    assert_eq!(resumed.expect_released(id).await, 0);
+    let state = on_other.describe("s").await;
+    let holders: Vec<&str> = state.holders.iter().map(|h| h.holder.as_str()).collect();
+    assert_eq!(holders, ["b"]);
+}

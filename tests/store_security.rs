@@ -78,6 +78,7 @@ fn claim(owner: &str) -> Claim {
         wait: false,
         session_id: "sid".into(),
         client_name: String::new(),
+        holder: String::new(),
         sharing: Sharing::Exclusive,
         limit: 1,
         fair: false,

@@ -213,6 +213,7 @@ async fn spans_reach_the_collector_as_children_of_the_callers_trace() {
     let release = lockside::proto::Release {
         request_id: 3,
         key: "orders".into(),
+        holder: String::new(),
     };
     holder.send(lease_request::Command::Release(release)).await;
     let second_token = waiter.granted().await;

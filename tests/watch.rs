@@ -59,6 +59,7 @@ fn proclaim(id: u64, key: &str, value: &[u8]) -> lease_request::Command {
         request_id: id,
         key: key.into(),
         value: value.to_vec(),
+        holder: String::new(),
     })
 }
 

@@ -164,6 +164,7 @@ impl LockService for Echo {
                         request_id: r.request_id,
                         key: r.key,
                         hold_count: 0,
+                        ..Default::default()
                     }),
                     _ => continue,
                 };

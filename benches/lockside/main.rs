@@ -620,6 +620,7 @@ async fn direct_cycles(
             wait: false,
             session_id: "bench".into(),
             client_name: "lockside-bench".into(),
+            holder: String::new(),
             sharing: Sharing::Exclusive,
             limit: 1,
             fair: false,

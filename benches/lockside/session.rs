@@ -154,6 +154,7 @@ impl Session {
         let release = Release {
             request_id: self.next_id,
             key: key.to_owned(),
+            ..Default::default()
         };
         self.send(Cmd::Release(release)).await
     }

@@ -10,6 +10,7 @@ use crate::engine::{
     AcquireRequest, Command, EndReason, EngineError, Event, Inbound, KeyView, Mode,
     NotAcquiredReason, RejectCode, Rejection,
 };
+use crate::proto::codec::UNREADABLE;
 use crate::proto::{self, lease_request, lease_response, not_acquired};
 use crate::telemetry::{TRACEPARENT, TRACESTATE, TraceContext};
 
@@ -98,6 +99,17 @@ pub(super) fn decode(message: proto::LeaseRequest) -> Inbound {
         Some(lease_request::Command::Proclaim(p)) => (p.request_id, p.key.as_str()),
         None => (0, ""),
     };
+    if let Some(readable) = key.strip_prefix(UNREADABLE) {
+        // Salvaged by the codec: prost could not read a string field as UTF-8.
+        let message =
+            "a string field (the key, the holder or the trace context) is not valid UTF-8";
+        return Inbound::Invalid(Rejection::new(
+            request_id,
+            readable,
+            RejectCode::InvalidArgument,
+            message,
+        ));
+    }
     // Rejection::new keeps only a short prefix of the key: never echo a huge one.
     let echo = Rejection::new(request_id, key, RejectCode::InvalidArgument, "");
     let invalid = |code, message: String| {
@@ -123,11 +135,13 @@ pub(super) fn decode(message: proto::LeaseRequest) -> Inbound {
         Some(lease_request::Command::Release(r)) => Command::Release {
             request_id: r.request_id,
             key: r.key,
+            holder: r.holder,
         },
         Some(lease_request::Command::Proclaim(p)) => Command::Proclaim {
             request_id: p.request_id,
             key: p.key,
             value: p.value,
+            holder: p.holder,
         },
         Some(lease_request::Command::Acquire(a)) => {
             let mode = match proto::LockMode::try_from(a.mode) {
@@ -159,6 +173,7 @@ pub(super) fn decode(message: proto::LeaseRequest) -> Inbound {
                     tracestate: None,
                 },
                 value: a.value,
+                holder: a.holder,
             })
         }
     };
@@ -188,29 +203,35 @@ pub(super) fn encode(event: Event) -> Result<proto::LeaseResponse, Status> {
             fence,
             ttl,
             hold_count,
+            holder,
         } => E::Granted(proto::Granted {
             request_id,
             key,
             fencing_token: fence,
             ttl: Some(duration(ttl)),
             hold_count,
+            holder,
         }),
         Event::Waiting {
             request_id,
             key,
             position,
+            holder,
         } => E::Waiting(proto::Waiting {
             request_id,
             key,
             position,
+            holder,
         }),
         Event::NotAcquired {
             request_id,
             key,
             reason,
+            holder,
         } => E::NotAcquired(proto::NotAcquired {
             request_id,
             key,
+            holder,
             reason: match reason {
                 NotAcquiredReason::Busy => not_acquired::Reason::Busy,
                 NotAcquiredReason::Timeout => not_acquired::Reason::Timeout,
@@ -221,32 +242,53 @@ pub(super) fn encode(event: Event) -> Result<proto::LeaseResponse, Status> {
             request_id,
             key,
             hold_count,
+            holder,
         } => E::Released(proto::Released {
             request_id,
             key,
             hold_count,
+            holder,
         }),
-        Event::Proclaimed { request_id, key } => {
-            E::Proclaimed(proto::Proclaimed { request_id, key })
-        }
-        Event::Lost { key, reason, fence } => E::Lost(proto::Lost {
+        Event::Proclaimed {
+            request_id,
+            key,
+            holder,
+        } => E::Proclaimed(proto::Proclaimed {
+            request_id,
+            key,
+            holder,
+        }),
+        Event::Lost {
+            key,
+            reason,
+            fence,
+            holder,
+        } => E::Lost(proto::Lost {
             key,
             reason,
             fencing_token: fence,
+            holder,
         }),
         Event::Rejected(r) => E::Rejected(proto::Rejected {
             request_id: r.request_id,
             key: r.key,
             code: reject_code(r.code),
             message: r.message,
+            holder: r.holder,
         }),
-        Event::Jeopardy { key, ttl_remaining } => E::Jeopardy(proto::Jeopardy {
+        Event::Jeopardy {
+            key,
+            ttl_remaining,
+            holder,
+        } => E::Jeopardy(proto::Jeopardy {
             key,
             ttl_remaining: Some(duration(ttl_remaining)),
+            holder,
         }),
-        Event::Restored { key, ttl } => E::Restored(proto::Restored {
+        Event::Restored { key, ttl, holder } => E::Restored(proto::Restored {
             key,
             ttl: Some(duration(ttl)),
+            holder,
         }),
         Event::Ended(EndReason::Shutdown) => {
             return Err(Status::unavailable(
@@ -289,6 +331,7 @@ pub(crate) fn describe_response(key: String, state: KeyView) -> proto::DescribeR
                 client_name: h.client_name,
                 value: h.value,
                 fencing_token: h.fence,
+                holder: h.holder,
             })
             .collect(),
         waiters: state.waiters,
@@ -302,6 +345,7 @@ pub(crate) fn describe_response(key: String, state: KeyView) -> proto::DescribeR
                 client_name: w.client_name,
                 mode: lock_mode(w.mode) as i32,
                 position,
+                holder: w.holder,
             })
             .collect(),
         key,

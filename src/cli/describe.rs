@@ -127,7 +127,7 @@ fn describe_text(state: &crate::proto::DescribeResponse) -> String {
             text,
             "holder: session {} ({}), {holds}, token {}{value}, expires in {} unless renewed",
             h.session_id,
-            name(&h.client_name),
+            who(&h.client_name, &h.holder),
             h.fencing_token,
             crate::parse::format_duration(ttl)
         );
@@ -139,7 +139,7 @@ fn describe_text(state: &crate::proto::DescribeResponse) -> String {
             "queued {}: session {} ({}), wants it {}",
             q.position,
             q.session_id,
-            name(&q.client_name),
+            who(&q.client_name, &q.holder),
             mode(q.mode)
         );
     }
@@ -151,11 +151,17 @@ fn describe_text(state: &crate::proto::DescribeResponse) -> String {
     }
     text
 }
-fn name(client_name: &str) -> &str {
-    if client_name.is_empty() {
+/// Who holds or waits, in words: the client's name ("unnamed" without one) and the
+/// holder inside its session, when it is not the session itself.
+pub(super) fn who(client_name: &str, holder: &str) -> String {
+    let name = if client_name.is_empty() {
         "unnamed"
     } else {
         client_name
+    };
+    match holder {
+        "" => name.to_owned(),
+        holder => format!("{name}, holder {holder}"),
     }
 }
 
@@ -176,6 +182,7 @@ mod tests {
             client_name: name.into(),
             value: name.as_bytes().to_vec(),
             fencing_token: 40 + id.len() as u64,
+            holder: String::new(),
         };
         let shared = DescribeResponse {
             key: "reports".into(),
@@ -189,6 +196,7 @@ mod tests {
                 client_name: "writer".into(),
                 mode: LockMode::Exclusive as i32,
                 position: 1,
+                holder: "thread-9".into(),
             }],
         };
         assert_eq!(
@@ -198,7 +206,7 @@ mod tests {
              holder: session a1 (reader), 2 holds, token 42, value \"reader\", expires in 4.5s unless renewed\n\
              holder: session b2 (unnamed), 2 holds, token 42, expires in 4.5s unless renewed\n\
              waiting: 1\n\
-             queued 1: session c3 (writer), wants it exclusive\n\
+             queued 1: session c3 (writer, holder thread-9), wants it exclusive\n\
              last fencing token: 42\n"
         );
         let semaphore = DescribeResponse {

@@ -99,10 +99,7 @@ pub fn text_line(state: &DescribeResponse) -> String {
             .holders
             .iter()
             .map(|h| {
-                let name = match h.client_name.as_str() {
-                    "" => "unnamed",
-                    name => name,
-                };
+                let name = super::describe::who(&h.client_name, &h.holder);
                 let mut holder = format!(
                     "session {} ({name}) token {}",
                     h.session_id, h.fencing_token
@@ -137,6 +134,7 @@ pub fn json_line(state: &DescribeResponse) -> String {
             let mut holder = serde_json::json!({
                 "session_id": h.session_id,
                 "client_name": h.client_name,
+                "holder": h.holder,
                 "hold_count": h.hold_count,
                 "ttl_remaining_ms": ttl.as_millis() as u64,
                 "fencing_token": h.fencing_token,
@@ -159,6 +157,7 @@ pub fn json_line(state: &DescribeResponse) -> String {
             serde_json::json!({
                 "session_id": q.session_id,
                 "client_name": q.client_name,
+                "holder": q.holder,
                 "mode": mode_name(q.mode),
                 "position": q.position,
             })
@@ -200,6 +199,7 @@ mod tests {
                 client_name: "web-1".into(),
                 value: value.to_vec(),
                 fencing_token: 42,
+                holder: String::new(),
             }],
             waiters: 2,
             fencing_token: 42,

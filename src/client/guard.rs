@@ -81,6 +81,7 @@ impl LockGuard {
                     request_id,
                     key: self.key.clone(),
                     value: value.to_vec(),
+                    holder: String::new(),
                 })
             })
             .await?;
@@ -109,6 +110,7 @@ impl LockGuard {
                 lease_request::Command::Release(proto::Release {
                     request_id,
                     key: self.key.clone(),
+                    holder: String::new(),
                 })
             })
             .await?;

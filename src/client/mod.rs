@@ -17,7 +17,9 @@
 //! ```
 //!
 //! Each guard has its own `Lease` stream, so dropping a guard releases its lock (the
-//! sidecar releases on stream end). When the stream breaks (the sidecar died, was
+//! sidecar releases on stream end), and each `lock()` is a holder of its own: two
+//! guards of one key exclude each other like two processes, whichever tasks hold
+//! them (no reentrancy across calls). When the stream breaks (the sidecar died, was
 //! killed or restarted), the guard resumes its session with the session's resume
 //! token, on the restarted sidecar or any other on the same store, and keeps the lock
 //! if it comes back; it reports the lock lost only when resuming fails, when the lock
@@ -212,6 +214,8 @@ impl Client {
             fair: options.fair,
             ttl: options.ttl.and_then(duration),
             value: options.value,
+            // The guard's session is its own: it is the holder.
+            holder: String::new(),
         };
         send(&tx, lease_request::Command::Acquire(acquire)).await?;
         let mut started = None;

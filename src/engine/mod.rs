@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
 use crate::metrics::store::MeteredStore;
-use crate::proto::limits::MAX_KEY_BYTES;
+use crate::proto::limits::{MAX_HOLDER_BYTES, MAX_KEY_BYTES};
 use crate::store::Store;
 pub use config::EngineConfig;
 use journal::Journal;
@@ -80,6 +80,21 @@ pub fn validate_key(key: &str) -> Result<(), String> {
     }
     if let Some(pos) = key.find(char::is_control) {
         return Err(format!("key has a control character at byte {pos}"));
+    }
+    Ok(())
+}
+
+/// Checks a holder name against the contract: at most 128 bytes, no control
+/// characters ("" is the session itself).
+pub fn validate_holder(holder: &str) -> Result<(), String> {
+    if holder.len() > MAX_HOLDER_BYTES {
+        return Err(format!(
+            "holder is {} bytes long; at most {MAX_HOLDER_BYTES} are allowed",
+            holder.len()
+        ));
+    }
+    if let Some(pos) = holder.find(char::is_control) {
+        return Err(format!("holder has a control character at byte {pos}"));
     }
     Ok(())
 }

@@ -37,6 +37,9 @@ pub struct AcquireRequest {
     pub trace: crate::telemetry::TraceContext,
     /// The holder's value (empty: none; on a held key, keep the grant's value).
     pub value: Vec<u8>,
+    /// Who in the session asks (a thread, a task, a lock object); "" is the session
+    /// itself. Reentrancy is per (holder, key).
+    pub holder: String,
 }
 
 /// A client command on a session.
@@ -50,6 +53,8 @@ pub enum Command {
         request_id: u64,
         /// The lock's name.
         key: String,
+        /// The holder giving back its hold.
+        holder: String,
     },
     /// Replace the value of a held lock.
     Proclaim {
@@ -59,6 +64,8 @@ pub enum Command {
         key: String,
         /// The new value.
         value: Vec<u8>,
+        /// The holder whose value to replace.
+        holder: String,
     },
 }
 
@@ -76,6 +83,14 @@ impl Command {
         match self {
             Self::Acquire(r) => &r.key,
             Self::Release { key, .. } | Self::Proclaim { key, .. } => key,
+        }
+    }
+
+    /// Who in the session asks.
+    pub fn holder(&self) -> &str {
+        match self {
+            Self::Acquire(r) => &r.holder,
+            Self::Release { holder, .. } | Self::Proclaim { holder, .. } => holder,
         }
     }
 }
@@ -113,6 +128,8 @@ pub struct Rejection {
     pub request_id: u64,
     /// A short prefix of the request's key.
     pub key: String,
+    /// A short prefix of the request's holder.
+    pub holder: String,
     /// Why.
     pub code: RejectCode,
     /// For humans.
@@ -125,9 +142,16 @@ impl Rejection {
         Self {
             request_id,
             key: prefix(key, ECHO_BYTES).to_owned(),
+            holder: String::new(),
             code,
             message: message.into(),
         }
+    }
+
+    /// The same rejection, for `holder` (echoed as a short prefix).
+    pub fn of_holder(mut self, holder: &str) -> Self {
+        self.holder = prefix(holder, ECHO_BYTES).to_owned();
+        self
     }
 }
 
@@ -198,6 +222,8 @@ pub enum Event {
         ttl: Duration,
         /// Holds now.
         hold_count: u32,
+        /// The holder.
+        holder: String,
     },
     /// A wait began.
     Waiting {
@@ -207,6 +233,8 @@ pub enum Event {
         key: String,
         /// Queue position (0 when unfair).
         position: u32,
+        /// The holder.
+        holder: String,
     },
     /// Not acquired.
     NotAcquired {
@@ -216,6 +244,8 @@ pub enum Event {
         key: String,
         /// Why.
         reason: NotAcquiredReason,
+        /// The holder.
+        holder: String,
     },
     /// A hold was given back.
     Released {
@@ -225,6 +255,8 @@ pub enum Event {
         key: String,
         /// Holds left.
         hold_count: u32,
+        /// The holder.
+        holder: String,
     },
     /// A holder's value was replaced.
     Proclaimed {
@@ -232,6 +264,8 @@ pub enum Event {
         request_id: u64,
         /// The key.
         key: String,
+        /// The holder.
+        holder: String,
     },
     /// A lock is no longer held.
     Lost {
@@ -241,6 +275,8 @@ pub enum Event {
         reason: String,
         /// The token the session held.
         fence: u64,
+        /// The holder.
+        holder: String,
     },
     /// A request was refused.
     Rejected(Rejection),
@@ -250,6 +286,8 @@ pub enum Event {
         key: String,
         /// Validity left.
         ttl_remaining: Duration,
+        /// The holder.
+        holder: String,
     },
     /// Renewals succeed again.
     Restored {
@@ -257,6 +295,8 @@ pub enum Event {
         key: String,
         /// Validity left.
         ttl: Duration,
+        /// The holder.
+        holder: String,
     },
     /// The sidecar ends the stream.
     Ended(EndReason),

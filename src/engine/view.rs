@@ -30,6 +30,8 @@ pub struct HolderView {
     pub session_id: String,
     /// The name the holder's client gave.
     pub client_name: String,
+    /// The holder inside its session ("" for the session itself).
+    pub holder: String,
     /// How many times the holder holds the key.
     pub hold_count: u32,
     /// Time left before the store lets the grant go unless it is renewed.
@@ -48,6 +50,7 @@ impl KeyView {
             && self.holders.iter().zip(&other.holders).all(|(a, b)| {
                 (a.session_id == b.session_id)
                     && (a.client_name == b.client_name)
+                    && (a.holder == b.holder)
                     && (a.hold_count == b.hold_count)
                     && (a.fence == b.fence)
                     && (a.value == b.value)
@@ -72,6 +75,8 @@ pub struct QueuedView {
     pub session_id: String,
     /// The name the waiter's client gave.
     pub client_name: String,
+    /// The waiter's holder inside its session.
+    pub holder: String,
     /// The mode it waits for.
     pub mode: Mode,
 }
@@ -94,6 +99,7 @@ impl From<KeyState> for KeyView {
                 .map(|h| HolderView {
                     session_id: h.session_id,
                     client_name: h.client_name,
+                    holder: h.holder,
                     hold_count: h.hold_count,
                     ttl_remaining: h.ttl_remaining,
                     fence: h.fence,
@@ -107,6 +113,7 @@ impl From<KeyState> for KeyView {
                 .map(|q| QueuedView {
                     session_id: q.session_id,
                     client_name: q.client_name,
+                    holder: q.holder,
                     mode: mode(q.sharing),
                 })
                 .collect(),

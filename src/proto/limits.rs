@@ -30,3 +30,6 @@ pub const MAX_VALUE_BYTES: usize = 4 * 1024;
 /// The request metadata header that resumes a session on `Lease`: its value is the
 /// `SessionStarted.resume_token` of the session.
 pub const RESUME_HEADER: &str = "lockside-resume";
+
+/// The longest holder name (`Acquire.holder`), in bytes of UTF-8.
+pub const MAX_HOLDER_BYTES: usize = 128;

@@ -17,6 +17,7 @@
 //! never touch a newer grant of the same key by the same session.
 
 pub mod memory;
+pub mod names;
 pub mod redis;
 pub mod redlock;
 mod sessions;

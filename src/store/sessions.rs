@@ -61,9 +61,10 @@ pub struct RecordWrite {
     pub client_name: String,
     /// This sidecar's id, written as the record's attachment when the write creates it.
     pub sidecar: String,
-    /// Locks to list (key, line).
+    /// Grants to list (name, line): a grant's name is its key, and its holder
+    /// when not the session itself ([`super::names`]).
     pub set: Vec<(String, RecordLine)>,
-    /// Keys to take off the list.
+    /// Grants' names to take off the list.
     pub remove: Vec<String>,
     /// The session ended: the record goes.
     pub end: bool,
@@ -153,7 +154,8 @@ pub enum Resumption {
 /// One lock a resumed session's record listed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResumedLock {
-    /// The lock's name.
+    /// The grant's name: its key, and its holder when not the session itself
+    /// ([`super::names`]).
     pub key: String,
     /// The line the record kept.
     pub line: RecordLine,

@@ -65,6 +65,8 @@ pub struct Claim {
     pub session_id: String,
     /// The client's self-chosen name, shown by `Describe`.
     pub client_name: String,
+    /// Who in the session asks ("" for the session itself), shown by `Describe`.
+    pub holder: String,
     /// Exclusive or shared.
     pub sharing: Sharing,
     /// 1 for a lock, N > 1 for a counting semaphore of N permits.
@@ -77,9 +79,9 @@ pub struct Claim {
 }
 
 impl Claim {
-    /// The name of this claim as a waiter: `mode|limit|owner|session_id|client_name`.
-    /// One string in the store's waiter set and fair queue; `Describe` shows all but
-    /// the owner.
+    /// The name of this claim as a waiter: `mode|limit|owner|session_id|client_name`,
+    /// the client name followed by the holder's (see [`Claim::shown_name`]). One string
+    /// in the store's waiter set and fair queue; `Describe` shows all but the owner.
     pub fn waiter(&self) -> String {
         format!(
             "{}|{}|{}|{}|{}",
@@ -87,8 +89,15 @@ impl Claim {
             self.limit,
             self.owner,
             self.session_id,
-            self.client_name
+            self.shown_name()
         )
+    }
+
+    /// The client name and the holder as a store that keeps them in one string does:
+    /// `client_name` alone for the session itself, else `client_name` NUL `holder`
+    /// (read back by [`super::names::split`]; neither may hold a control character).
+    pub fn shown_name(&self) -> std::borrow::Cow<'_, str> {
+        super::names::name(&self.client_name, &self.holder)
     }
 }
 
@@ -155,6 +164,8 @@ pub struct HolderState {
     pub session_id: String,
     /// The client name the holder gave.
     pub client_name: String,
+    /// The holder inside its session ("" for the session itself).
+    pub holder: String,
     /// Holds of this grant.
     pub hold_count: u32,
     /// Time until the store lets the grant go if it is not renewed.
@@ -172,6 +183,8 @@ pub struct QueuedState {
     pub session_id: String,
     /// The client name the waiter gave.
     pub client_name: String,
+    /// The waiter's holder inside its session.
+    pub holder: String,
     /// The mode it waits for.
     pub sharing: Sharing,
 }

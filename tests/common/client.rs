@@ -165,10 +165,16 @@ impl LeaseStream {
     }
 
     pub async fn send_release(&mut self, key: &str) -> u64 {
+        self.send_release_of(key, "").await
+    }
+
+    /// Sends a Release of `holder`'s hold of `key`; returns its id.
+    pub async fn send_release_of(&mut self, key: &str, holder: &str) -> u64 {
         let id = self.id();
         self.send(lease_request::Command::Release(proto::Release {
             request_id: id,
             key: key.into(),
+            holder: holder.into(),
         }))
         .await;
         id

@@ -38,14 +38,14 @@ use super::mailbox::Mailbox;
 use super::session::Note;
 use crate::metrics::{Metrics, Renewed as Counted};
 use crate::store::drift_margin;
-use crate::store::{Renewal, Renewed, Store, StoreError};
+use crate::store::{Renewal, Renewed, Store, StoreError, names};
 pub(crate) use clock::LeaseClock;
 
 /// Shortest pause before retrying a failed renewal.
 const MIN_RETRY: Duration = Duration::from_millis(50);
 
-/// What the renewer tells a session about one of its grants (its lease id and key: the
-/// session finds the grant by its key, so it keeps no map of lease ids).
+/// What the renewer tells a session about one of its grants (its lease id and name: the
+/// session finds the grant by its name, so it keeps no map of lease ids).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum RenewEvent {
     /// A renewal failed after the previous one succeeded.
@@ -56,11 +56,12 @@ pub(crate) enum RenewEvent {
     NotHeld(u64, Arc<str>),
 }
 
-/// A grant to keep alive. Its key and owner are the session's own strings, shared: at
-/// 100,000 grants each copy would cost about 10 MB.
+/// A grant to keep alive. Its name (the key, and the holder inside the session:
+/// `store::names`) and owner are the session's own strings, shared: at 100,000 grants
+/// each copy would cost about 10 MB.
 pub(crate) struct Renewable {
     pub(crate) id: u64,
-    pub(crate) key: Arc<str>,
+    pub(crate) name: Arc<str>,
     pub(crate) owner: Arc<str>,
     pub(crate) ttl: Duration,
     /// When the write that last confirmed the grant was sent.
@@ -85,7 +86,8 @@ impl Failing {
 
     fn log(self) {
         for (error, grants, key) in self.0 {
-            tracing::warn!(grants, first_key = %key, error = %error, "renewals failed; retrying");
+            let first_key = names::key_of(&key);
+            tracing::warn!(grants, %first_key, error = %error, "renewals failed; retrying");
         }
     }
 }
@@ -142,7 +144,7 @@ impl Renewer {
 /// once, for its first due time), in the [`Task::schedule`] group of the time it is due.
 struct Entry {
     id: u64,
-    key: Arc<str>,
+    name: Arc<str>,
     owner: Arc<str>,
     ttl: Duration,
     clock: Arc<LeaseClock>,
@@ -154,7 +156,12 @@ impl Entry {
     fn event(&self, event: fn(u64, Arc<str>) -> RenewEvent) {
         let _ = self
             .events
-            .send(Note::Renew(event(self.id, self.key.clone())));
+            .send(Note::Renew(event(self.id, self.name.clone())));
+    }
+
+    /// The key the store knows the grant by.
+    fn key(&self) -> &str {
+        names::key_of(&self.name)
     }
 }
 
@@ -210,7 +217,7 @@ impl Task {
             let due = lease.confirmed_at + period(lease.ttl);
             let entry = Entry {
                 id: lease.id,
-                key: lease.key,
+                name: lease.name,
                 owner: lease.owner,
                 ttl: lease.ttl,
                 clock: lease.clock,
@@ -292,7 +299,7 @@ impl Task {
         let result = {
             let renewals: Vec<Renewal<'_>> = (batch.iter())
                 .map(|e| Renewal {
-                    key: &e.key,
+                    key: e.key(),
                     owner: &e.owner,
                     ttl: e.ttl,
                 })
@@ -352,7 +359,7 @@ impl Task {
                 // node, too few Redlock masters) are in jeopardy; the others go on.
                 Renewed::Failed(e) => {
                     if !entry.failing {
-                        failing.add(&e, &entry.key);
+                        failing.add(&e, &entry.name);
                         entry.failing = true;
                         entry.event(RenewEvent::Failing);
                     }
@@ -383,7 +390,7 @@ impl Task {
     /// Releases a grant whose renewal landed after its session dropped it, so the
     /// store does not keep it for a whole TTL.
     fn undo(&self, entry: &Entry) {
-        super::release_in_background(&self.store, entry.key.to_string(), entry.owner.to_string());
+        super::release_in_background(&self.store, entry.key().to_owned(), entry.owner.to_string());
     }
 }
 

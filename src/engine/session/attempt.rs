@@ -54,6 +54,8 @@ pub(super) struct AcquireOp {
     pub(super) store: Arc<dyn Store>,
     pub(super) turns: Arc<Semaphore>,
     pub(super) claim: Claim,
+    /// The slot's name (key and holder), for what the session is told.
+    pub(super) name: Arc<str>,
     pub(super) request_id: u64,
     pub(super) wait_until: Option<Instant>,
     pub(super) guard: Option<WaitGuard>,
@@ -74,6 +76,7 @@ pub(super) async fn acquire(op: AcquireOp) -> Done {
     }
     Done::Acquire {
         request_id: op.request_id,
+        name: op.name,
         claim: op.claim,
         outcome,
     }
@@ -147,7 +150,7 @@ async fn attempts(op: &AcquireOp) -> AcquireResult {
             told = true;
             let _ = op.waiting.send(Note::Waiting {
                 request_id: op.request_id,
-                key: op.claim.key.clone(),
+                name: op.name.clone(),
                 position,
             });
         }

@@ -12,7 +12,7 @@ use super::grants::{forget, lost_because};
 use super::{AcquireResult, Done, Session, Slot};
 use crate::engine::{EndReason, Event};
 use crate::metrics::Loss;
-use crate::store::Store;
+use crate::store::{Store, names};
 
 /// Why a session ended: it decides the lock-delay and what the client is told.
 pub(super) enum End {
@@ -41,21 +41,23 @@ impl Session {
             self.shared.journal.ended(&self.record);
         }
         let mut held = Vec::new();
-        for (key, slot) in self.slots.drain() {
+        for (name, slot) in self.slots.drain() {
             if let Slot::Held(h) = slot {
                 h.clock.release();
                 forget(&self.shared.metrics, &h);
-                held.push((key, h.owner, h.fence));
+                held.push((name, h.owner, h.fence));
             }
         }
         if let End::Shutdown = end {
-            for (key, _, fence) in &held {
+            for (name, _, fence) in &held {
                 let reason = lost_because(Loss::Shutdown).to_owned();
                 self.shared.metrics.lost(Loss::Shutdown);
+                let (key, holder) = names::split(name);
                 let _ = self.out.try_send(Event::Lost {
-                    key: key.to_string(),
+                    key: key.to_owned(),
                     reason,
                     fence: *fence,
+                    holder: holder.to_owned(),
                 });
             }
         }
@@ -65,8 +67,8 @@ impl Session {
             End::Closed | End::Shutdown => Duration::ZERO,
         };
         let release_held =
-            futures_util::future::join_all(held.iter().map(|(key, owner, fence)| {
-                release_quietly(store, turns, key, owner, *fence, delay)
+            futures_util::future::join_all(held.iter().map(|(name, owner, fence)| {
+                release_quietly(store, turns, names::key_of(name), owner, *fence, delay)
             }));
         let mut ops = std::mem::take(&mut self.ops);
         let finish_ops = async {

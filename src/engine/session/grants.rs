@@ -11,12 +11,12 @@ use super::{Held, Session, Slot};
 use crate::engine::renewer::{LeaseClock, RenewEvent, Renewable};
 use crate::engine::{Command, Event};
 use crate::metrics::Loss;
-use crate::store::Claim;
+use crate::store::{Claim, names};
 
 impl Session {
     /// Takes on a grant the store just made: the renewer renews it, the journal will
     /// record it, and the client hears `Granted`. `slot` is what the acquire's slot
-    /// leaves: its key (the one string of it that the session, the renewer and the
+    /// leaves: its name (the one string of it that the session, the renewer and the
     /// journal share) and the commands queued behind it.
     pub(super) fn hold_grant(
         &mut self,
@@ -27,13 +27,13 @@ impl Session {
         sent_at: Instant,
         valid_until: Instant,
     ) {
-        let (key, queue) = slot;
+        let (name, queue) = slot;
         let lease_id = self.shared.next_lease_id();
         let clock = Arc::new(LeaseClock::new(valid_until));
         let owner: Arc<str> = claim.owner.into();
         self.shared.renewer.add(Renewable {
             id: lease_id,
-            key: key.clone(),
+            name: name.clone(),
             owner: owner.clone(),
             ttl: claim.ttl,
             confirmed_at: sent_at,
@@ -41,11 +41,11 @@ impl Session {
             events: self.notes_tx.clone(),
         });
         self.shared.metrics.locks_held.inc();
-        self.journal_granted(&key, &owner, claim.ttl, fence);
+        self.journal_granted(&name, &owner, claim.ttl, fence);
         let remaining = valid_until.saturating_duration_since(Instant::now());
         self.watch_deadline(valid_until);
         self.slots.insert(
-            key.clone(),
+            name.clone(),
             Slot::Held(Box::new(Held {
                 lease_id,
                 owner,
@@ -61,53 +61,64 @@ impl Session {
                 queue,
             })),
         );
-        log!(self, DEBUG, %key, fence, "granted");
+        let (key, holder) = names::split(&name);
+        log!(self, DEBUG, %key, %holder, fence, "granted");
         self.send(Event::Granted {
             request_id,
-            key: key.to_string(),
+            key: key.to_owned(),
             fence,
             ttl: remaining,
             hold_count: 1,
+            holder: holder.to_owned(),
         });
     }
 
     /// The last hold is gone: forget the grant and answer.
-    pub(super) fn released(&mut self, key: String, request_id: u64) {
-        let queue = match self.slots.remove_entry(key.as_str()) {
-            Some((key, Slot::Held(h))) => {
+    pub(super) fn released(&mut self, name: String, request_id: u64) {
+        let queue = match self.slots.remove_entry(name.as_str()) {
+            Some((name, Slot::Held(h))) => {
                 h.clock.release();
                 self.forget(&h);
-                self.shared.journal.dropped(&self.record, key);
+                self.shared.journal.dropped(&self.record, name);
                 h.queue
             }
             _ => VecDeque::new(),
         };
+        self.send_released(request_id, &name, 0);
+        self.redispatch(queue);
+    }
+
+    /// Answers a `Release` of the grant `name`: `count` holds left.
+    pub(super) fn send_released(&mut self, request_id: u64, name: &str, hold_count: u32) {
+        let (key, holder) = names::split(name);
         self.send(Event::Released {
             request_id,
-            key,
-            hold_count: 0,
+            key: key.to_owned(),
+            hold_count,
+            holder: holder.to_owned(),
         });
-        self.redispatch(queue);
     }
 
     /// Drops a grant the session can no longer count on and says so. Returns the
     /// commands that were queued behind it.
-    pub(super) fn lose(&mut self, key: &str, why: Loss) -> VecDeque<Command> {
-        let Some((shared_key, Slot::Held(h))) = self.slots.remove_entry(key) else {
+    pub(super) fn lose(&mut self, name: &str, why: Loss) -> VecDeque<Command> {
+        let Some((shared_name, Slot::Held(h))) = self.slots.remove_entry(name) else {
             return VecDeque::new();
         };
         let reason = lost_because(why);
-        log!(self, WARN, %key, fence = h.fence, %reason, "lock lost");
+        let (key, holder) = names::split(name);
+        log!(self, WARN, %key, %holder, fence = h.fence, %reason, "lock lost");
         self.shared.metrics.lost(why);
         self.forget(&h);
         h.clock.release();
-        self.shared.journal.dropped(&self.record, shared_key);
+        self.shared.journal.dropped(&self.record, shared_name);
         // If the store is reachable again, let the others in now rather than at expiry.
         self.release_in_background(key.to_owned(), h.owner.to_string());
         self.send(Event::Lost {
             key: key.to_owned(),
             reason: reason.to_owned(),
             fence: h.fence,
+            holder: holder.to_owned(),
         });
         h.queue
     }
@@ -116,10 +127,10 @@ impl Session {
         crate::engine::release_in_background(&self.shared.store, key, owner);
     }
 
-    /// Runs the commands queued behind a key while the key has no call under way.
-    pub(super) fn drain(&mut self, key: &str) {
+    /// Runs the commands queued behind a slot while it has no call under way.
+    pub(super) fn drain(&mut self, name: &str) {
         loop {
-            let command = match self.slots.get_mut(key) {
+            let command = match self.slots.get_mut(name) {
                 Some(Slot::Held(h)) if !h.busy => h.queue.pop_front(),
                 _ => None,
             };
@@ -148,51 +159,58 @@ impl Session {
         let now = Instant::now();
         let mut lost = Vec::new();
         let mut earliest: Option<Instant> = None;
-        for (key, slot) in &self.slots {
+        for (name, slot) in &self.slots {
             if let Slot::Held(h) = slot {
                 let valid_until = h.clock.get();
                 if valid_until <= now {
-                    lost.push(key.clone());
+                    lost.push(name.clone());
                 } else {
                     earliest = Some(earliest.map_or(valid_until, |at| at.min(valid_until)));
                 }
             }
         }
         self.deadline = earliest;
-        for key in lost {
-            let queue = self.lose(&key, Loss::Deadline);
+        for name in lost {
+            let queue = self.lose(&name, Loss::Deadline);
             self.redispatch(queue);
         }
     }
 
     pub(super) fn on_renew_event(&mut self, event: RenewEvent) {
-        let (RenewEvent::Failing(id, key)
-        | RenewEvent::Restored(id, key)
-        | RenewEvent::NotHeld(id, key)) = &event;
-        let (id, key) = (*id, key.to_string());
-        // The key may have another grant by now (released and taken again): the event
+        let (RenewEvent::Failing(id, name)
+        | RenewEvent::Restored(id, name)
+        | RenewEvent::NotHeld(id, name)) = &event;
+        let (id, name) = (*id, name.clone());
+        // The slot may have another grant by now (released and taken again): the event
         // is about the grant it names only.
-        let Some(Slot::Held(h)) = self.slots.get_mut(key.as_str()) else {
+        let Some(Slot::Held(h)) = self.slots.get_mut(&*name) else {
             return;
         };
         if h.lease_id != id {
             return;
         }
         let left = h.clock.get().saturating_duration_since(Instant::now());
+        let (key, holder) = names::split(&name);
+        let (key, holder) = (key.to_owned(), holder.to_owned());
         match event {
             RenewEvent::Failing(..) if !h.jeopardy => {
                 h.jeopardy = true;
                 self.send(Event::Jeopardy {
                     key,
                     ttl_remaining: left,
+                    holder,
                 });
             }
             RenewEvent::Restored(..) if h.jeopardy => {
                 h.jeopardy = false;
-                self.send(Event::Restored { key, ttl: left });
+                self.send(Event::Restored {
+                    key,
+                    ttl: left,
+                    holder,
+                });
             }
             RenewEvent::NotHeld(..) => {
-                let queue = self.lose(&key, Loss::NotHeld);
+                let queue = self.lose(&name, Loss::NotHeld);
                 self.redispatch(queue);
             }
             _ => {}

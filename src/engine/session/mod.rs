@@ -1,16 +1,19 @@
 //! A session: one `Lease` stream, one task that owns all of its state: the locks it
 //! holds, the requests it has pending, and its outbound sender.
 //!
-//! Each key of the session has a [`Slot`]. Store calls run concurrently as futures in
-//! `ops`, but at most one per key: commands that arrive for a key with a call under way
-//! queue behind it, so the store sees each session's operations on a key in order. The
-//! one exception is a `Release` of a key the session waits for: it cancels the wait.
+//! Each grant of the session has a [`Slot`], found by its name: the key, and the holder
+//! inside the session when it is not the session itself (`store::names`). Two holders
+//! of one key are two slots, with two owners in the store, so they exclude each other
+//! as two sessions would. Store calls run concurrently as futures in `ops`, but at most
+//! one per slot: commands that arrive for a slot with a call under way queue behind it,
+//! so the store sees each holder's operations on a key in order. The one exception is a
+//! `Release` of a key the holder waits for: it cancels the wait.
 //!
 //! The session, not the renewer, decides when a lock is lost by time: its timer fires
 //! at the earliest safe deadline of its grants, so a renewal stuck in a slow store can
 //! never delay `Lost`.
 //!
-//! Files: this one has the state, the main loop and what the client is sent;
+//! Files: this one has the state and the main loop; `tell.rs` what the client is sent;
 //! `requests.rs` turns client commands into store calls; `results.rs` handles what the
 //! store answers; `grants.rs` a held grant's life (released, lost by the renewer's word
 //! or the safe-deadline timer) and the commands queued behind a key; `attempt.rs` is
@@ -36,6 +39,7 @@ mod grants;
 mod requests;
 mod results;
 mod resume;
+mod tell;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -51,11 +55,7 @@ use tracing::Instrument;
 
 use super::journal::SessionRef;
 use super::renewer::{LeaseClock, RenewEvent};
-use super::{
-    AcquireRequest, Command, EndReason, EngineError, Event, Inbound, NotAcquiredReason, RejectCode,
-    Rejection, Shared,
-};
-use crate::metrics::Outcome as Counted;
+use super::{AcquireRequest, Command, EngineError, Event, Inbound, Shared};
 use crate::store::{Claim, Sharing, StoreError};
 use end::End;
 
@@ -111,32 +111,34 @@ pub(crate) enum Note {
     /// A waiting acquire's place in line, for its `Waiting` answer.
     Waiting {
         request_id: u64,
-        key: String,
+        name: Arc<str>,
         position: u32,
     },
 }
 
 /// The result of a store call made for the session.
+/// Each carries the name of the slot it was made for.
 enum Done {
     Acquire {
         request_id: u64,
+        name: Arc<str>,
         claim: Claim,
         outcome: AcquireResult,
     },
     Reenter {
-        key: String,
+        name: String,
         lease_id: u64,
         request: AcquireRequest,
         result: Result<Option<u32>, StoreError>,
     },
     Release {
-        key: String,
+        name: String,
         lease_id: u64,
         request_id: u64,
         result: Result<Option<u32>, StoreError>,
     },
     Proclaim {
-        key: String,
+        name: String,
         lease_id: u64,
         request_id: u64,
         result: Result<bool, StoreError>,
@@ -161,8 +163,8 @@ pub(crate) struct Session {
     grants: u64,
     out: mpsc::Sender<Event>,
     overflow: bool,
-    /// Each key's state. The key is the one string of it that the session, the
-    /// renewer and the journal share.
+    /// Each grant's state, by name (`store::names`): the one string of it that the
+    /// session, the renewer and the journal share.
     slots: HashMap<Arc<str>, Slot>,
     pending: HashSet<u64>,
     ops: FuturesUnordered<BoxFuture<'static, Done>>,
@@ -296,7 +298,7 @@ impl Session {
                 _ = &mut shutdown => break End::Shutdown,
                 Some(note) = self.notes_rx.recv() => match note {
                     Note::Renew(event) => self.on_renew_event(event),
-                    Note::Waiting { request_id, key, position } => self.on_waiting(request_id, key, position),
+                    Note::Waiting { request_id, name, position } => self.on_waiting(request_id, &name, position),
                 },
                 _ = &mut timer, if deadline.is_some() => {
                     // Elapsed: the next turn arms it again, even at the same instant.
@@ -319,69 +321,6 @@ impl Session {
         let span = self.span.clone();
         self.finish(end).instrument(span.clone()).await;
         span.in_scope(|| tracing::debug!("session ended"));
-    }
-
-    /// Sends an event, ending the session if the client does not read its answers. The
-    /// last slot of the buffer is kept for the `Ended` event that says so.
-    fn send(&mut self, event: Event) {
-        if self.overflow {
-            return;
-        }
-        if self.out.capacity() <= 1 {
-            self.overflow = true;
-            let _ = self.out.try_send(Event::Ended(EndReason::Overflow));
-            return;
-        }
-        self.count(&event);
-        if self.out.try_send(event).is_err() {
-            self.overflow = true;
-        }
-    }
-
-    /// Metrics of what the client is told.
-    fn count(&self, event: &Event) {
-        let metrics = &self.shared.metrics;
-        match event {
-            Event::Granted { .. } => metrics.acquired(Counted::Granted),
-            Event::NotAcquired { reason, .. } => metrics.acquired(match reason {
-                NotAcquiredReason::Busy => Counted::Busy,
-                NotAcquiredReason::Timeout => Counted::Timeout,
-                NotAcquiredReason::Cancelled => Counted::Cancelled,
-            }),
-            Event::Rejected(r) if r.code == RejectCode::Unavailable => {
-                metrics.acquired(Counted::Unavailable)
-            }
-            Event::Rejected(_) => metrics.acquired(Counted::Rejected),
-            Event::Jeopardy { .. } => {
-                metrics.jeopardy.inc();
-            }
-            // Lost is counted where the lock is dropped, with its reason (`lose`).
-            _ => {}
-        }
-    }
-
-    /// A grant leaves the session: gauges and the hold-time histogram.
-    fn forget(&self, held: &Held) {
-        grants::forget(&self.shared.metrics, held);
-    }
-
-    fn reject(&mut self, request_id: u64, key: &str, code: RejectCode, message: impl Into<String>) {
-        self.send(Event::Rejected(Rejection::new(
-            request_id, key, code, message,
-        )));
-    }
-
-    /// Answers UNAVAILABLE. The client learns that the store cannot be reached, not
-    /// how: addresses and driver messages stay in the log.
-    fn store_failed(&mut self, request_id: u64, key: &str, error: &StoreError) {
-        // Counted by the metered store (`lockside_store_calls_total`).
-        log!(self, WARN, %key, %error, "store call failed");
-        self.reject(
-            request_id,
-            key,
-            RejectCode::Unavailable,
-            "the lock store is unavailable",
-        );
     }
 }
 

@@ -2,6 +2,7 @@
 //! or answered at once.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -10,38 +11,47 @@ use tracing::Instrument;
 
 use super::attempt::{AcquireOp, acquire, acquire_span};
 use super::{Acquiring, Done, Session, Slot};
-use crate::engine::{AcquireRequest, Command, Mode, RejectCode, validate_key};
+use crate::engine::{
+    AcquireRequest, Command, Event, Mode, RejectCode, Rejection, validate_holder, validate_key,
+};
 use crate::proto::limits::{MAX_VALUE_BYTES, MAX_WAIT, MIN_TTL};
-use crate::store::{Claim, Sharing};
+use crate::store::{Claim, Sharing, names};
 
 impl Session {
     pub(super) fn handle(&mut self, command: Command) {
-        let (request_id, key) = (command.request_id(), command.key());
-        if self.pending.contains(&request_id) {
+        let (request_id, key, holder) = (command.request_id(), command.key(), command.holder());
+        let refusal = if self.pending.contains(&request_id) {
             let message = format!("request_id {request_id} is still pending on this session");
-            self.reject(request_id, key, RejectCode::InvalidArgument, message);
-            return;
-        }
-        if let Err(message) = validate_key(key) {
-            self.reject(request_id, key, RejectCode::InvalidArgument, message);
-            return;
-        }
-        if self.pending.len() >= self.shared.config.max_pending_per_session {
+            Some((RejectCode::InvalidArgument, message))
+        } else if let Err(message) = validate_key(key).and_then(|()| validate_holder(holder)) {
+            Some((RejectCode::InvalidArgument, message))
+        } else if self.pending.len() >= self.shared.config.max_pending_per_session {
             let message = format!(
                 "this session has {} requests pending, its limit",
                 self.pending.len()
             );
-            self.reject(request_id, key, RejectCode::ResourceExhausted, message);
-            return;
+            Some((RejectCode::ResourceExhausted, message))
+        } else {
+            None
+        };
+        if let Some((code, message)) = refusal {
+            // Echoed as given (cut short): a bad key or holder makes no name.
+            let rejection = Rejection::new(request_id, key, code, message).of_holder(holder);
+            return self.send(Event::Rejected(rejection));
         }
         match command {
             Command::Acquire(request) => self.acquire(request),
-            Command::Release { request_id, key } => self.release(request_id, key),
+            Command::Release {
+                request_id,
+                key,
+                holder,
+            } => self.release(request_id, key, holder),
             Command::Proclaim {
                 request_id,
                 key,
                 value,
-            } => self.proclaim(request_id, key, value),
+                holder,
+            } => self.proclaim(request_id, key, value, holder),
         }
     }
 
@@ -84,15 +94,16 @@ impl Session {
     }
 
     pub(super) fn acquire(&mut self, request: AcquireRequest) {
+        let name = names::name(&request.key, &request.holder).into_owned();
         let (ttl, sharing, limit) = match self.check(&request) {
             Ok(checked) => checked,
             Err((code, message)) => {
-                return self.reject(request.request_id, &request.key, code, message);
+                return self.reject(request.request_id, &name, code, message);
             }
         };
         let config = &self.shared.config;
         let (max_locks, max_waiters) = (config.max_locks_per_session, config.max_waiters_per_key);
-        match self.slots.get_mut(request.key.as_str()) {
+        match self.slots.get_mut(name.as_str()) {
             Some(Slot::Acquiring(a)) => {
                 self.pending.insert(request.request_id);
                 a.queue.push_back(Command::Acquire(request));
@@ -104,22 +115,22 @@ impl Session {
             Some(Slot::Held(h)) => {
                 if h.limit != limit {
                     let message = format!(
-                        "this session holds the key with limit {}; it cannot ask again with limit {limit}",
+                        "this holder holds the key with limit {}; it cannot ask again with limit {limit}",
                         h.limit
                     );
                     return self.reject(
                         request.request_id,
-                        &request.key,
+                        &name,
                         RejectCode::FailedPrecondition,
                         message,
                     );
                 }
                 if h.sharing == Sharing::Shared && sharing == Sharing::Exclusive {
                     // Two readers upgrading at once would wait for each other forever.
-                    let message = "this session holds the key SHARED; release it before asking EXCLUSIVE (no upgrade)";
+                    let message = "this holder holds the key SHARED; release it before asking EXCLUSIVE (no upgrade)";
                     return self.reject(
                         request.request_id,
-                        &request.key,
+                        &name,
                         RejectCode::FailedPrecondition,
                         message,
                     );
@@ -128,7 +139,7 @@ impl Session {
                     let message = "hold count is at its maximum";
                     return self.reject(
                         request.request_id,
-                        &request.key,
+                        &name,
                         RejectCode::ResourceExhausted,
                         message,
                     );
@@ -148,17 +159,17 @@ impl Session {
                 h.busy = true;
                 self.pending.insert(request.request_id);
                 let (store, turns) = (self.shared.store.clone(), self.shared.store_calls.clone());
-                let (key, owner, ttl, lease_id) =
-                    (request.key.clone(), h.owner.clone(), h.ttl, h.lease_id);
+                let (owner, ttl, lease_id) = (h.owner.clone(), h.ttl, h.lease_id);
                 let count = h.count + 1;
                 let value = request.value.clone();
                 self.ops.push(Box::pin(async move {
                     let _turn = turns.acquire().await;
-                    let mut result = store.reenter(&key, &owner, count, ttl).await;
+                    let key = names::key_of(&name);
+                    let mut result = store.reenter(key, &owner, count, ttl).await;
                     if let Ok(Some(_)) = result
                         && !value.is_empty()
                     {
-                        result = match store.proclaim(&key, &owner, &value).await {
+                        result = match store.proclaim(key, &owner, &value).await {
                             Ok(true) => result,
                             // Gone between the two calls: as a hold that found no grant.
                             Ok(false) => Ok(None),
@@ -166,7 +177,7 @@ impl Session {
                         };
                     }
                     Done::Reenter {
-                        key,
+                        name,
                         lease_id,
                         request,
                         result,
@@ -177,17 +188,18 @@ impl Session {
                 if let Err(message) = self.shared.store.supports(sharing, limit, request.fair) {
                     return self.reject(
                         request.request_id,
-                        &request.key,
+                        &name,
                         RejectCode::Unimplemented,
                         message,
                     );
                 }
+                // Every holder's grants and waits count against the session's limit.
                 if self.slots.len() >= max_locks {
                     let message =
                         format!("this session holds or waits for {max_locks} locks, its limit");
                     return self.reject(
                         request.request_id,
-                        &request.key,
+                        &name,
                         RejectCode::ResourceExhausted,
                         message,
                     );
@@ -214,7 +226,7 @@ impl Session {
                             );
                             return self.reject(
                                 request.request_id,
-                                &request.key,
+                                &name,
                                 RejectCode::ResourceExhausted,
                                 message,
                             );
@@ -228,6 +240,7 @@ impl Session {
                     wait: guard.is_some(),
                     session_id: self.id.clone(),
                     client_name: self.client_name.clone(),
+                    holder: request.holder.clone(),
                     sharing,
                     limit,
                     fair: request.fair,
@@ -235,8 +248,9 @@ impl Session {
                 };
                 let cancel = CancellationToken::new();
                 let span = acquire_span(&self.span, &request, sharing, limit);
+                let name: Arc<str> = name.into();
                 self.slots.insert(
-                    request.key.as_str().into(),
+                    name.clone(),
                     Slot::Acquiring(Box::new(Acquiring {
                         request_id: request.request_id,
                         span: span.clone(),
@@ -253,6 +267,7 @@ impl Session {
                     store: self.shared.store.clone(),
                     turns: self.shared.store_calls.clone(),
                     claim,
+                    name,
                     request_id: request.request_id,
                     wait_until,
                     guard,
@@ -264,17 +279,22 @@ impl Session {
         }
     }
 
-    pub(super) fn release(&mut self, request_id: u64, key: String) {
-        match self.slots.get_mut(key.as_str()) {
+    pub(super) fn release(&mut self, request_id: u64, key: String, holder: String) {
+        let name = names::name(&key, &holder).into_owned();
+        match self.slots.get_mut(name.as_str()) {
             Some(Slot::Acquiring(a)) => {
-                // A Release of a key the session waits for cancels the wait; the pending
+                // A Release of a key the holder waits for cancels the wait; the pending
                 // Acquire is answered NotAcquired CANCELLED, the Release not at all.
                 a.cancelled = true;
                 a.cancel.cancel();
             }
             Some(Slot::Held(h)) if h.busy => {
                 self.pending.insert(request_id);
-                h.queue.push_back(Command::Release { request_id, key });
+                h.queue.push_back(Command::Release {
+                    request_id,
+                    key,
+                    holder,
+                });
             }
             Some(Slot::Held(h)) => {
                 h.busy = true;
@@ -285,44 +305,48 @@ impl Session {
                 let left = h.count.saturating_sub(1);
                 self.ops.push(Box::pin(async move {
                     let _turn = turns.acquire().await;
+                    let key = names::key_of(&name);
                     let result = if left == 0 {
                         // The grant goes: with its token, Redis writes that in one step.
                         store
-                            .release_grant(&key, &owner, fence, Duration::ZERO)
+                            .release_grant(key, &owner, fence, Duration::ZERO)
                             .await
                     } else {
-                        store.release(&key, &owner, left, Duration::ZERO).await
+                        store.release(key, &owner, left, Duration::ZERO).await
                     };
                     Done::Release {
-                        key,
+                        name,
                         lease_id,
                         request_id,
                         result,
                     }
                 }));
             }
-            None => self.reject(
-                request_id,
-                &key,
-                RejectCode::FailedPrecondition,
-                "this session does not hold this key",
-            ),
+            None => self.reject(request_id, &name, RejectCode::FailedPrecondition, NOT_HELD),
         }
     }
 
     /// Replaces the value of a held grant. Behind a pending acquire or a call under
     /// way for the key, it waits its turn, so it applies to the grant that acquire
     /// brings.
-    pub(super) fn proclaim(&mut self, request_id: u64, key: String, value: Vec<u8>) {
+    pub(super) fn proclaim(
+        &mut self,
+        request_id: u64,
+        key: String,
+        value: Vec<u8>,
+        holder: String,
+    ) {
+        let name = names::name(&key, &holder).into_owned();
         if let Err((code, message)) = check_value(&value) {
-            return self.reject(request_id, &key, code, message);
+            return self.reject(request_id, &name, code, message);
         }
         let command = || Command::Proclaim {
             request_id,
             key: key.clone(),
             value: value.clone(),
+            holder: holder.clone(),
         };
-        match self.slots.get_mut(key.as_str()) {
+        match self.slots.get_mut(name.as_str()) {
             Some(Slot::Acquiring(a)) => {
                 self.pending.insert(request_id);
                 a.queue.push_back(command());
@@ -338,24 +362,22 @@ impl Session {
                 let (owner, lease_id) = (h.owner.clone(), h.lease_id);
                 self.ops.push(Box::pin(async move {
                     let _turn = turns.acquire().await;
-                    let result = store.proclaim(&key, &owner, &value).await;
+                    let result = store.proclaim(names::key_of(&name), &owner, &value).await;
                     Done::Proclaim {
-                        key,
+                        name,
                         lease_id,
                         request_id,
                         result,
                     }
                 }));
             }
-            None => self.reject(
-                request_id,
-                &key,
-                RejectCode::FailedPrecondition,
-                "this session does not hold this key",
-            ),
+            None => self.reject(request_id, &name, RejectCode::FailedPrecondition, NOT_HELD),
         }
     }
 }
+
+/// The refusal of a `Release` or `Proclaim` of a key its holder does not hold.
+pub(super) const NOT_HELD: &str = "this holder does not hold this key";
 
 /// Checks a holder's value against the contract's limit.
 fn check_value(value: &[u8]) -> Result<(), (RejectCode, String)> {

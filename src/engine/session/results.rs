@@ -3,11 +3,11 @@
 
 use tokio::time::Instant;
 
+use super::requests::NOT_HELD;
 use super::{AcquireResult, Acquiring, Done, Session, Slot};
 use crate::engine::{Command, Event, NotAcquiredReason, RejectCode};
 use crate::metrics::Loss;
-use crate::store::Claim;
-use crate::store::drift_margin;
+use crate::store::{Claim, drift_margin, names};
 
 /// Records how an acquire ended on its span.
 fn trace_outcome(a: &Acquiring, outcome: &AcquireResult) {
@@ -32,8 +32,8 @@ fn trace_outcome(a: &Acquiring, outcome: &AcquireResult) {
 }
 
 impl Session {
-    pub(super) fn on_waiting(&mut self, request_id: u64, key: String, position: u32) {
-        if let Some(Slot::Acquiring(a)) = self.slots.get_mut(key.as_str())
+    pub(super) fn on_waiting(&mut self, request_id: u64, name: &str, position: u32) {
+        if let Some(Slot::Acquiring(a)) = self.slots.get_mut(name)
             && a.request_id == request_id
             && !a.cancelled
         {
@@ -42,10 +42,12 @@ impl Session {
                 a.waiting = Some(self.shared.metrics.waiting());
             }
             a.span.record("queue_position", position);
+            let (key, holder) = names::split(name);
             self.send(Event::Waiting {
                 request_id,
-                key,
+                key: key.to_owned(),
                 position,
+                holder: holder.to_owned(),
             });
         }
     }
@@ -54,11 +56,12 @@ impl Session {
         match done {
             Done::Acquire {
                 request_id,
+                name,
                 claim,
                 outcome,
-            } => self.acquired(request_id, claim, outcome),
+            } => self.acquired(request_id, &name, claim, outcome),
             Done::Reenter {
-                key,
+                name,
                 lease_id,
                 request,
                 result,
@@ -66,7 +69,7 @@ impl Session {
                 self.pending.remove(&request.request_id);
                 let Some(Slot::Held(h)) = self
                     .slots
-                    .get_mut(key.as_str())
+                    .get_mut(name.as_str())
                     .filter(|s| lease_of(s) == Some(lease_id))
                 else {
                     // The grant was lost while the call ran: acquire afresh.
@@ -78,16 +81,17 @@ impl Session {
                         h.count = count;
                         let event = Event::Granted {
                             request_id: request.request_id,
-                            key: key.clone(),
+                            key: request.key,
                             fence: h.fence,
                             ttl: h.clock.get().saturating_duration_since(Instant::now()),
                             hold_count: count,
+                            holder: request.holder,
                         };
                         self.send(event);
-                        self.drain(&key);
+                        self.drain(&name);
                     }
                     Ok(None) => {
-                        let queue = self.lose(&key, Loss::NotHeld);
+                        let queue = self.lose(&name, Loss::NotHeld);
                         self.handle(Command::Acquire(request));
                         self.redispatch(queue);
                     }
@@ -95,13 +99,13 @@ impl Session {
                         // The client hears UNAVAILABLE and the session keeps its count.
                         // Had the call run, the store holds one more: the session's next
                         // hold or release carries the count it keeps and sets it right.
-                        self.store_failed(request.request_id, &key, &e);
-                        self.drain(&key);
+                        self.store_failed(request.request_id, &name, &e);
+                        self.drain(&name);
                     }
                 }
             }
             Done::Release {
-                key,
+                name,
                 lease_id,
                 request_id,
                 result,
@@ -109,103 +113,99 @@ impl Session {
                 self.pending.remove(&request_id);
                 let Some(Slot::Held(h)) = self
                     .slots
-                    .get_mut(key.as_str())
+                    .get_mut(name.as_str())
                     .filter(|s| lease_of(s) == Some(lease_id))
                 else {
                     // Lost while the call ran: nothing is held any more.
-                    return self.send(Event::Released {
-                        request_id,
-                        key,
-                        hold_count: 0,
-                    });
+                    return self.send_released(request_id, &name, 0);
                 };
                 h.busy = false;
                 let last = h.count <= 1;
                 match result {
                     Ok(Some(count)) if count > 0 => {
                         h.count = count;
-                        self.send(Event::Released {
-                            request_id,
-                            key: key.clone(),
-                            hold_count: count,
-                        });
-                        self.drain(&key);
+                        self.send_released(request_id, &name, count);
+                        self.drain(&name);
                     }
-                    Ok(Some(_)) => self.released(key, request_id),
+                    Ok(Some(_)) => self.released(name, request_id),
                     Ok(None) => {
-                        let queue = self.lose(&key, Loss::NotHeld);
-                        self.send(Event::Released {
-                            request_id,
-                            key,
-                            hold_count: 0,
-                        });
+                        let queue = self.lose(&name, Loss::NotHeld);
+                        self.send_released(request_id, &name, 0);
                         self.redispatch(queue);
                     }
                     Err(e) if last => {
                         // Stop renewing: the store lets the lock go at its expiry.
+                        let key = names::key_of(&name);
                         log!(self, WARN, %key, error = %e, "release not confirmed by the store; the lock expires at its TTL");
-                        self.released(key, request_id);
+                        self.released(name, request_id);
                     }
                     Err(e) => {
                         // As for a hold: the session keeps its count, and a retried
                         // Release asks the store for the same count again.
-                        self.store_failed(request_id, &key, &e);
-                        self.drain(&key);
+                        self.store_failed(request_id, &name, &e);
+                        self.drain(&name);
                     }
                 }
             }
             Done::Proclaim {
-                key,
+                name,
                 lease_id,
                 request_id,
                 result,
-            } => self.proclaimed(key, lease_id, request_id, result),
+            } => self.proclaimed(name, lease_id, request_id, result),
         }
     }
 
     fn proclaimed(
         &mut self,
-        key: String,
+        name: String,
         lease_id: u64,
         request_id: u64,
         result: Result<bool, crate::store::StoreError>,
     ) {
         self.pending.remove(&request_id);
-        let not_held = "this session does not hold this key";
         let Some(Slot::Held(h)) = self
             .slots
-            .get_mut(key.as_str())
+            .get_mut(name.as_str())
             .filter(|s| lease_of(s) == Some(lease_id))
         else {
             // Lost while the call ran (its `Lost` went out).
-            return self.reject(request_id, &key, RejectCode::FailedPrecondition, not_held);
+            return self.reject(request_id, &name, RejectCode::FailedPrecondition, NOT_HELD);
         };
         h.busy = false;
         match result {
             Ok(true) => {
+                let (key, holder) = names::split(&name);
                 self.send(Event::Proclaimed {
                     request_id,
-                    key: key.clone(),
+                    key: key.to_owned(),
+                    holder: holder.to_owned(),
                 });
-                self.drain(&key);
+                self.drain(&name);
             }
             Ok(false) => {
                 // The store no longer holds the grant: it is lost, and the value with it.
-                let queue = self.lose(&key, Loss::NotHeld);
-                self.reject(request_id, &key, RejectCode::FailedPrecondition, not_held);
+                let queue = self.lose(&name, Loss::NotHeld);
+                self.reject(request_id, &name, RejectCode::FailedPrecondition, NOT_HELD);
                 self.redispatch(queue);
             }
             Err(e) => {
-                self.store_failed(request_id, &key, &e);
-                self.drain(&key);
+                self.store_failed(request_id, &name, &e);
+                self.drain(&name);
             }
         }
     }
 
-    pub(super) fn acquired(&mut self, request_id: u64, claim: Claim, outcome: AcquireResult) {
+    pub(super) fn acquired(
+        &mut self,
+        request_id: u64,
+        name: &str,
+        claim: Claim,
+        outcome: AcquireResult,
+    ) {
         self.pending.remove(&request_id);
         let key = claim.key.clone();
-        let Some((shared_key, Slot::Acquiring(a))) = self.slots.remove_entry(key.as_str()) else {
+        let Some((shared_name, Slot::Acquiring(a))) = self.slots.remove_entry(name) else {
             // Cannot happen: an Acquiring slot only leaves through here.
             log!(self, ERROR, %key, "acquire finished without its slot");
             if let AcquireResult::Granted { .. } = outcome {
@@ -226,7 +226,7 @@ impl Session {
                 if valid_until <= Instant::now() {
                     self.release_in_background(key.clone(), claim.owner);
                     let message = "the store answered too late for the grant to be safe";
-                    self.reject(request_id, &key, RejectCode::Unavailable, message);
+                    self.reject(request_id, name, RejectCode::Unavailable, message);
                     None
                 } else {
                     let metrics = &self.shared.metrics;
@@ -236,9 +236,9 @@ impl Session {
                     if a.waited {
                         metrics.handoffs.inc();
                     }
-                    let slot = (shared_key, a.queue);
+                    let slot = (shared_name, a.queue);
                     self.hold_grant(request_id, slot, claim, fence, sent_at, valid_until);
-                    return self.drain(&key);
+                    return self.drain(name);
                 }
             }
             AcquireResult::Busy => Some(NotAcquiredReason::Busy),
@@ -248,7 +248,7 @@ impl Session {
                 let message = format!(
                     "the key is held with limit {limit}; a request must use the holders' limit"
                 );
-                self.reject(request_id, &key, RejectCode::FailedPrecondition, message);
+                self.reject(request_id, name, RejectCode::FailedPrecondition, message);
                 None
             }
             AcquireResult::Unavailable(e) => {
@@ -256,7 +256,7 @@ impl Session {
                 // token is unique, so releasing it blindly is safe and frees the key
                 // now rather than at its TTL.
                 self.release_in_background(key.clone(), claim.owner);
-                self.store_failed(request_id, &key, &e);
+                self.store_failed(request_id, name, &e);
                 None
             }
         };
@@ -265,6 +265,7 @@ impl Session {
                 request_id,
                 key,
                 reason,
+                holder: claim.holder,
             });
         }
         self.redispatch(a.queue);

@@ -10,9 +10,9 @@ use tokio::time::Instant;
 
 use super::{Held, Session, Slot};
 use crate::engine::renewer::{LeaseClock, Renewable};
-use crate::engine::{Event, ResumeToken, Shared, validate_key};
+use crate::engine::{Event, ResumeToken, Shared, validate_holder, validate_key};
 use crate::metrics::Loss;
-use crate::store::{RecordLine, ResumedLock, drift_margin};
+use crate::store::{RecordLine, ResumedLock, drift_margin, names};
 
 /// The reason of a `Lost` for a lock that did not survive until its session resumed.
 const EXPIRED: &str = "the lock expired, or the store lost it, before the session was resumed";
@@ -26,10 +26,10 @@ impl Session {
             .then(|| ResumeToken(format!("{}.{}", self.id, self.secret)))
     }
 
-    /// Tells the journal that `key` was granted to `owner` (`session.secret.n`).
+    /// Tells the journal that the grant `name` was made to `owner` (`session.secret.n`).
     pub(super) fn journal_granted(
         &mut self,
-        key: &Arc<str>,
+        name: &Arc<str>,
         owner: &str,
         ttl: Duration,
         fence: u64,
@@ -39,7 +39,9 @@ impl Session {
         };
         self.journaled = true;
         let line = RecordLine { grant, ttl, fence };
-        self.shared.journal.granted(&self.record, key.clone(), line);
+        self.shared
+            .journal
+            .granted(&self.record, name.clone(), line);
     }
 
     /// A resumed session: id `id`, new secret `secret`, holding again every grant of
@@ -72,7 +74,13 @@ impl Session {
 
     /// Holds one resumed grant again, or says it is lost.
     fn take_back(&mut self, lock: ResumedLock, sent_at: Instant) {
-        let ResumedLock { key, line, held } = lock;
+        let ResumedLock {
+            key: name,
+            line,
+            held,
+        } = lock;
+        let (key, holder) = names::split(&name);
+        let (key, holder) = (key.to_owned(), holder.to_owned());
         let owner = format!("{}.{}.{}", self.id, self.secret, line.grant);
         let ttl = line.ttl;
         let margin = drift_margin(ttl, self.shared.config.clock_drift);
@@ -82,6 +90,7 @@ impl Session {
             Some(grant)
                 if valid_until > now
                     && validate_key(&key).is_ok()
+                    && validate_holder(&holder).is_ok()
                     && self.slots.len() < self.shared.config.max_locks_per_session =>
             {
                 grant
@@ -95,21 +104,22 @@ impl Session {
                 self.shared.metrics.lost(Loss::NotHeld);
                 self.shared
                     .journal
-                    .dropped(&self.record, key.as_str().into());
+                    .dropped(&self.record, name.as_str().into());
                 self.greeting.push(Event::Lost {
                     key,
                     reason: EXPIRED.to_owned(),
                     fence: line.fence,
+                    holder,
                 });
                 return;
             }
         };
         let lease_id = self.shared.next_lease_id();
         let clock = Arc::new(LeaseClock::new(valid_until));
-        let (shared_key, owner): (Arc<str>, Arc<str>) = (key.as_str().into(), owner.into());
+        let (shared_name, owner): (Arc<str>, Arc<str>) = (name.as_str().into(), owner.into());
         self.shared.renewer.add(Renewable {
             id: lease_id,
-            key: shared_key.clone(),
+            name: shared_name.clone(),
             owner: owner.clone(),
             ttl,
             confirmed_at: sent_at,
@@ -119,7 +129,7 @@ impl Session {
         self.shared.metrics.locks_held.inc();
         self.watch_deadline(valid_until);
         self.slots.insert(
-            shared_key,
+            shared_name,
             Slot::Held(Box::new(Held {
                 lease_id,
                 owner,
@@ -135,13 +145,14 @@ impl Session {
                 queue: VecDeque::new(),
             })),
         );
-        log!(self, DEBUG, %key, fence = grant.fence, "resumed");
+        log!(self, DEBUG, %key, %holder, fence = grant.fence, "resumed");
         self.greeting.push(Event::Granted {
             request_id: 0,
             key,
             fence: grant.fence,
             ttl: Duration::ZERO,
             hold_count: grant.count.max(1),
+            holder,
         });
     }
 
@@ -149,8 +160,10 @@ impl Session {
     /// the validity left at the moment of sending, and `Lost`.
     pub(super) fn greet(&mut self) {
         for mut event in std::mem::take(&mut self.greeting) {
-            if let Event::Granted { key, ttl, .. } = &mut event
-                && let Some(Slot::Held(h)) = self.slots.get(key.as_str())
+            if let Event::Granted {
+                key, ttl, holder, ..
+            } = &mut event
+                && let Some(Slot::Held(h)) = self.slots.get(&*names::name(key, holder))
             {
                 *ttl = h.clock.get().saturating_duration_since(Instant::now());
             }

@@ -6,6 +6,9 @@
 --              - a string 'x|count|fence|owner|name length|name' followed by the
 --                holder's value: an exclusive lock (limit 1) and its one holder; the
 --                key's own TTL is the grant's. The common case: one key, one SET.
+--                'name' (here, in 'n:'..OWNER and in waiters) is the client's name,
+--                then NUL and the holder inside the session when the grant is not the
+--                session's own: the sidecar makes it, Describe splits it.
 --              - a string 'f|fence|delay end': nobody holds it, but its last token is
 --                ahead of the clock or a lock-delay runs; PXAT when that ends.
 --              - a hash, for shared locks and semaphores: 'm' the holders' mode and limit

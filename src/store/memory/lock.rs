@@ -18,6 +18,7 @@ pub(super) struct Holder {
     pub(super) fence: u64,
     pub(super) session_id: String,
     pub(super) client_name: String,
+    pub(super) holder: String,
     /// The holder's value (empty for none).
     pub(super) value: Vec<u8>,
 }
@@ -30,6 +31,7 @@ pub(super) struct Waiter {
     pub(super) owner: String,
     pub(super) session_id: String,
     pub(super) client_name: String,
+    pub(super) holder: String,
 }
 
 #[derive(Debug, Default)]
@@ -217,6 +219,7 @@ pub(super) fn busy(lock: &mut Lock, claim: &Claim, name: String, now: Instant) -
                 owner: claim.owner.clone(),
                 session_id: claim.session_id.clone(),
                 client_name: claim.client_name.clone(),
+                holder: claim.holder.clone(),
             },
         );
     }

@@ -154,6 +154,7 @@ impl MemoryStore {
                 fence: lock.fence,
                 session_id: claim.session_id.clone(),
                 client_name: claim.client_name.clone(),
+                holder: claim.holder.clone(),
                 value: claim.value.clone(),
             });
             let room = (lock.holders.len() as u32) < claim.limit;
@@ -293,6 +294,7 @@ impl Store for MemoryStore {
                 .map(|h| HolderState {
                     session_id: h.session_id.clone(),
                     client_name: h.client_name.clone(),
+                    holder: h.holder.clone(),
                     hold_count: h.count,
                     ttl_remaining: h.expires - now,
                     fence: h.fence,
@@ -309,6 +311,7 @@ impl Store for MemoryStore {
                 .map(|w| QueuedState {
                     session_id: w.session_id.clone(),
                     client_name: w.client_name.clone(),
+                    holder: w.holder.clone(),
                     sharing: w.sharing,
                 })
                 .collect(),

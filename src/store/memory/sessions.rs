@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::MemoryStore;
+use crate::store::names;
 use crate::store::{
     RecordLine, RecordWrite, Recorded, ResumeClaim, ResumedGrant, ResumedLock, Resumption,
 };
@@ -146,7 +147,7 @@ impl MemoryStore {
         let locks = lines
             .into_iter()
             .map(|(key, line)| {
-                let held = self.rekey(&key, claim, &line);
+                let held = self.rekey(names::key_of(&key), claim, &line);
                 ResumedLock { key, line, held }
             })
             .collect();

@@ -12,6 +12,7 @@ fn claim(key: &str, owner: &str) -> Claim {
         wait: false,
         session_id: owner.into(),
         client_name: String::new(),
+        holder: String::new(),
         sharing: Sharing::Exclusive,
         limit: 1,
         fair: false,

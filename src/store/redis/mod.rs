@@ -167,7 +167,8 @@ const LOCK_PARTS: [&str; 4] = ["h", "w", "q", "l"];
 /// The end of an exclusive lock's string (see `lua/core.lua`): `owner|name length|name`,
 /// then the value. Made here, once per acquire, rather than in Lua.
 fn tail(claim: &Claim) -> Vec<u8> {
-    let name = claim.client_name.as_bytes();
+    let name = claim.shown_name();
+    let name = name.as_bytes();
     let mut tail = Vec::with_capacity(claim.owner.len() + name.len() + claim.value.len() + 8);
     tail.extend_from_slice(claim.owner.as_bytes());
     tail.push(b'|');

@@ -33,6 +33,14 @@ pub(super) fn text(v: &Value) -> String {
     }
 }
 
+/// A holder's or waiter's client name and holder, kept as one string
+/// ([`crate::store::Claim::shown_name`]).
+fn shown_name(v: &Value) -> (String, String) {
+    let shown = text(v);
+    let (client_name, holder) = crate::store::names::split(&shown);
+    (client_name.to_owned(), holder.to_owned())
+}
+
 pub(super) fn sharing(letter: &str) -> Option<Sharing> {
     match letter {
         "x" => Some(Sharing::Exclusive),
@@ -88,9 +96,11 @@ pub(super) fn key_state(reply: &[Value]) -> Result<KeyState, StoreError> {
     let holders = holders
         .chunks_exact(HOLDER_FIELDS)
         .map(|h| {
+            let (client_name, holder) = shown_name(&h[1]);
             Ok(HolderState {
                 session_id: text(&h[0]),
-                client_name: text(&h[1]),
+                client_name,
+                holder,
                 hold_count: int(&h[2])?.max(0) as u32,
                 ttl_remaining: Duration::from_millis(int(&h[3])?.max(0) as u64),
                 fence: int(&h[4])? as u64,
@@ -100,10 +110,14 @@ pub(super) fn key_state(reply: &[Value]) -> Result<KeyState, StoreError> {
         .collect::<Result<Vec<_>, StoreError>>()?;
     let queue = queue
         .chunks_exact(3)
-        .map(|w| QueuedState {
-            sharing: sharing(&text(&w[0])).unwrap_or(Sharing::Exclusive),
-            session_id: text(&w[1]),
-            client_name: text(&w[2]),
+        .map(|w| {
+            let (client_name, holder) = shown_name(&w[2]);
+            QueuedState {
+                sharing: sharing(&text(&w[0])).unwrap_or(Sharing::Exclusive),
+                session_id: text(&w[1]),
+                client_name,
+                holder,
+            }
         })
         .collect();
     Ok(KeyState {

@@ -26,6 +26,7 @@ use super::RedisStore;
 use super::link::Conn;
 use super::replies::{bytes, int, sharing, text};
 use super::scripts::Lua;
+use crate::store::names;
 use crate::store::{
     RecordLine, RecordWrite, Recorded, ResumeClaim, ResumedGrant, ResumedLock, Resumption,
     StoreError,
@@ -204,7 +205,7 @@ impl RedisStore {
         let (old, new) = (claim.old_owner(line.grant), claim.new_owner(line.grant));
         let ttl = line.ttl.as_millis().max(1).to_string();
         let args: [&[u8]; 3] = [old.as_bytes(), new.as_bytes(), ttl.as_bytes()];
-        let keys = [self.key(&key, "h")];
+        let keys = [self.key(names::key_of(&key), "h")];
         let mut held = None;
         for attempt in 0..2 {
             match self

@@ -97,14 +97,17 @@ fn quorum_th<T: Ord>(values: impl Iterator<Item = T>, quorum: usize) -> Option<T
 /// token, the hold count and the value a majority has),
 /// the largest counter, the first master's queue.
 pub(super) fn merge(states: Vec<KeyState>, quorum: usize) -> KeyState {
+    // A grant is one holder of one session: two holders of a session are two grants.
+    let same =
+        |a: &HolderState, b: &HolderState| a.session_id == b.session_id && a.holder == b.holder;
     let mut holders: Vec<HolderState> = Vec::new();
     for state in &states {
         for h in &state.holders {
             let known = states
                 .iter()
-                .filter(|s| s.holders.iter().any(|o| o.session_id == h.session_id))
+                .filter(|s| s.holders.iter().any(|o| same(o, h)))
                 .count();
-            if known < quorum || holders.iter().any(|o| o.session_id == h.session_id) {
+            if known < quorum || holders.iter().any(|o| same(o, h)) {
                 continue;
             }
             // The token a majority has (the quorum-th largest), which is the one the
@@ -115,7 +118,7 @@ pub(super) fn merge(states: Vec<KeyState>, quorum: usize) -> KeyState {
                 states
                     .iter()
                     .flat_map(|s| &s.holders)
-                    .filter(|o| o.session_id == h.session_id)
+                    .filter(|o| same(o, h))
             };
             let fence = quorum_th(views().map(|o| o.fence), quorum).unwrap_or(h.fence);
             // The value most masters have: a proclaim that reached a majority wins
@@ -293,6 +296,7 @@ mod tests {
             holders: vec![HolderState {
                 session_id: "s".into(),
                 client_name: String::new(),
+                holder: String::new(),
                 hold_count: count,
                 ttl_remaining: std::time::Duration::from_secs(1),
                 fence: 7,
@@ -324,6 +328,7 @@ mod tests {
             holders: vec![HolderState {
                 session_id: "s".into(),
                 client_name: String::new(),
+                holder: String::new(),
                 hold_count: 1,
                 ttl_remaining: std::time::Duration::from_secs(1),
                 fence,

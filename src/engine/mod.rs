@@ -332,6 +332,16 @@ mod tests {
     }
 
     #[test]
+    fn holders_are_checked() {
+        assert!(validate_holder("").is_ok());
+        assert!(validate_holder("thread:140234").is_ok());
+        assert!(validate_holder(&"h".repeat(MAX_HOLDER_BYTES)).is_ok());
+        assert!(validate_holder(&"h".repeat(MAX_HOLDER_BYTES + 1)).is_err());
+        assert!(validate_holder("a\0b").is_err());
+        assert!(validate_holder("a\nb").is_err());
+    }
+
+    #[test]
     fn prefixes_cut_on_char_boundaries() {
         assert_eq!(prefix("abc", 10), "abc");
         assert_eq!(prefix("ééé", 3), "é");

@@ -972,3 +972,36 @@ async fn only_waiting_acquires_listen_and_only_while_they_wait() {
     listens(&store, 0).await;
     assert_eq!(store.listen_calls.load(Ordering::SeqCst), 4);
 }
+
+/// Issue 25: a stream that broke (a reset both ends see at once) keeps its locks for
+/// the grace, renewed, so that its client can suspend them before a waiter is granted;
+/// one the client closed releases at once.
+#[tokio::test(start_paused = true)]
+async fn a_broken_stream_keeps_its_locks_for_the_grace_and_a_closed_one_does_not() {
+    let (_store, engine) = setup();
+    let grace = EngineConfig::default().broken_grace;
+    assert!(grace > Duration::ZERO && grace < Duration::from_millis(50));
+    for broken in [true, false] {
+        let mut a = start(&engine);
+        a.granted("k", 10).await;
+        let mut b = start(&engine);
+        let id = b.send(request("k", 10, Some(60))).await;
+        assert!(matches!(b.next().await, Event::Started { .. }));
+        assert!(matches!(b.next().await, Event::Waiting { .. }));
+        let t0 = Instant::now();
+        if broken {
+            a.tx.send(Inbound::Broken("connection reset".into()))
+                .await
+                .expect("send");
+        } else {
+            drop(a);
+        }
+        let waited = b.granted_within(id, t0).await;
+        let expected = if broken { grace } else { Duration::ZERO };
+        assert!(
+            waited >= expected && waited <= expected + Duration::from_millis(2),
+            "broken {broken}: granted after {waited:?}"
+        );
+        drop(b);
+    }
+}

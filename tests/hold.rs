@@ -399,15 +399,24 @@ async fn a_signal_while_waiting_ends_hold_without_running_the_command() {
 }
 
 /// `lockside hold` across a sidecar restart shorter than the TTL: the sidecar is
-/// SIGKILLed 1 s into `sleep 5` and restarted on the same address; `hold` resumes its
-/// session there and CMD's status comes through, not 77. Default TTL and attachment.
+/// SIGKILLed 1 s into CMD and restarted on the same address. CMD is stopped (SIGSTOP)
+/// the moment the stream breaks, goes on (SIGCONT) once `hold` has resumed its session
+/// there, and its status comes through, not 77. Default TTL and attachment.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hold_keeps_the_command_running_across_a_sidecar_restart() {
+async fn hold_stops_the_command_while_suspended_and_resumes_it_across_a_sidecar_restart() {
     let redis = Redis::start();
     let ns = namespace();
+    let dir = TempDir::new("hold-stop");
+    let ticks = dir.0.join("ticks");
     let mut sidecar = common::SidecarProcess::start(&redis.url(), &ns, &[]);
     let addr = sidecar.addr.clone();
-    let child = hold(&addr, &["k", "--", "sh", "-c", "sleep 5; exit 3"])
+    // CMD writes the time (ns) every 10 ms for 5 s: a gap is a time it was stopped.
+    let script = format!(
+        "end=$(( $(date +%s) + 5 )); while [ $(date +%s) -lt $end ]; do \
+         date +%s%N >> {}; sleep 0.01; done; exit 3",
+        ticks.display()
+    );
+    let child = hold(&addr, &["k", "--", "sh", "-c", &script])
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
@@ -415,6 +424,7 @@ async fn hold_keeps_the_command_running_across_a_sidecar_restart() {
     held(&client, "k").await;
     let token = client.describe("k").await.expect("describe").fencing_token;
     tokio::time::sleep(Duration::from_secs(1)).await;
+    let killed_at = wall_ns();
     sidecar.kill();
     let restarted = common::SidecarProcess::start_at(&addr, &redis.url(), &ns, &[]);
     // Held all along: nobody else gets it on the restarted sidecar.
@@ -428,44 +438,82 @@ async fn hold_keeps_the_command_running_across_a_sidecar_restart() {
         .await
         .expect("hold exits in time")
         .expect("hold ran");
+    let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
         out.status.code(),
         Some(3),
-        "CMD's status, not {EXIT_LOST}: {}",
-        String::from_utf8_lossy(&out.stderr)
+        "CMD's status, not {EXIT_LOST}: {stderr}"
+    );
+    assert!(
+        stderr.contains("SIGSTOP") && stderr.contains("goes on"),
+        "{stderr}"
     );
     let state = other.describe("k").await.expect("describe");
     assert!(state.holders.is_empty(), "released when CMD exited");
     assert_eq!(state.fencing_token, token, "the same grant all along");
+    // CMD was stopped within moments of the kill, for the restart and the resume.
+    let times: Vec<u128> = std::fs::read_to_string(&ticks)
+        .expect("ticks")
+        .lines()
+        .filter_map(|l| l.parse().ok())
+        .collect();
+    let (before, gap) = times
+        .windows(2)
+        .map(|w| (w[0], w[1] - w[0]))
+        .max_by_key(|(_, gap)| *gap)
+        .expect("ticks");
+    let ms = |ns: u128| ns / 1_000_000;
+    assert!(ms(gap) >= 500, "stopped for {} ms only", ms(gap));
+    assert!(
+        before <= killed_at + 100_000_000,
+        "still running {} ms after the kill",
+        ms(before.saturating_sub(killed_at))
+    );
 }
 
-/// A lock whose sidecar does not come back is lost once it may no longer be safe to
-/// use (TTL × 2/3 − the renewal slack − the drift margin after the stream broke), not
-/// before, and not at the end of the TTL.
+/// The wall clock in ns, as `date +%s%N` prints it.
+fn wall_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_nanos()
+}
+
+/// Issue 25: a lock whose sidecar dies is suspended at once (a live sidecar would have
+/// released it already), and lost once its TTL has passed without the session coming
+/// back (the store has surely let it go by then), not before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_rust_client_reports_loss_when_the_sidecar_does_not_come_back_in_time() {
+async fn the_rust_client_suspends_at_once_and_loses_a_lock_whose_sidecar_does_not_come_back() {
+    use lockside::client::LockState;
     let redis = Redis::start();
     let mut sidecar = common::SidecarProcess::start(&redis.url(), &namespace(), &[]);
     let client = Client::connect(&sidecar.addr).await.expect("connect");
-    let ttl = Duration::from_secs(3);
-    let slack = Duration::from_millis(500);
+    let ttl = Duration::from_secs(2);
     let options = LockOptions {
         ttl: Some(ttl),
-        renewal_slack: Some(slack),
         ..LockOptions::default()
     };
     let lock = client.lock_with("k", options).await.expect("lock");
-    let window = lockside::client::safe_window(ttl, slack);
-    assert_eq!(window, Duration::from_millis(2000 - 500 - 32));
+    let mut states = lock.states();
     let killed = Instant::now();
     sidecar.kill();
+    tokio::time::timeout(PATIENCE, states.changed())
+        .await
+        .expect("a change in time")
+        .expect("the reader reports");
+    assert_eq!(*states.borrow_and_update(), LockState::Suspended);
+    let suspended = killed.elapsed();
+    assert!(
+        suspended < Duration::from_millis(500),
+        "suspended after {suspended:?}"
+    );
     tokio::time::timeout(PATIENCE, lock.lost())
         .await
         .expect("lost in time");
     let took = killed.elapsed();
     assert!(
-        took >= window && took < window + Duration::from_millis(500),
-        "lost {took:?} after the kill; the window is {window:?}"
+        took >= ttl && took < ttl + Duration::from_millis(700),
+        "lost {took:?} after the kill; the TTL is {ttl:?}"
     );
     let why = lock.lost_reason().expect("a reason");
     assert!(why.contains("not resumed"), "{why}");

@@ -311,9 +311,20 @@ async fn refused_tokens_leave_the_live_session_alone_on_redis() {
     refused_tokens_leave_the_live_session_alone("redis").await;
 }
 
+/// Issue 25: the embedded memory store dies with its sidecar, and a live sidecar
+/// releases a stream's locks when it ends: nothing can ever be resumed, so a session
+/// gets no resume token (its clients treat a broken stream as lost at once), and any
+/// token is refused as an unknown one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refused_tokens_leave_the_live_session_alone_on_memory() {
-    refused_tokens_leave_the_live_session_alone("memory").await;
+async fn the_memory_store_gives_no_resume_token() {
+    let setup = common::setup("memory").await;
+    let mut app = setup.client.lease().await;
+    app.grant("k").await;
+    assert_eq!(app.resume_token, "", "no token");
+    let token = format!("{}.AAAAAAAAAAAAAAAAAAAAAA", app.session_id);
+    let refused = setup.client.resume(&token).await.err().expect("refused");
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert_eq!(app.release("k").await, 0);
 }
 
 /// A stream the sidecar sees end releases at once and takes the session's record

@@ -1,24 +1,27 @@
 //! `lockside hold KEY -- CMD`: the sidecar from a shell, like `etcdctl lock NAME --
 //! CMD`.
 //!
-//! `hold` takes a lock through the sidecar at `LOCKSIDE_ADDR`, runs CMD with
-//! `LOCKSIDE_FENCING_TOKEN` and `LOCKSIDE_KEY` in its environment, forwards SIGINT and
-//! SIGTERM to it, releases the lock when CMD exits and exits with CMD's status. If the
-//! lock is lost while CMD runs (a `Lost` event, or the stream to the sidecar broke), CMD
-//! gets SIGTERM, then SIGKILL after `--kill-grace`, and `hold` exits with
-//! [`EXIT_LOST`].
+//! `hold` takes a lock through the sidecar at `LOCKSIDE_ADDR`, runs CMD (in a process
+//! group of its own) with `LOCKSIDE_FENCING_TOKEN` and `LOCKSIDE_KEY` in its
+//! environment, forwards SIGINT and SIGTERM to it, releases the lock when CMD exits and
+//! exits with CMD's status. The moment the stream to the sidecar breaks, the lock is
+//! suspended and CMD's process group is stopped (SIGSTOP): a live sidecar may already
+//! have let a waiter in. It goes on (SIGCONT) once the session is resumed with the
+//! lock. If the lock is lost (a `Lost` event, or a break the session did not come back
+//! from with it), CMD gets SIGCONT and SIGTERM, then SIGKILL after `--kill-grace`, and
+//! `hold` exits with [`EXIT_LOST`].
 
 use std::future::Future;
 use std::process::ExitStatus;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use rustix::process::{Pid, Signal, kill_process};
+use rustix::process::{Pid, Signal, kill_process_group};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::connect::ConnectArgs;
-use crate::client::{Client, ClientError, LockGuard, LockOptions};
+use crate::client::{Client, ClientError, LockGuard, LockOptions, LockState};
 use crate::parse::parse_duration;
 use crate::proto::limits::MAX_WAIT;
 
@@ -154,11 +157,14 @@ where
         .args(rest)
         .env("LOCKSIDE_FENCING_TOKEN", lock.fencing_token().to_string())
         .env("LOCKSIDE_KEY", key)
+        // A group of its own: stopping CMD stops whatever it started too.
+        .process_group(0)
         .spawn()
     {
         Ok(child) => child,
         Err(e) => return fail(EXIT_NO_COMMAND, &format!("cannot start {program}: {e}")),
     };
+    let mut states = lock.states();
     loop {
         tokio::select! {
             status = child.wait() => {
@@ -173,35 +179,55 @@ where
             }
             _ = term.recv() => send(&child, Signal::TERM),
             _ = int.recv() => send(&child, Signal::INT),
-            _ = lock.lost() => {
-                let why = lock
-                    .lost_reason()
-                    .unwrap_or_else(|| "the stream to the sidecar ended".into());
-                eprintln!(
-                    "lockside {verb}: lost the lock on {key} ({why}); stopping the command: \
-                     SIGTERM, then SIGKILL after {}",
-                    crate::parse::format_duration(run.kill_grace)
-                );
-                stop(&mut child, run.kill_grace).await;
-                return EXIT_LOST;
+            changed = states.changed() => {
+                // The reader gone without a verdict is a lost lock too.
+                let state = match changed {
+                    Ok(()) => states.borrow_and_update().clone(),
+                    Err(_) => LockState::Lost("the stream to the sidecar ended".into()),
+                };
+                match state {
+                    LockState::Suspended => {
+                        eprintln!(
+                            "lockside {verb}: the stream to the sidecar broke; the command is \
+                             stopped (SIGSTOP) until the session is resumed with {key}"
+                        );
+                        send(&child, Signal::STOP);
+                    }
+                    LockState::Held => {
+                        eprintln!("lockside {verb}: resumed with {key}; the command goes on");
+                        send(&child, Signal::CONT);
+                    }
+                    LockState::Lost(why) => {
+                        eprintln!(
+                            "lockside {verb}: lost the lock on {key} ({why}); stopping the \
+                             command: SIGTERM, then SIGKILL after {}",
+                            crate::parse::format_duration(run.kill_grace)
+                        );
+                        send(&child, Signal::CONT);
+                        stop(&mut child, run.kill_grace).await;
+                        return EXIT_LOST;
+                    }
+                }
             }
         }
     }
 }
 
-/// SIGTERM, then SIGKILL after `grace`; waits for the child to go.
+/// SIGTERM, then SIGKILL after `grace` (to the whole group); waits for the child to go.
 async fn stop(child: &mut Child, grace: Duration) {
     send(child, Signal::TERM);
     if tokio::time::timeout(grace, child.wait()).await.is_err() {
+        send(child, Signal::KILL);
         let _ = child.kill().await;
     }
 }
 
+/// Sends `signal` to CMD's process group (CMD leads it: its pid is the group's id).
 fn send(child: &Child, signal: Signal) {
     let pid = child.id().and_then(|id| Pid::from_raw(id as i32));
     if let Some(pid) = pid {
-        // The child may have exited meanwhile: nothing to do then.
-        let _ = kill_process(pid, signal);
+        // The group may be gone meanwhile: nothing to do then.
+        let _ = kill_process_group(pid, signal);
     }
 }
 

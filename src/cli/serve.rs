@@ -111,6 +111,14 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKSIDE_LOCK_DELAY", default_value = "0s", value_parser = parse_duration)]
     pub lock_delay: Duration,
 
+    /// How long a session whose stream broke (a connection reset, a transport error, a
+    /// keepalive timeout) keeps its locks, still renewed, before releasing them: both
+    /// ends see a reset at the same instant, and the client must be able to suspend its
+    /// locks before a waiter elsewhere is granted. A clean end (a half-close, the end of
+    /// the client's call) releases at once.
+    #[arg(long, env = "LOCKSIDE_BROKEN_GRACE", default_value = "30ms", value_parser = parse_duration)]
+    pub broken_grace: Duration,
+
     /// How much slower the sidecar's clock may run than the store's, as a fraction:
     /// every validity is cut by this share of the TTL so that `Lost` still comes before
     /// the store lets go. 0.01 (1%) as in the Redlock description; raise it on hosts
@@ -246,6 +254,7 @@ impl ServeArgs {
             max_pending_per_session: self.max_pending_per_session,
             max_waiters_per_key: self.max_waiters_per_key,
             lock_delay: self.lock_delay,
+            broken_grace: self.broken_grace,
             clock_drift: self.clock_drift,
             max_watches: self.max_watches,
             attachment_ttl: self.attachment_ttl,

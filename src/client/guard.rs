@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::{Answers, ClientError, send};
+use super::{Answers, ClientError, LockState, send};
 use crate::proto::{self, lease_request, lease_response};
 
 /// A held lock. Dropping it releases the lock (its stream ends).
@@ -14,8 +14,8 @@ pub struct LockGuard {
     pub(super) key: String,
     pub(super) token: u64,
     pub(super) tx: mpsc::Sender<proto::LeaseRequest>,
-    /// Why the lock was lost, once it is.
-    pub(super) lost: watch::Receiver<Option<String>>,
+    /// Where the lock stands: held, suspended (the stream broke), lost.
+    pub(super) state: watch::Receiver<LockState>,
     /// Answers awaited on the stream (release, proclaim), by request id.
     pub(super) answers: Answers,
     /// The next request id (1 was the acquire).
@@ -34,23 +34,45 @@ impl LockGuard {
         self.token
     }
 
+    /// Where the lock stands now.
+    pub fn state(&self) -> LockState {
+        self.state.borrow().clone()
+    }
+
+    /// The lock's states as they change (a `tokio::sync::watch` receiver): suspended
+    /// the moment the stream to the sidecar breaks, held again once the session is
+    /// resumed with it, lost otherwise. Use the resource only while it is held.
+    pub fn states(&self) -> watch::Receiver<LockState> {
+        self.state.clone()
+    }
+
+    /// Whether the lock is suspended: the stream broke and it is not known yet whether
+    /// the lock comes back. Do not use the resource now.
+    pub fn is_suspended(&self) -> bool {
+        *self.state.borrow() == LockState::Suspended
+    }
+
     /// Whether the lock is already lost.
     pub fn is_lost(&self) -> bool {
-        self.lost.borrow().is_some()
+        matches!(*self.state.borrow(), LockState::Lost(_))
     }
 
-    /// Why the lock was lost (the `Lost` event's reason, or how the stream broke), once
-    /// it is.
+    /// Why the lock was lost (the `Lost` event's reason, or why the session could not
+    /// be resumed), once it is.
     pub fn lost_reason(&self) -> Option<String> {
-        self.lost.borrow().clone()
+        match &*self.state.borrow() {
+            LockState::Lost(why) => Some(why.clone()),
+            _ => None,
+        }
     }
 
-    /// Completes when the lock is lost (a `Lost` event, or the stream broke or ended).
-    /// Stop using the resource then.
+    /// Completes when the lock is lost (a `Lost` event, or a broken stream that could
+    /// not be resumed with the lock). Stop using the resource then; stop already while
+    /// it is suspended ([`LockGuard::states`]).
     pub async fn lost(&self) {
-        let mut lost = self.lost.clone();
+        let mut state = self.state.clone();
         // An error means the reader is gone without a verdict: treat it as lost.
-        let _ = lost.wait_for(Option::is_some).await;
+        let _ = state.wait_for(|s| matches!(s, LockState::Lost(_))).await;
     }
 
     /// Sends `command` (built with its request id) and waits for its answer.

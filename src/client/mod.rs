@@ -20,12 +20,13 @@
 //! sidecar releases on stream end), and each `lock()` is a holder of its own: two
 //! guards of one key exclude each other like two processes, whichever tasks hold
 //! them (no reentrancy across calls). When the stream breaks (the sidecar died, was
-//! killed or restarted), the guard resumes its session with the session's resume
-//! token, on the restarted sidecar or any other on the same store, and keeps the lock
-//! if it comes back; it reports the lock lost only when resuming fails, when the lock
-//! comes back `Lost` or not at all, or when it may no longer be safe to use
-//! (`resume.rs` says how long that is). The channel uses HTTP/2 keepalive of 1 s /
-//! 1 s, well below any TTL, so a frozen sidecar is noticed in time.
+//! killed or restarted, or the connection broke), the lock is suspended at once
+//! ([`LockState::Suspended`]: stop using it) and the guard resumes its session with
+//! the session's resume token, on the restarted sidecar or any other on the same
+//! store: the lock is held again if it comes back, and lost when resuming fails, when
+//! it comes back `Lost` or not at all (`resume.rs`). The channel uses HTTP/2
+//! keepalive of 1 s / 1 s, well below any TTL, so a frozen sidecar is noticed in
+//! time.
 //!
 //! Leader election: [`Client::campaign`] waits its turn (a fair lock) and returns a
 //! [`Leader`] whose value ([`LockGuard::proclaim`]) tells followers who leads;
@@ -71,7 +72,7 @@ pub use connect::{Bearer, ClientTls, ConnectOptions};
 pub use error::{ClientError, NotAcquired, code_words};
 use error::{from_status, unreachable};
 pub use guard::{Leader, LockGuard};
-pub use resume::{DEFAULT_RENEWAL_SLACK, safe_window};
+pub use resume::LockState;
 pub use states::WatchStream;
 
 pub use crate::proto::limits::DEFAULT_ADDR;
@@ -91,13 +92,6 @@ pub struct LockOptions {
     pub fair: bool,
     /// The holder's value, shown by `Describe` and `Watch` (at most 4 KiB).
     pub value: Vec<u8>,
-    /// After the stream to the sidecar broke, the client resumes the session (the
-    /// sidecar was restarted, or another one serves) and keeps the lock for as long as
-    /// it is surely still held: `TTL × 2/3 − renewal_slack − drift margin`. The slack is
-    /// how late a sidecar may confirm a renewal without `Jeopardy`: twice its
-    /// `--store-timeout`. `None`: [`DEFAULT_RENEWAL_SLACK`] (2 s, for the default
-    /// 1 s store timeout).
-    pub renewal_slack: Option<Duration>,
 }
 
 /// Answers awaited on a guard's stream, by request id.
@@ -250,7 +244,7 @@ impl Client {
         };
         let started = started.unwrap_or_default();
         let default_ttl = started.default_ttl.and_then(|d| Duration::try_from(d).ok());
-        let (lost_tx, lost_rx) = watch::channel(None);
+        let (state_tx, state_rx) = watch::channel(LockState::Held);
         let answers = Answers::default();
         let (requests, requests_rx) = mpsc::channel(4);
         // Reads the rest of the stream, and resumes the session when it breaks (see
@@ -261,17 +255,16 @@ impl Client {
             key: key.to_owned(),
             token: started.resume_token,
             ttl: options.ttl.or(default_ttl).unwrap_or_default(),
-            renewal_slack: options.renewal_slack.unwrap_or(DEFAULT_RENEWAL_SLACK),
             tx,
             events,
             answers: answers.clone(),
         };
-        let reader = tokio::spawn(resume::follow(lock, requests_rx, lost_tx));
+        let reader = tokio::spawn(resume::follow(lock, requests_rx, state_tx));
         Ok(LockGuard {
             key: key.to_owned(),
             token: granted.fencing_token,
             tx: requests,
-            lost: lost_rx,
+            state: state_rx,
             answers,
             next_id: std::sync::atomic::AtomicU64::new(2),
             reader,

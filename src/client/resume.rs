@@ -1,16 +1,17 @@
-//! Following a held lock's stream, and resuming its session when the stream breaks
-//! (the sidecar died or was restarted).
+//! Following a held lock's stream, and resuming its session when the stream breaks.
 //!
-//! A broken stream is not yet a lost lock: the store keeps the lock until its TTL
-//! after the last renewal. The client reconnects with the session's resume token,
-//! with backoff, and reports the lock lost only when resuming fails, when the lock
-//! comes back `Lost` or does not come back at all, or when the lock may no longer be
-//! safe to use: the client cannot see renewals, so it counts on what the sidecar
-//! promises. A sidecar renews every TTL/3 and says `Jeopardy` when a renewal fails;
-//! a renewal that is only slow is confirmed within the sidecar's store timeout, and
-//! the next one may wait behind it as long. So, without an open `Jeopardy`, a lock is
-//! held in the store for at least `TTL × 2/3 − 2 × store timeout − drift margin` after
-//! the stream broke ([`safe_window`]); with one, until the time `Jeopardy` gave.
+//! From the client's side, a connection to a live sidecar that broke (a reset on the
+//! way, a stall) looks like a sidecar that died; but a live sidecar releases a broken
+//! stream's locks at once (after its short grace), and a waiter elsewhere is granted
+//! within milliseconds. So the moment the stream breaks the lock is
+//! [`LockState::Suspended`]: stop using it. The client then resumes the session with
+//! its resume token, with backoff, on the restarted sidecar or any other on the same
+//! store: the lock is [`LockState::Held`] again when the resumed session lists it with
+//! its token (nobody else can have held it in between), and [`LockState::Lost`] when
+//! it comes back `Lost` or not at all, when resuming is refused, or when the lock's
+//! TTL has passed since the break (the store has surely let it go by then). A store
+//! that cannot resume sessions (the embedded memory store: no resume token) makes a
+//! break a loss at once.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -27,22 +28,20 @@ use crate::proto::lease_request::Command;
 use crate::proto::lease_response::Event;
 use crate::proto::limits::RESUME_HEADER;
 
-/// The sidecar's default store timeout, twice (see the module docs): how late a
-/// renewal may be confirmed without a `Jeopardy`.
-pub const DEFAULT_RENEWAL_SLACK: Duration = Duration::from_secs(2);
-
 /// First pause between resume attempts; doubled up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_millis(500);
 
-/// How long after its stream broke a lock of TTL `ttl` is still held in the store for
-/// sure (see the module docs); zero when the TTL is too short to count on anything.
-pub fn safe_window(ttl: Duration, renewal_slack: Duration) -> Duration {
-    // The sidecar's drift margin at its default clock drift (1% of the TTL + 2 ms).
-    let margin = ttl / 100 + Duration::from_millis(2);
-    (ttl * 2 / 3)
-        .saturating_sub(renewal_slack)
-        .saturating_sub(margin)
+/// Where a held lock stands, as its client knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LockState {
+    /// Held: use it.
+    Held,
+    /// The stream to the sidecar broke: stop using the lock now. It becomes `Held`
+    /// again if the resumed session lists it, `Lost` otherwise.
+    Suspended,
+    /// Gone, and why: never use it again.
+    Lost(String),
 }
 
 /// A lock's stream, as the follower keeps it.
@@ -51,7 +50,6 @@ pub(super) struct Followed {
     pub(super) key: String,
     pub(super) token: String,
     pub(super) ttl: Duration,
-    pub(super) renewal_slack: Duration,
     pub(super) tx: mpsc::Sender<proto::LeaseRequest>,
     pub(super) events: Streaming<proto::LeaseResponse>,
     /// Answers the guard awaits (release, proclaim), by request id.
@@ -68,15 +66,16 @@ fn request_id(request: &proto::LeaseRequest) -> Option<u64> {
 }
 
 /// Reads the lock's stream until it ends: answers go to whoever awaits them (the last
-/// `Released` ends the stream's use); `Lost`, or a broken stream that cannot be
-/// resumed in time, means the lock is gone, and fails what is still awaited. Requests
-/// of the guard (`requests`) go to whichever stream is current.
+/// `Released` ends the stream's use); a broken stream suspends the lock until it is
+/// resumed; `Lost`, or a broken stream that cannot be resumed, means the lock is gone,
+/// and fails what is still awaited. Requests of the guard (`requests`) go to whichever
+/// stream is current.
 pub(super) async fn follow(
     mut lock: Followed,
     mut requests: mpsc::Receiver<proto::LeaseRequest>,
-    lost: watch::Sender<Option<String>>,
+    state: watch::Sender<LockState>,
 ) {
-    // When the lock stops being safe to use without news from the sidecar; set by
+    // When the store lets the lock go without news from the sidecar; set by
     // `Jeopardy`, cleared by `Restored`.
     let mut jeopardy_until: Option<Instant> = None;
     // Requests not answered yet, by id: sent again on a resumed stream, since the old
@@ -127,11 +126,13 @@ pub(super) async fn follow(
                 None => "the sidecar ended the stream".to_owned(),
             },
         };
-        let safe_until = jeopardy_until
-            .unwrap_or_else(|| Instant::now() + safe_window(lock.ttl, lock.renewal_slack));
-        match resume(&mut lock, safe_until).await {
+        // At once: a live sidecar may already have let a waiter in.
+        let _ = state.send(LockState::Suspended);
+        let gone_by = jeopardy_until.unwrap_or_else(|| Instant::now() + lock.ttl);
+        match resume(&mut lock, gone_by).await {
             Ok(()) => {
                 tracing::info!(key = %lock.key, "lock resumed on a new stream");
+                let _ = state.send(LockState::Held);
                 jeopardy_until = None;
                 for request in unanswered.values() {
                     let _ = lock.tx.send(request.clone()).await;
@@ -141,14 +142,14 @@ pub(super) async fn follow(
         }
     };
     // Set before the awaited answers fail, so their callers see the loss.
-    let _ = lost.send(Some(why));
+    let _ = state.send(LockState::Lost(why));
     if let Ok(mut awaited) = lock.answers.lock() {
         awaited.clear();
     }
 }
 
-/// Resumes the lock's session on a new stream before `safe_until`, with backoff;
-/// `Err` says why the lock is lost.
+/// Resumes the lock's session on a new stream before `safe_until` (when the store has
+/// surely let the lock go), with backoff; `Err` says why the lock is lost.
 async fn resume(lock: &mut Followed, safe_until: Instant) -> Result<(), String> {
     if lock.token.is_empty() {
         return Err("the sidecar's store cannot resume sessions".into());
@@ -167,7 +168,7 @@ async fn resume(lock: &mut Followed, safe_until: Instant) -> Result<(), String> 
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
     Err(format!(
-        "not resumed while the lock was still safe to use ({last})"
+        "not resumed before the store let the lock go ({last})"
     ))
 }
 

@@ -21,6 +21,12 @@ pub struct EngineConfig {
     /// After a session ends without releasing (broken stream, keepalive timeout), its
     /// exclusive locks stay ungranted this long (Chubby's and Consul's lock-delay).
     pub lock_delay: Duration,
+    /// How long a session whose stream broke (a reset, an error, a keepalive timeout)
+    /// keeps its locks before releasing them, renewed: both ends see a reset at the
+    /// same instant, and the client must be able to tell its application to stop (its
+    /// locks are *suspended*) before a waiter elsewhere is granted. A clean end and a
+    /// shutdown release at once.
+    pub broken_grace: Duration,
     /// How fast the sidecar's clock may run slow against the store's, as a fraction:
     /// every validity is shortened by this share of the TTL (plus 2 ms), so `Lost` comes
     /// before the store lets a lock go while the rates differ by less.
@@ -48,6 +54,9 @@ impl Default for EngineConfig {
             // resources from a client that keeps writing after its stream broke (Consul
             // defaults to 15 s); it is an opt-in per sidecar.
             lock_delay: Duration::ZERO,
+            // Far longer than a client takes to see a reset on the same host (well under
+            // a millisecond), short enough that a killed client's locks go within 50 ms.
+            broken_grace: Duration::from_millis(30),
             clock_drift: crate::store::DEFAULT_CLOCK_DRIFT,
             // As many as sessions: a pod's followers each watch a key or two, and a
             // watch costs a receiver here (the key's reads are shared).

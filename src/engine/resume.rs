@@ -46,7 +46,12 @@ impl Engine {
         S: Stream<Item = Inbound> + Send + Unpin + 'static,
     {
         let store = &self.shared.store;
-        if !store.keeps_sessions() {
+        if store.keeps_sessions() && !store.outlives_sidecar() {
+            // No session of this store has a token: whatever this is, it resumes
+            // nothing (as an unknown token).
+            return Err(EngineError::NotResumable);
+        }
+        if !store.resumes_sessions() {
             return Err(EngineError::Unimplemented(format!(
                 "sessions cannot be resumed on this sidecar's store ({})",
                 store.kind()

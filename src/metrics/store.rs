@@ -143,6 +143,10 @@ impl Store for MeteredStore {
         self.inner.keeps_sessions()
     }
 
+    fn outlives_sidecar(&self) -> bool {
+        self.inner.outlives_sidecar()
+    }
+
     fn record<'a>(&'a self, writes: &'a [RecordWrite]) -> StoreFuture<'a, Vec<Option<Recorded>>> {
         self.meter(Operation::Record, self.inner.record(writes))
     }

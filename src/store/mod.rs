@@ -158,6 +158,20 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    /// Whether this store's locks outlive this sidecar's process. The embedded memory
+    /// store's die with it: nothing is left to resume after the sidecar died, and a
+    /// live sidecar releases a stream's locks when it ends, so no session on it gets a
+    /// resume token, and its clients treat a broken stream as lost at once.
+    fn outlives_sidecar(&self) -> bool {
+        true
+    }
+
+    /// Whether a session on this store can be resumed on a new stream: the store keeps
+    /// session records and outlives the sidecar.
+    fn resumes_sessions(&self) -> bool {
+        self.keeps_sessions() && self.outlives_sidecar()
+    }
+
     /// Applies changes to session records, one answer per write, in order: `None` when
     /// that write could not be made (the store could not be asked; try again later).
     /// Writes of different sessions are independent (a Cluster keeps each record in its

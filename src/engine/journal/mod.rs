@@ -87,7 +87,7 @@ impl Journal {
     /// Spawns the journal of sidecar `sidecar` on `store`; its attachment lives
     /// `attachment`.
     pub(crate) fn spawn(store: Arc<dyn Store>, sidecar: String, attachment: Duration) -> Self {
-        if !store.keeps_sessions() {
+        if !store.resumes_sessions() {
             return Self {
                 mailbox: None,
                 _alive: None,

@@ -36,6 +36,11 @@ impl Session {
                 a.cancel.cancel();
             }
         }
+        if let End::Broken = end {
+            // The client may be alive and see the same reset only now: its locks stay
+            // held (and renewed) until it has had the time to suspend them.
+            tokio::time::sleep(self.shared.config.broken_grace).await;
+        }
         if self.journaled {
             // Its record goes: only a dead sidecar leaves something to resume.
             self.shared.journal.ended(&self.record);

@@ -22,7 +22,7 @@ impl Session {
     pub(super) fn resume_token(&self) -> Option<ResumeToken> {
         self.shared
             .store
-            .keeps_sessions()
+            .resumes_sessions()
             .then(|| ResumeToken(format!("{}.{}", self.id, self.secret)))
     }
 

@@ -2,7 +2,7 @@
 //! process, for development, single-replica use and tests. Expiry runs on
 //! `tokio::time::Instant`, so tests can pause the clock; fencing tokens use the wall
 //! clock like Redis (see [`super::next_fence`]), so they keep increasing across a
-//! restart of the sidecar. The functions below mirror `lua/core.lua` by name.
+//! restart of the sidecar. Its locks die with the process: no session is resumable.
 //!
 //! **Only locks in use take memory.** Calls that only read or concern grants that do
 //! not exist (`describe`, `renew`, `hold`, `release`, `unwait` of an unknown key)
@@ -10,9 +10,8 @@
 //! no waiter, no lock-delay) for [`FORGET_AFTER`] is forgotten, at one of the next
 //! store calls (each forgets at most [`SWEEP_BUDGET`] due locks, from a queue ordered
 //! by when they are due: no scan of the map). Its next token is still larger: the
-//! store remembers the largest token of every lock it forgot (one number), and a lock
-//! made again starts from it, so tokens increase without trusting the wall clock
-//! (which could be stepped back by more than the time since the key was forgotten).
+//! store keeps the largest token of every lock it forgot (one number) and starts a
+//! lock made again from it: tokens increase even if the wall clock is stepped back.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -373,6 +372,10 @@ impl Store for MemoryStore {
 
     fn keeps_sessions(&self) -> bool {
         true
+    }
+
+    fn outlives_sidecar(&self) -> bool {
+        false
     }
 
     fn record<'a>(&'a self, writes: &'a [RecordWrite]) -> StoreFuture<'a, Vec<Option<Recorded>>> {

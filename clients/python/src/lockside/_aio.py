@@ -4,6 +4,7 @@ with no thread of its own."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import deque
 from typing import Any, Callable, Coroutine, Generator, List, Optional, Sequence, Tuple
@@ -37,12 +38,16 @@ from lockside._core import (
     channel_target,
     default_addr,
     description,
+    dial_address,
     log,
     pb,
     proclaim_request,
+    refusal,
     release_request,
     rpc_error_text,
+    task_holder,
     value_bytes,
+    wait_after_refusal,
 )
 
 
@@ -58,8 +63,10 @@ class AsyncLock(LockBase):
 
     _session: "_AioSession"
 
-    def __init__(self, session: "_AioSession", key: str, granted: Any, ttl_asked: float):
-        super().__init__(session, key, granted, ttl_asked)
+    def __init__(
+        self, session: "_AioSession", key: str, holder: str, granted: Any, ttl_asked: float
+    ):
+        super().__init__(session, key, holder, granted, ttl_asked)
         self.lost = asyncio.Event()
 
     def _signal_lost(self) -> None:
@@ -103,8 +110,9 @@ class _AioPending(Pending):
         loop: asyncio.AbstractEventLoop,
         request: bytes = b"",
         ttl: float = 0.0,
+        holder: str = "",
     ):
-        super().__init__(kind, key, request, ttl)
+        super().__init__(kind, key, request, ttl, holder)
         self.future: asyncio.Future = loop.create_future()
         self.timeout = 0.0
         self.deadline = 0.0  # loop.time() after which the answer is given up on
@@ -364,17 +372,19 @@ class _AioSession(SessionBase):
         self._watchdog: Optional[asyncio.TimerHandle] = None
 
     @classmethod
-    async def open(cls, client: "AsyncClient") -> "_AioSession":
+    async def open(
+        cls, client: "AsyncClient", wait_for_ready: bool, timeout: float
+    ) -> "_AioSession":
         client._get_channel()
-        call = client._lease(metadata=client._metadata, wait_for_ready=True)
+        call = client._lease(metadata=client._metadata, wait_for_ready=wait_for_ready)
         self = cls(client, call, asyncio.get_running_loop())
         try:
-            first = await asyncio.wait_for(call.read(), client.connect_timeout)
+            first = await asyncio.wait_for(call.read(), timeout)
         except asyncio.TimeoutError:
             call.cancel()
             raise Unavailable(
-                f"no answer from the sidecar at {client.addr} within "
-                f"{client.connect_timeout:g}s"
+                f"no answer from the sidecar at {client.addr} within {timeout:g}s",
+                grpc.StatusCode.DEADLINE_EXCEEDED,
             ) from None
         except grpc.RpcError as e:
             text, code = rpc_error_text(e)
@@ -506,8 +516,8 @@ class _AioSession(SessionBase):
         if self.state is OPEN:
             self._stream.send(request)
 
-    def _new_lock(self, key: str, granted: Any, ttl: float) -> AsyncLock:
-        return AsyncLock(self, key, granted, ttl)
+    def _new_lock(self, key: str, holder: str, granted: Any, ttl: float) -> AsyncLock:
+        return AsyncLock(self, key, holder, granted, ttl)
 
     async def _ready(self) -> None:
         while self.state is RESUMING:
@@ -558,13 +568,14 @@ class _AioSession(SessionBase):
         shared: bool,
         limit: int,
         fair: bool,
-        value: "bytes | str" = b"",
+        value: "bytes | str",
+        holder: str,
     ) -> AsyncLock:
         if self.state is not OPEN:
             await self._ready()
         rid = next(self._ids)
-        data, timeout = acquire_request(rid, key, wait, ttl, shared, limit, fair, value)
-        pending = _AioPending("acquire", key, self._loop, data, ttl or 0.0)
+        data, timeout = acquire_request(rid, key, wait, ttl, shared, limit, fair, value, holder)
+        pending = _AioPending("acquire", key, self._loop, data, ttl or 0.0, holder)
         await self._request(rid, pending, timeout)
         return self._answer(key, pending)
 
@@ -575,8 +586,8 @@ class _AioSession(SessionBase):
             lock._state = "released"  # LockLost is raised once
             raise lock._lost_error()
         rid = next(self._ids)
-        data = release_request(rid, lock.key)
-        pending = _AioPending("release", lock.key, self._loop, data)
+        data = release_request(rid, lock.key, lock.holder)
+        pending = _AioPending("release", lock.key, self._loop, data, holder=lock.holder)
         await self._request(rid, pending, ANSWER_SLACK)
         self._released(lock, pending)
 
@@ -587,7 +598,8 @@ class _AioSession(SessionBase):
         if lock._state == "released":
             raise LocksideError(f"lock {lock.key!r} was released")
         rid = next(self._ids)
-        pending = _AioPending("proclaim", lock.key, self._loop, proclaim_request(rid, lock.key, value))
+        data = proclaim_request(rid, lock.key, value, lock.holder)
+        pending = _AioPending("proclaim", lock.key, self._loop, data, holder=lock.holder)
         await self._request(rid, pending, ANSWER_SLACK)
         self._proclaimed(lock, pending)
 
@@ -612,33 +624,76 @@ class _AioSession(SessionBase):
         self._end("client closed")
 
 
-class _LockRequest:
-    """What `AsyncClient.lock()` returns: await it for the lock, or use it in
-    `async with` (released on exit)."""
+class _LockRequest(Coroutine[Any, Any, AsyncLock]):
+    """What `AsyncClient.lock()` returns: await it for the lock, use it in `async with`
+    (released on exit), or hand it to `asyncio.create_task()`, `ensure_future()` or
+    `gather()`: it is a coroutine, as aiohttp's request context managers are. Its
+    holder is the task that called `lock()` (called outside any task: the task that
+    runs it)."""
 
-    def __init__(self, client: "AsyncClient", key: str, options: Tuple):
-        self._client = client
-        self._key = key
-        self._options = options
+    def __init__(
+        self, client: "AsyncClient", key: str, options: Tuple, holder: Optional[str]
+    ):
+        self._coro = self._acquire(client, key, options, holder)
         self._lock: Optional[AsyncLock] = None
 
-    async def _acquire(self) -> AsyncLock:
-        session = self._client._sess
-        if session is None or session.ended is not None:
-            session = await self._client._session()
-        return await session.acquire(self._key, *self._options)
+    @staticmethod
+    async def _acquire(
+        client: "AsyncClient", key: str, options: Tuple, holder: Optional[str]
+    ) -> AsyncLock:
+        session = client._sess
+        if session is None or session.ended is not None or session.pid != os.getpid():
+            session = await client._session()
+        who = holder if holder is not None else (task_holder() or "")
+        return await session.acquire(key, *options, who)
+
+    def send(self, value: Any) -> Any:
+        return self._coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if val is None and tb is None:
+            return self._coro.throw(typ)
+        return self._coro.throw(typ, val, tb)  # pragma: no cover - the old signature
+
+    def close(self) -> None:
+        self._coro.close()
 
     def __await__(self) -> Generator[Any, None, AsyncLock]:
-        return self._acquire().__await__()
+        return self._coro.__await__()
 
     async def __aenter__(self) -> AsyncLock:
-        self._lock = await self._acquire()
+        self._lock = await self._coro
         return self._lock
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         lock, self._lock = self._lock, None
         if lock is not None:
             await lock.__aexit__(exc_type, exc, tb)
+
+
+async def _probe(addr: str) -> Optional[str]:
+    """Why nothing listens at `addr` (a plain connect fails), or None when something
+    does or this cannot tell (see `wait_after_refusal`)."""
+    where = dial_address(addr)
+    if where is None:
+        return None
+    kind, address = where
+    try:
+        if kind == "unix":
+            connecting = asyncio.open_unix_connection(address)
+        else:
+            connecting = asyncio.open_connection(*address)
+        _, writer = await asyncio.wait_for(connecting, 1.0)
+    except asyncio.TimeoutError:
+        return None
+    except OSError as e:
+        return refusal(e)
+    writer.close()
+    return None
+
+
+#: In a forked child, the parent's channels and sessions: kept, never used.
+_inherited: List[Any] = []
 
 
 class AsyncWatch:
@@ -682,7 +737,9 @@ class AsyncWatch:
 
 
 class AsyncClient:
-    """The asyncio client (grpc.aio): one session per client, as `lockside.Client`.
+    """The asyncio client (grpc.aio): one session per client, as `lockside.Client`;
+    each task is a holder of its own (tasks sharing a client exclude each other, a task
+    re-enters the keys it holds).
 
         async with AsyncClient() as c:
             async with c.lock("orders", wait=5.0) as lock:
@@ -690,7 +747,7 @@ class AsyncClient:
 
     The channel is created on first use, on the running loop; use a client from one
     event loop only. A session resumes after a sidecar restart as `lockside.Client`'s
-    does; `resume` and `renewal_slack` as there.
+    does; `resume`, `renewal_slack` and `wait_for_sidecar` as there.
     """
 
     def __init__(
@@ -704,11 +761,14 @@ class AsyncClient:
         connect_timeout: float = 10.0,
         resume: bool = True,
         renewal_slack: float = DEFAULT_RENEWAL_SLACK,
+        wait_for_sidecar: float = 0.0,
     ):
         self.addr = addr or default_addr()
         self.connect_timeout = connect_timeout
         self.resume = resume
         self.renewal_slack = renewal_slack
+        self.wait_for_sidecar = wait_for_sidecar
+        self._pid = os.getpid()
         self._credentials = credentials
         self._options = KEEPALIVE_OPTIONS + list(options)
         self._metadata = call_metadata(client_name, auth_token)
@@ -718,6 +778,8 @@ class AsyncClient:
         self._closed = False
 
     def _get_channel(self) -> "grpc.aio.Channel":
+        if self._pid != os.getpid():
+            self._after_fork()
         if self._channel is None:
             target = channel_target(self.addr)
             if self._credentials is None:
@@ -740,7 +802,33 @@ class AsyncClient:
             )
         return self._channel
 
+    def _after_fork(self) -> None:
+        """In a forked child: the channel and the session are the parent's, never
+        touched here; the child opens its own."""
+        sess, channel = self._sess, self._channel
+        self._sess = self._channel = None
+        self._opening = None
+        self._pid = os.getpid()
+        if sess is not None:
+            sess._inherited()
+        _inherited.append((channel, sess))
+
+    async def _open(self) -> _AioSession:
+        """A new session: at once when the sidecar is there; else, after a plain
+        connect to `addr` says why not, fails at once or waits for it
+        (`wait_after_refusal`)."""
+        try:
+            return await _AioSession.open(self, False, self.connect_timeout)
+        except Unavailable as e:
+            if e.code is not grpc.StatusCode.UNAVAILABLE:
+                raise
+        cause = await _probe(self.addr)
+        wait = wait_after_refusal(self.addr, cause, self.wait_for_sidecar, self.connect_timeout)
+        return await _AioSession.open(self, True, wait)
+
     async def _session(self) -> _AioSession:
+        if self._pid != os.getpid():
+            self._after_fork()
         sess = self._sess
         if sess is not None and sess.ended is None:
             return sess
@@ -753,7 +841,7 @@ class AsyncClient:
                 raise LocksideError("the client is closed")
             if self._sess is None or self._sess.ended is not None:
                 self._sess = None
-                self._sess = await _AioSession.open(self)
+                self._sess = await self._open()
             return self._sess
 
     @property
@@ -772,11 +860,17 @@ class AsyncClient:
         limit: int = 0,
         fair: bool = False,
         value: "bytes | str" = b"",
+        holder: Optional[str] = None,
     ) -> _LockRequest:
-        """Takes `key`: `await c.lock(...)` returns the `AsyncLock`; `async with
-        c.lock(...) as lock` releases it on exit. Options and errors as
-        `lockside.Client.lock`. Cancelling the awaiting task cancels the wait."""
-        return _LockRequest(self, key, (wait, ttl, shared, limit, fair, value))
+        """Takes `key` for the calling task: `await c.lock(...)` returns the
+        `AsyncLock`; `async with c.lock(...) as lock` releases it on exit; it is a
+        coroutine too (`asyncio.create_task(c.lock(...))`). Tasks sharing a client
+        exclude each other; a task locking a key it holds re-enters it. `holder`: None
+        (the default) is the calling task (`task:N:NAME`), "" the session itself.
+        Options and errors as `lockside.Client.lock`. Cancelling the awaiting task
+        cancels the wait."""
+        who = task_holder() if holder is None else holder
+        return _LockRequest(self, key, (wait, ttl, shared, limit, fair, value), who)
 
     def campaign(
         self,
@@ -785,11 +879,13 @@ class AsyncClient:
         *,
         wait: Optional[float] = None,
         ttl: Optional[float] = None,
+        holder: Optional[str] = None,
     ) -> _LockRequest:
         """Campaigns for leadership of `key` with `value`: `await c.campaign(...)`
         returns once this client leads (an `AsyncLock`: leadership); `async with`
         resigns on exit. See `lockside.Client.campaign`."""
-        return _LockRequest(self, key, (wait, ttl, False, 0, True, value))
+        who = task_holder() if holder is None else holder
+        return _LockRequest(self, key, (wait, ttl, False, 0, True, value), who)
 
     def watch(self, key: str) -> AsyncWatch:
         """Follows `key`: `async for state in c.watch(key)`, its state now first; see

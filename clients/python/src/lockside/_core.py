@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import logging
 import os
+import socket
 import threading
 import time
 import weakref
@@ -353,7 +354,7 @@ def refusal(e: OSError) -> Optional[str]:
         return "connection refused (nothing listens there)"
     if isinstance(e, FileNotFoundError):
         return "no such socket file"
-    if isinstance(e, TimeoutError):
+    if isinstance(e, (TimeoutError, socket.timeout)):  # (one class since 3.10)
         return None
     return e.strerror or str(e)
 

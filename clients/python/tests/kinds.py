@@ -2,7 +2,11 @@
 is written once and run on each: the sync `Client` on its fast stream (grpcio's
 segregated call), the sync `Client` on grpcio's public API (its fallback), and the
 `AsyncClient` (driven from the test's thread on an event loop of its own) on grpc.aio's
-call layer and on grpc.aio's public API (its fallback)."""
+call layer and on grpc.aio's public API (its fallback).
+
+The face runs each call of the async client in a task of its own; its holder is the
+calling thread's (`holder=thread_holder()`), so a scenario reads the same on every kind:
+the blocking caller is the holder, as with the sync `Client`."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from typing import Any, Callable, Coroutine
 import lockside._aio
 import lockside._sync
 from lockside import AsyncClient, Client
+from lockside._core import thread_holder
 
 KINDS = ("sync", "sync-public-api", "async", "async-public-api")
 
@@ -77,12 +82,15 @@ class _AsyncClientFace:
         return self._client.session_id
 
     def lock(self, key: str, **options: Any) -> _AsyncLockFace:
+        options.setdefault("holder", thread_holder())
         return _AsyncLockFace(self._loop, self._loop.run(self._lock(key, options)))
 
     async def _lock(self, key: str, options: dict) -> Any:
         return await self._client.lock(key, **options)
 
     def campaign(self, key: str, value: Any = b"", **options: Any) -> _AsyncLockFace:
+        options.setdefault("holder", thread_holder())
+
         async def campaign() -> Any:
             return await self._client.campaign(key, value, **options)
 

@@ -43,16 +43,19 @@ def test_requests_are_encoded_as_the_generated_classes_encode_them():
 
     keys = ["k", "", "orders/é-ü-☃", "x" * 300]
     ids = [1, 127, 128, 300, 2**32, 2**63 - 1]
+    holders = ["", "thread:1:MainThread", "task:12:Task-3 ☃", "h" * 128]
     for rid in ids:
         for key in keys:
-            assert release_request(rid, key) == pb.LeaseRequest(
-                release=pb.Release(request_id=rid, key=key)
-            ).SerializeToString()
+            for holder in holders:
+                assert release_request(rid, key, holder) == pb.LeaseRequest(
+                    release=pb.Release(request_id=rid, key=key, holder=holder)
+                ).SerializeToString()
             for value in (b"", b"10.0.0.7:8080", "é" * 3000):
                 raw = value.encode() if isinstance(value, str) else value
-                assert proclaim_request(rid, key, value) == pb.LeaseRequest(
-                    proclaim=pb.Proclaim(request_id=rid, key=key, value=raw)
-                ).SerializeToString()
+                for holder in holders:
+                    assert proclaim_request(rid, key, value, holder) == pb.LeaseRequest(
+                        proclaim=pb.Proclaim(request_id=rid, key=key, value=raw, holder=holder)
+                    ).SerializeToString()
     shapes = [
         dict(wait=0, ttl=None, shared=False, limit=0, fair=False, value=b""),
         dict(wait=None, ttl=10.0, shared=True, limit=0, fair=True, value="v"),
@@ -60,13 +63,14 @@ def test_requests_are_encoded_as_the_generated_classes_encode_them():
         dict(wait=0.000000001, ttl=0, shared=False, limit=2**32 - 1, fair=True, value=b""),
         dict(wait=86400, ttl=3600.999999999, shared=True, limit=1, fair=False, value=b"x"),
     ]
-    for rid in ids:
+    for rid, holder in zip(ids, holders * 2):
         for key in keys:
             for shape in shapes:
-                data, _ = acquire_request(rid, key, **shape)
+                data, _ = acquire_request(rid, key, **shape, holder=holder)
                 acquire = pb.Acquire(
                     request_id=rid,
                     key=key,
+                    holder=holder,
                     mode=pb.LOCK_MODE_SHARED if shape["shared"] else pb.LOCK_MODE_EXCLUSIVE,
                     limit=shape["limit"],
                     fair=shape["fair"],
@@ -80,3 +84,23 @@ def test_requests_are_encoded_as_the_generated_classes_encode_them():
                 if shape["ttl"] is not None:
                     acquire.ttl.CopyFrom(pb.Acquire().ttl.__class__(**duration(shape["ttl"])))
                 assert data == pb.LeaseRequest(acquire=acquire).SerializeToString(), (rid, key, shape)
+
+
+def test_holder_names_are_unique_short_and_printable():
+    import threading
+
+    from lockside._core import MAX_HOLDER_BYTES, thread_holder
+
+    names = []
+
+    def named() -> None:
+        names.append(thread_holder())
+
+    for name in ("worker", "bad\nname\x00", "é" * 200):
+        t = threading.Thread(target=named, name=name)
+        t.start()
+        t.join()
+    assert len(set(names)) == 3 and all(n.startswith("thread:") for n in names)
+    assert all(len(n.encode()) <= MAX_HOLDER_BYTES for n in names)
+    assert all(n.isprintable() for n in names)
+    assert thread_holder() == thread_holder()  # one thread, one holder

@@ -32,32 +32,35 @@ class _Session(SessionBase):
     def _send_nowait(self, request: bytes) -> None:
         self.sent.append(request)
 
-    def _new_lock(self, key, granted, ttl):
-        return _Lock(self, key, granted, ttl)
+    def _new_lock(self, key, holder, granted, ttl):
+        return _Lock(self, key, holder, granted, ttl)
 
 
-def grant(session: _Session, key: str, token: int, count: int) -> _Lock:
-    g = pb.Granted(request_id=0, key=key, fencing_token=token, hold_count=count)
-    lock = session._new_lock(key, g, 10.0)
-    session._held.setdefault(key, []).append(lock)
+def grant(session: _Session, key: str, token: int, count: int, holder: str = "") -> _Lock:
+    g = pb.Granted(request_id=0, key=key, fencing_token=token, hold_count=count, holder=holder)
+    lock = session._new_lock(key, holder, g, 10.0)
+    session._held.setdefault((holder, key), []).append(lock)
     return lock
 
 
 def release(session: _Session, lock: _Lock) -> tuple:
     rid = next(session._ids)
-    pending = _Pending("release", lock.key, release_request(rid, lock.key))
+    request = release_request(rid, lock.key, lock.holder)
+    pending = _Pending("release", lock.key, request, holder=lock.holder)
     session._pending[rid] = pending
     return rid, pending
 
 
-def back(key: str, token: int, count: int):
+def back(key: str, token: int, count: int, holder: str = ""):
     return pb.LeaseResponse(
-        granted=pb.Granted(request_id=0, key=key, fencing_token=token, hold_count=count)
+        granted=pb.Granted(
+            request_id=0, key=key, fencing_token=token, hold_count=count, holder=holder
+        )
     )
 
 
-def lost(key: str):
-    return pb.LeaseResponse(lost=pb.Lost(key=key, reason="expired"))
+def lost(key: str, holder: str = ""):
+    return pb.LeaseResponse(lost=pb.Lost(key=key, reason="expired", holder=holder))
 
 
 def resume(session: _Session, *greeting) -> List[pb.LeaseRequest]:
@@ -116,3 +119,37 @@ def test_keys_lost_or_missing_or_changed_are_lost_and_their_releases_fail():
     # The grant under another token is not this session's to keep: given back.
     assert released_keys(sent) == ["changed"]
     assert pending.error is not None and not s._pending
+
+
+def test_each_holder_gets_its_own_grants_back():
+    # Two threads of one session hold a shared key (and one of them a second hold);
+    # the resumed session lists each holder's grant: each comes back to its own locks.
+    s = _Session()
+    a1, a2 = grant(s, "k", 7, 1, holder="thread:1"), grant(s, "k", 7, 2, holder="thread:1")
+    b = grant(s, "k", 7, 1, holder="thread:2")
+    _, pending = release(s, a2)
+    sent = resume(s, back("k", 7, 2, holder="thread:1"), back("k", 7, 1, holder="thread:2"))
+    # thread:1's release was not applied (still 2 holds): sent again, by thread:1.
+    assert [(r.release.key, r.release.holder) for r in sent] == [("k", "thread:1")]
+    assert a1.held and a2.held and b.held and pending.error is None
+
+
+def test_a_holder_lost_alone_takes_no_other_holder_with_it():
+    s = _Session()
+    a = grant(s, "k", 7, 1, holder="task:1:a")
+    b = grant(s, "k", 8, 1, holder="task:2:b")
+    sent = resume(s, lost("k", holder="task:1:a"), back("k", 8, 1, holder="task:2:b"))
+    assert not a.held and "expired" in a.lost_reason
+    assert b.held and not b.lost_reason
+    assert sent == []
+
+
+def test_lost_and_jeopardy_events_reach_only_their_holder():
+    s = _Session()
+    a = grant(s, "k", 7, 1, holder="thread:1")
+    b = grant(s, "k", 7, 1, holder="thread:2")
+    s._dispatch(pb.LeaseResponse(jeopardy=pb.Jeopardy(key="k", holder="thread:2")))
+    assert list(s._jeopardy) == [("thread:2", "k")]
+    s._dispatch(lost("k", holder="thread:2"))
+    assert a.held and not b.held and "expired" in b.lost_reason
+    assert s._jeopardy == {}

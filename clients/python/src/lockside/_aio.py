@@ -4,13 +4,14 @@ with no thread of its own."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
-from collections import deque
-from typing import Any, Callable, Coroutine, Generator, List, Optional, Sequence, Tuple
+from typing import Any, Coroutine, Generator, List, Optional, Sequence, Tuple
 
 import grpc
 import grpc.aio
 
+from lockside._aio_stream import _AioStream
 from lockside._core import (
     ANSWER_SLACK,
     DEFAULT_RENEWAL_SLACK,
@@ -37,12 +38,16 @@ from lockside._core import (
     channel_target,
     default_addr,
     description,
+    dial_address,
     log,
     pb,
     proclaim_request,
+    refusal,
     release_request,
     rpc_error_text,
+    task_holder,
     value_bytes,
+    wait_after_refusal,
 )
 
 
@@ -58,8 +63,10 @@ class AsyncLock(LockBase):
 
     _session: "_AioSession"
 
-    def __init__(self, session: "_AioSession", key: str, granted: Any, ttl_asked: float):
-        super().__init__(session, key, granted, ttl_asked)
+    def __init__(
+        self, session: "_AioSession", key: str, holder: str, granted: Any, ttl_asked: float
+    ):
+        super().__init__(session, key, holder, granted, ttl_asked)
         self.lost = asyncio.Event()
 
     def _signal_lost(self) -> None:
@@ -103,8 +110,9 @@ class _AioPending(Pending):
         loop: asyncio.AbstractEventLoop,
         request: bytes = b"",
         ttl: float = 0.0,
+        holder: str = "",
     ):
-        super().__init__(kind, key, request, ttl)
+        super().__init__(kind, key, request, ttl, holder)
         self.future: asyncio.Future = loop.create_future()
         self.timeout = 0.0
         self.deadline = 0.0  # loop.time() after which the answer is given up on
@@ -117,229 +125,9 @@ class _AioPending(Pending):
 # -- the stream ------------------------------------------------------------------
 
 #: Whether streams use grpc.aio's private call layer (`call._cython_call`) for their
-#: messages; `_AioStream` uses the public `write`/`read` when this is False or the
-#: layer is not there (tests run both).
+#: messages; `_AioStream` (`_aio_stream.py`) uses the public `write`/`read` when this
+#: is False or the layer is not there (tests run both).
 _fast_streams = True
-
-
-def _advance(coro: Coroutine[Any, Any, Any]) -> Tuple[Optional[asyncio.Future], Any]:
-    """Runs `coro` on until it waits: returns the future it waits on and None, or None
-    and its result once it ended; raises what it raises.
-
-    This is what an asyncio Task does on each step, without the Task: the stream's
-    operations are coroutines of grpc.aio that only wait on futures, and stepping them
-    from those futures' callbacks spares a Task, its wake-ups and the coroutines
-    between (see `_AioStream`)."""
-    loop: Optional[asyncio.AbstractEventLoop] = None
-    while True:
-        try:
-            waited = coro.send(None)
-        except StopIteration as e:
-            return None, e.value
-        if waited is None:  # a bare yield (asyncio.sleep(0)): step again next round
-            if loop is None:
-                loop = asyncio.get_running_loop()
-            waited = loop.create_future()
-            loop.call_soon(waited.set_result, None)
-            return waited, None
-        if not waited.done():
-            waited._asyncio_future_blocking = False  # as Task does once it takes it
-            return waited, None
-
-
-class _AioStream:
-    """One `Lease` stream as the session uses it, driven on the event loop without a
-    Task per message: what the client adds to grpc.aio's own write/read cycle.
-
-    Reads: one receive is always pending; its future's callback parses nothing and
-    hands the raw message to `on_message`, then starts the next receive. `run()` waits
-    for the end and raises as the stream ended (grpc.aio's public `read` says how).
-
-    Sends do not wait: `send` starts the message at once (gRPC allows one in flight;
-    later ones queue and go when it completes). The answer to a request proves its
-    message left, so a send's completion is only collected when the next send starts,
-    and costs no wake-up of its own unless messages queue behind it.
-
-    On grpc.aio's private call layer (`call._cython_call`, what `call.write` and
-    `call.read` end in) the messages skip two coroutines each way; without it (another
-    grpcio, or `_fast_streams` False) the public `write`/`read` are stepped alike.
-    """
-
-    def __init__(self, call: Any, on_message: Callable[[bytes], None]):
-        self.call = call
-        self._on_message = on_message
-        self._loop = asyncio.get_running_loop()
-        cy = getattr(call, "_cython_call", None) if _fast_streams else None
-        if cy is not None and hasattr(cy, "send_serialized_message") and hasattr(
-            cy, "receive_serialized_message"
-        ):
-            self._send_op: Callable[[bytes], Any] = cy.send_serialized_message
-            self._recv_op: Callable[[], Any] = cy.receive_serialized_message
-            self.fast = True
-        else:
-            self._send_op, self._recv_op = call.write, call.read
-            self.fast = False
-        # The send last started and the future it waits on, until collected: that
-        # future done means the send completed (gRPC allows one send in flight).
-        self._sending: Optional[Coroutine[Any, Any, Any]] = None
-        self._sent: Optional[asyncio.Future] = None
-        self._queued: "deque[bytes]" = deque()
-        self._watching = False  # `_on_sent` is to be called (see `_watch`)
-        self._drained: List[asyncio.Future] = []  # set when the queue is empty
-        self._over = False  # no more sends: the stream broke or was half-closed
-        self._reading: Optional[Coroutine[Any, Any, Any]] = None
-        self._ended: Optional[asyncio.Future] = None
-
-    # -- sending ---------------------------------------------------------------
-
-    def send(self, data: bytes) -> None:
-        """Starts sending `data`, or queues it behind the send in flight. A failed send
-        is dropped: the stream broke, and the reader sees how."""
-        if self._over:
-            return
-        if self._queued or self._busy():
-            self._queued.append(data)
-            self._watch()
-            return
-        self._start(data)
-
-    def _busy(self) -> bool:
-        """A send is in flight (not merely uncollected)."""
-        return self._sent is not None and not self._sent.done()
-
-    def _start(self, data: bytes) -> None:
-        done = self._sending  # completed (not `_busy`), its coroutine not at its end
-        self._sending = self._sent = None
-        coro = self._send_op(data)
-        try:
-            sent, _ = _advance(coro)
-        except Exception:  # noqa: BLE001 - the stream broke: the reader sees it
-            sent = None
-            self._over = True
-        if sent is not None:
-            self._sending, self._sent = coro, sent
-        if done is not None:
-            # After the new send started: the answer it asks for does not wait on it.
-            self._finish(done)
-
-    def _finish(self, coro: Coroutine[Any, Any, Any]) -> None:
-        """Steps a completed send's coroutine to its end (grpc.aio frees the message
-        there, and a failed send's error is retrieved rather than logged)."""
-        try:
-            waited, _ = _advance(coro)
-        except Exception:  # noqa: BLE001 - the send failed: the stream broke
-            self._over = True
-            return
-        if waited is not None:  # the public write waits for the call's status: failed
-            coro.close()
-            self._over = True
-
-    def _watch(self) -> None:
-        """Has `_on_sent` called once the send in flight completes."""
-        if self._watching:
-            return
-        self._watching = True
-        if self._sent is None:
-            self._loop.call_soon(self._on_sent, None)
-        else:
-            self._sent.add_done_callback(self._on_sent)
-
-    def _on_sent(self, _: Any) -> None:
-        """Starts the queued sends in their order, one at a time; collects the last."""
-        self._watching = False
-        while self._queued and not self._over and not self._busy():
-            self._start(self._queued.popleft())
-        if self._over:
-            self._queued.clear()
-        if self._queued or self._busy():
-            self._watch()
-        elif self._sending is not None:
-            done, self._sending, self._sent = self._sending, None, None
-            self._finish(done)
-        waiters, self._drained = self._drained, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-
-    async def close_sending(self) -> None:
-        """Half-closes the stream once what was sent before it has gone."""
-        while not self._over and (self._queued or self._busy()):
-            drained = self._loop.create_future()
-            self._drained.append(drained)
-            self._watch()
-            await drained  # (not a send's own future: a cancel here must not reach it)
-        if self._over:
-            return
-        if self._sending is not None:
-            done, self._sending, self._sent = self._sending, None, None
-            self._finish(done)
-        self._over = True
-        try:
-            await self.call.done_writing()
-        except (grpc.RpcError, asyncio.InvalidStateError):
-            pass
-
-    # -- reading ---------------------------------------------------------------
-
-    async def run(self) -> None:
-        """Reads the stream until it ends; raises as grpc.aio's `read` does then
-        (`grpc.RpcError`, `asyncio.CancelledError` when cancelled here), and what
-        `on_message` raised."""
-        self._ended = ended = self._loop.create_future()
-        self._receive()
-        error = await ended
-        if error is not None:
-            raise error
-        # The end: grpc.aio's public read raises unless the status is OK.
-        while True:
-            data = await self.call.read()
-            if data is grpc.aio.EOF:
-                return
-            self._on_message(data)
-
-    def _receive(self) -> None:
-        """Starts the next receive (and takes the messages that are there at once)."""
-        while self._step(self._recv_op()):
-            pass
-
-    def _on_received(self, _: Any) -> None:
-        coro = self._reading
-        if coro is not None and self._step(coro):
-            self._receive()
-
-    def _step(self, coro: Coroutine[Any, Any, Any]) -> bool:
-        """Steps a receive on; True when it gave a message and the next is to start."""
-        self._reading = None
-        try:
-            waited, data = _advance(coro)
-        except (Exception, asyncio.CancelledError) as e:  # handed to `run`
-            self._end(e)
-            return False
-        if waited is not None:
-            self._reading = coro
-            waited.add_done_callback(self._on_received)
-            return False
-        return self._got(data)
-
-    def _got(self, data: Any) -> bool:
-        """One message read (or the end); True to read on."""
-        if data is grpc.aio.EOF:
-            self._end(None)
-            return False
-        try:
-            self._on_message(data)
-        except Exception as e:  # noqa: BLE001 - a bad message ends the stream
-            self._end(e)
-            return False
-        return True
-
-    def _end(self, error: Optional[BaseException]) -> None:
-        self._reading = None
-        self._over = True
-        if self._sent is not None or self._drained:
-            self._watch()  # collects the last send, wakes `close_sending`
-        if self._ended is not None and not self._ended.done():
-            self._ended.set_result(error)
 
 
 class _AioSession(SessionBase):
@@ -352,7 +140,7 @@ class _AioSession(SessionBase):
         super().__init__(client.resume, client.renewal_slack)
         self._client = client
         self._call = call
-        self._stream = _AioStream(call, self._on_message)
+        self._stream = _AioStream(call, self._on_message, _fast_streams)
         self._loop = loop
         self._reader: Optional[asyncio.Task] = None
         # Set when a resume ends (resumed, or the session ended); callers wait on it.
@@ -364,17 +152,19 @@ class _AioSession(SessionBase):
         self._watchdog: Optional[asyncio.TimerHandle] = None
 
     @classmethod
-    async def open(cls, client: "AsyncClient") -> "_AioSession":
+    async def open(
+        cls, client: "AsyncClient", wait_for_ready: bool, timeout: float
+    ) -> "_AioSession":
         client._get_channel()
-        call = client._lease(metadata=client._metadata, wait_for_ready=True)
+        call = client._lease(metadata=client._metadata, wait_for_ready=wait_for_ready)
         self = cls(client, call, asyncio.get_running_loop())
         try:
-            first = await asyncio.wait_for(call.read(), client.connect_timeout)
+            first = await asyncio.wait_for(call.read(), timeout)
         except asyncio.TimeoutError:
             call.cancel()
             raise Unavailable(
-                f"no answer from the sidecar at {client.addr} within "
-                f"{client.connect_timeout:g}s"
+                f"no answer from the sidecar at {client.addr} within {timeout:g}s",
+                grpc.StatusCode.DEADLINE_EXCEEDED,
             ) from None
         except grpc.RpcError as e:
             text, code = rpc_error_text(e)
@@ -481,7 +271,7 @@ class _AioSession(SessionBase):
                     self._end("a resume answered with another session")
                     return None
                 self._call = call
-                self._stream = _AioStream(call, self._on_message)
+                self._stream = _AioStream(call, self._on_message, _fast_streams)
                 for data in self._resumed(started.started, greeting):
                     self._send_nowait(data)
                 return self._stream
@@ -506,8 +296,8 @@ class _AioSession(SessionBase):
         if self.state is OPEN:
             self._stream.send(request)
 
-    def _new_lock(self, key: str, granted: Any, ttl: float) -> AsyncLock:
-        return AsyncLock(self, key, granted, ttl)
+    def _new_lock(self, key: str, holder: str, granted: Any, ttl: float) -> AsyncLock:
+        return AsyncLock(self, key, holder, granted, ttl)
 
     async def _ready(self) -> None:
         while self.state is RESUMING:
@@ -558,13 +348,14 @@ class _AioSession(SessionBase):
         shared: bool,
         limit: int,
         fair: bool,
-        value: "bytes | str" = b"",
+        value: "bytes | str",
+        holder: str,
     ) -> AsyncLock:
         if self.state is not OPEN:
             await self._ready()
         rid = next(self._ids)
-        data, timeout = acquire_request(rid, key, wait, ttl, shared, limit, fair, value)
-        pending = _AioPending("acquire", key, self._loop, data, ttl or 0.0)
+        data, timeout = acquire_request(rid, key, wait, ttl, shared, limit, fair, value, holder)
+        pending = _AioPending("acquire", key, self._loop, data, ttl or 0.0, holder)
         await self._request(rid, pending, timeout)
         return self._answer(key, pending)
 
@@ -575,8 +366,8 @@ class _AioSession(SessionBase):
             lock._state = "released"  # LockLost is raised once
             raise lock._lost_error()
         rid = next(self._ids)
-        data = release_request(rid, lock.key)
-        pending = _AioPending("release", lock.key, self._loop, data)
+        data = release_request(rid, lock.key, lock.holder)
+        pending = _AioPending("release", lock.key, self._loop, data, holder=lock.holder)
         await self._request(rid, pending, ANSWER_SLACK)
         self._released(lock, pending)
 
@@ -587,7 +378,8 @@ class _AioSession(SessionBase):
         if lock._state == "released":
             raise LocksideError(f"lock {lock.key!r} was released")
         rid = next(self._ids)
-        pending = _AioPending("proclaim", lock.key, self._loop, proclaim_request(rid, lock.key, value))
+        data = proclaim_request(rid, lock.key, value, lock.holder)
+        pending = _AioPending("proclaim", lock.key, self._loop, data, holder=lock.holder)
         await self._request(rid, pending, ANSWER_SLACK)
         self._proclaimed(lock, pending)
 
@@ -612,33 +404,81 @@ class _AioSession(SessionBase):
         self._end("client closed")
 
 
-class _LockRequest:
-    """What `AsyncClient.lock()` returns: await it for the lock, or use it in
-    `async with` (released on exit)."""
+#: `lock()`'s options as `_AioSession.acquire` takes them: wait, ttl, shared, limit,
+#: fair, value.
+_Options = Tuple[Optional[float], Optional[float], bool, int, bool, Any]
 
-    def __init__(self, client: "AsyncClient", key: str, options: Tuple):
-        self._client = client
-        self._key = key
-        self._options = options
+
+class _LockRequest(Coroutine[Any, Any, AsyncLock]):
+    """What `AsyncClient.lock()` returns: await it for the lock, use it in `async with`
+    (released on exit), or hand it to `asyncio.create_task()`, `ensure_future()` or
+    `gather()`: it is a coroutine, as aiohttp's request context managers are. Its
+    holder is the task that called `lock()` (called outside any task: the task that
+    runs it)."""
+
+    def __init__(
+        self, client: "AsyncClient", key: str, options: _Options, holder: Optional[str]
+    ):
+        self._coro = self._acquire(client, key, options, holder)
         self._lock: Optional[AsyncLock] = None
 
-    async def _acquire(self) -> AsyncLock:
-        session = self._client._sess
-        if session is None or session.ended is not None:
-            session = await self._client._session()
-        return await session.acquire(self._key, *self._options)
+    @staticmethod
+    async def _acquire(
+        client: "AsyncClient", key: str, options: _Options, holder: Optional[str]
+    ) -> AsyncLock:
+        session = client._sess
+        if session is None or session.ended is not None or session.pid != os.getpid():
+            session = await client._session()
+        who = holder if holder is not None else (task_holder() or "")
+        return await session.acquire(key, *options, holder=who)
+
+    def send(self, value: Any) -> Any:
+        return self._coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if val is None and tb is None:
+            return self._coro.throw(typ)
+        return self._coro.throw(typ, val, tb)  # pragma: no cover - the old signature
+
+    def close(self) -> None:
+        self._coro.close()
 
     def __await__(self) -> Generator[Any, None, AsyncLock]:
-        return self._acquire().__await__()
+        return self._coro.__await__()
 
     async def __aenter__(self) -> AsyncLock:
-        self._lock = await self._acquire()
+        self._lock = await self._coro
         return self._lock
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         lock, self._lock = self._lock, None
         if lock is not None:
             await lock.__aexit__(exc_type, exc, tb)
+
+
+async def _probe(addr: str) -> Optional[str]:
+    """Why nothing listens at `addr` (a plain connect fails), or None when something
+    does or this cannot tell (see `wait_after_refusal`)."""
+    where = dial_address(addr)
+    if where is None:
+        return None
+    kind, address = where
+    try:
+        if kind == "unix":
+            connecting = asyncio.open_unix_connection(address)
+        else:
+            connecting = asyncio.open_connection(*address)
+        _, writer = await asyncio.wait_for(connecting, 1.0)
+    except asyncio.TimeoutError:
+        return None
+    except OSError as e:
+        return refusal(e)
+    writer.close()
+    return None
+
+
+#: In a forked child, the parent's channels and sessions: kept, never used.
+_inherited: List[Any] = []
 
 
 class AsyncWatch:
@@ -682,7 +522,9 @@ class AsyncWatch:
 
 
 class AsyncClient:
-    """The asyncio client (grpc.aio): one session per client, as `lockside.Client`.
+    """The asyncio client (grpc.aio): one session per client, as `lockside.Client`;
+    each task is a holder of its own (tasks sharing a client exclude each other, a task
+    re-enters the keys it holds).
 
         async with AsyncClient() as c:
             async with c.lock("orders", wait=5.0) as lock:
@@ -690,7 +532,7 @@ class AsyncClient:
 
     The channel is created on first use, on the running loop; use a client from one
     event loop only. A session resumes after a sidecar restart as `lockside.Client`'s
-    does; `resume` and `renewal_slack` as there.
+    does; `resume`, `renewal_slack` and `wait_for_sidecar` as there.
     """
 
     def __init__(
@@ -704,11 +546,14 @@ class AsyncClient:
         connect_timeout: float = 10.0,
         resume: bool = True,
         renewal_slack: float = DEFAULT_RENEWAL_SLACK,
+        wait_for_sidecar: float = 0.0,
     ):
         self.addr = addr or default_addr()
         self.connect_timeout = connect_timeout
         self.resume = resume
         self.renewal_slack = renewal_slack
+        self.wait_for_sidecar = wait_for_sidecar
+        self._pid = os.getpid()
         self._credentials = credentials
         self._options = KEEPALIVE_OPTIONS + list(options)
         self._metadata = call_metadata(client_name, auth_token)
@@ -718,6 +563,8 @@ class AsyncClient:
         self._closed = False
 
     def _get_channel(self) -> "grpc.aio.Channel":
+        if self._pid != os.getpid():
+            self._after_fork()
         if self._channel is None:
             target = channel_target(self.addr)
             if self._credentials is None:
@@ -740,7 +587,33 @@ class AsyncClient:
             )
         return self._channel
 
+    def _after_fork(self) -> None:
+        """In a forked child: the channel and the session are the parent's, never
+        touched here; the child opens its own."""
+        sess, channel = self._sess, self._channel
+        self._sess = self._channel = None
+        self._opening = None
+        self._pid = os.getpid()
+        if sess is not None:
+            sess._inherited()
+        _inherited.append((channel, sess))
+
+    async def _open(self) -> _AioSession:
+        """A new session: at once when the sidecar is there; else, after a plain
+        connect to `addr` says why not, fails at once or waits for it
+        (`wait_after_refusal`)."""
+        try:
+            return await _AioSession.open(self, False, self.connect_timeout)
+        except Unavailable as e:
+            if e.code is not grpc.StatusCode.UNAVAILABLE:
+                raise
+        cause = await _probe(self.addr)
+        wait = wait_after_refusal(self.addr, cause, self.wait_for_sidecar, self.connect_timeout)
+        return await _AioSession.open(self, True, wait)
+
     async def _session(self) -> _AioSession:
+        if self._pid != os.getpid():
+            self._after_fork()
         sess = self._sess
         if sess is not None and sess.ended is None:
             return sess
@@ -753,7 +626,7 @@ class AsyncClient:
                 raise LocksideError("the client is closed")
             if self._sess is None or self._sess.ended is not None:
                 self._sess = None
-                self._sess = await _AioSession.open(self)
+                self._sess = await self._open()
             return self._sess
 
     @property
@@ -772,11 +645,17 @@ class AsyncClient:
         limit: int = 0,
         fair: bool = False,
         value: "bytes | str" = b"",
+        holder: Optional[str] = None,
     ) -> _LockRequest:
-        """Takes `key`: `await c.lock(...)` returns the `AsyncLock`; `async with
-        c.lock(...) as lock` releases it on exit. Options and errors as
-        `lockside.Client.lock`. Cancelling the awaiting task cancels the wait."""
-        return _LockRequest(self, key, (wait, ttl, shared, limit, fair, value))
+        """Takes `key` for the calling task: `await c.lock(...)` returns the
+        `AsyncLock`; `async with c.lock(...) as lock` releases it on exit; it is a
+        coroutine too (`asyncio.create_task(c.lock(...))`). Tasks sharing a client
+        exclude each other; a task locking a key it holds re-enters it. `holder`: None
+        (the default) is the calling task (`task:N:NAME`), "" the session itself.
+        Options and errors as `lockside.Client.lock`. Cancelling the awaiting task
+        cancels the wait."""
+        who = task_holder() if holder is None else holder
+        return _LockRequest(self, key, (wait, ttl, shared, limit, fair, value), who)
 
     def campaign(
         self,
@@ -785,11 +664,13 @@ class AsyncClient:
         *,
         wait: Optional[float] = None,
         ttl: Optional[float] = None,
+        holder: Optional[str] = None,
     ) -> _LockRequest:
         """Campaigns for leadership of `key` with `value`: `await c.campaign(...)`
         returns once this client leads (an `AsyncLock`: leadership); `async with`
         resigns on exit. See `lockside.Client.campaign`."""
-        return _LockRequest(self, key, (wait, ttl, False, 0, True, value))
+        who = task_holder() if holder is None else holder
+        return _LockRequest(self, key, (wait, ttl, False, 0, True, value), who)
 
     def watch(self, key: str) -> AsyncWatch:
         """Follows `key`: `async for state in c.watch(key)`, its state now first; see

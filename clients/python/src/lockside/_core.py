@@ -3,12 +3,14 @@ one session, and the state of one lock. Nothing here does I/O."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
-import math
 import os
+import socket
+import threading
 import time
-from dataclasses import dataclass
+import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import grpc
@@ -21,14 +23,21 @@ except ImportError as e:  # pragma: no cover - only a source tree without a buil
         "(`pip install ./clients/python`) rather than importing it from the source tree"
     ) from e
 
+from lockside import _wire
+# Re-exported: the clients (and `lockside`) take these from here.
+from lockside._describe import Description as Description
+from lockside._describe import Holder as Holder
+from lockside._describe import QueueEntry as QueueEntry
+from lockside._describe import description as description
+from lockside._describe import seconds
+from lockside._wire import proclaim_request as proclaim_request
+from lockside._wire import release_request as release_request
+from lockside._wire import value_bytes as value_bytes
+
 log = logging.getLogger("lockside")
 
 #: Where clients find the sidecar unless told otherwise (the sidecar's default).
 DEFAULT_ADDR = "127.0.0.1:7420"
-
-#: The longest wait the sidecar accepts; `wait=None` asks for it ("wait as long as it
-#: takes").
-MAX_WAIT = 24 * 3600.0
 
 #: How long past its own wait an answer may take before the client gives up on it:
 #: the sidecar answers every request, so only a broken sidecar or network hits this.
@@ -222,71 +231,7 @@ def call_error(key: str, e: grpc.RpcError) -> LocksideError:
     return Rejected(key, code.value[0], e.details() or "")
 
 
-# -- options ------------------------------------------------------------------
-
-
-# Requests are encoded here, not through the generated classes: a `LeaseRequest` is a
-# handful of fields, and building and serializing the message objects was a tenth of
-# the client's own time per cycle. The bytes are the protobuf encoding of the same
-# message, field for field (tests/test_package.py compares them with the generated
-# classes' `SerializeToString()`).
-
-_ONE_BYTE = [bytes((n,)) for n in range(0x80)]
-
-
-def _varint(n: int) -> bytes:
-    if n < 0x80:
-        return _ONE_BYTE[n]
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _field(tag: bytes, data: bytes) -> bytes:
-    """A length-delimited field: `tag`, then `data`'s length and `data`."""
-    return tag + _varint(len(data)) + data
-
-
-def _id(request_id: int) -> bytes:
-    """Field 1, `request_id` (proto3 leaves out zeros)."""
-    return b"\x08" + _varint(request_id) if request_id else b""
-
-
-def _duration(name: str, value: Any) -> bytes:
-    """A `google.protobuf.Duration` of `value` seconds (its encoding)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
-    if not math.isfinite(value) or not 0 <= value < 2**63:
-        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
-    whole = int(value)
-    nanos = int(round((value - whole) * 1e9))
-    if nanos >= 1_000_000_000:
-        whole, nanos = whole + 1, nanos - 1_000_000_000
-    out = b""
-    if whole:
-        out += b"\x08" + _varint(whole)
-    if nanos:
-        out += b"\x10" + _varint(nanos)
-    return out
-
-
-def _key_bytes(key: Any) -> bytes:
-    if not isinstance(key, str):
-        raise TypeError(f"key must be a str, not {type(key).__name__}")
-    return key.encode("utf-8")  # a lone surrogate: UnicodeEncodeError, a ValueError
-
-
-def value_bytes(value: Any) -> bytes:
-    """A holder value as bytes: `bytes`-like as it is, `str` in UTF-8. (Its size is
-    the sidecar's to check: over 4 KiB it answers `Rejected` INVALID_ARGUMENT.)"""
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
-    raise TypeError(f"value must be bytes or str, not {type(value).__name__}")
+# -- requests (encoded in _wire.py) ---------------------------------------------
 
 
 def acquire_request(
@@ -298,138 +243,20 @@ def acquire_request(
     limit: int,
     fair: bool,
     value: Any = b"",
+    holder: str = "",
 ) -> Tuple[bytes, float]:
     """The encoded `LeaseRequest` for one acquire, and how long to wait for its
-    answer.
+    answer: the wait it asks for, and `ANSWER_SLACK`.
 
     Only what cannot be encoded is checked here (types, negative or infinite numbers);
-    the rules on values (key length and characters, TTL range, mode with limit) are the
-    sidecar's, and break them and it answers `Rejected` with a clear message.
+    the rules on values (key length and characters, TTL range, mode with limit, holder
+    names) are the sidecar's, and break them and it answers `Rejected` with a clear
+    message.
     """
-    k = _key_bytes(key)
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        raise TypeError(f"limit must be an int, not {type(limit).__name__}")
-    if not 0 <= limit <= 0xFFFFFFFF:
-        raise ValueError(f"limit must be between 0 and 2**32-1, got {limit}")
-    v = value_bytes(value)
-    wait_s = MAX_WAIT if wait is None else wait
-    body = _id(request_id)
-    if k:
-        body += _field(b"\x12", k)
-    if isinstance(wait_s, (int, float)) and not isinstance(wait_s, bool) and wait_s == 0:
-        pass  # unset: do not wait
-    else:
-        body += _field(b"\x1a", _duration("wait", wait_s))
-    body += b"\x20\x02" if shared else b"\x20\x01"  # LOCK_MODE_SHARED / _EXCLUSIVE
-    if limit:
-        body += b"\x28" + _varint(limit)
-    if fair:
-        body += b"\x30\x01"
-    if ttl is not None:
-        body += _field(b"\x3a", _duration("ttl", ttl))
-    if v:
-        body += _field(b"\x4a", v)
-    return _field(b"\x0a", body), float(wait_s) + ANSWER_SLACK
-
-
-def release_request(request_id: int, key: str) -> bytes:
-    """The encoded `LeaseRequest` of a `Release`."""
-    k = _key_bytes(key)
-    body = _id(request_id) + (_field(b"\x12", k) if k else b"")
-    return _field(b"\x12", body)
-
-
-def proclaim_request(request_id: int, key: str, value: Any) -> bytes:
-    """The encoded `LeaseRequest` of a `Proclaim`."""
-    k, v = _key_bytes(key), value_bytes(value)
-    body = _id(request_id) + (_field(b"\x12", k) if k else b"")
-    if v:
-        body += _field(b"\x1a", v)
-    return _field(b"\x1a", body)
-
-
-def seconds(d: Any) -> float:
-    return d.seconds + d.nanos / 1e9
-
-
-# -- describe ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Holder:
-    """One session holding a key."""
-
-    session_id: str
-    hold_count: int
-    #: Seconds before the store lets the lock go if it is not renewed.
-    ttl_remaining: float
-    client_name: str
-    #: The holder's value (`lock(value=...)`, `campaign()`, `proclaim()`): in an
-    #: election, who leads and where. b"" for none.
-    value: bytes = b""
-    #: The fencing token of the holder's grant: successive leaders have larger ones.
-    fencing_token: int = 0
-
-
-@dataclass(frozen=True)
-class QueueEntry:
-    """One fair waiter of a key; `position` 1 is next in line."""
-
-    session_id: str
-    client_name: str
-    mode: str
-    position: int
-
-
-@dataclass(frozen=True)
-class Description:
-    """The store's view of one key (`Client.describe`, each state of `Client.watch`)."""
-
-    key: str
-    #: "EXCLUSIVE", "SHARED", or "UNSPECIFIED" when nobody holds it.
-    mode: str
-    #: 1 for a lock, N for a semaphore of N permits, 0 when nobody holds the key.
-    limit: int
-    holders: Sequence[Holder]
-    waiters: int
-    #: The last fencing token issued for the key (0 if none ever was).
-    fencing_token: int
-    queue: Sequence[QueueEntry]
-
-    @property
-    def leader(self) -> Optional[Holder]:
-        """The holder of an election key (None when nobody leads); for a key held by
-        several (shared, a semaphore), the oldest grant."""
-        return min(self.holders, key=lambda h: h.fencing_token, default=None)
-
-
-def _mode_name(mode: int) -> str:
-    return pb.LockMode.Name(mode).replace("LOCK_MODE_", "")
-
-
-def description(r: Any) -> Description:
-    return Description(
-        key=r.key,
-        mode=_mode_name(r.mode),
-        limit=r.limit,
-        holders=tuple(
-            Holder(
-                h.session_id,
-                h.hold_count,
-                seconds(h.ttl_remaining),
-                h.client_name,
-                bytes(h.value),
-                h.fencing_token,
-            )
-            for h in r.holders
-        ),
-        waiters=r.waiters,
-        fencing_token=r.fencing_token,
-        queue=tuple(
-            QueueEntry(q.session_id, q.client_name, _mode_name(q.mode), q.position)
-            for q in r.queue
-        ),
+    data, wait_s = _wire.acquire_request(
+        request_id, key, wait, ttl, shared, limit, fair, value, holder
     )
+    return data, wait_s + ANSWER_SLACK
 
 
 def call_metadata(client_name: Optional[str], auth_token: Optional[str]) -> Tuple:
@@ -441,6 +268,119 @@ def call_metadata(client_name: Optional[str], auth_token: Optional[str]) -> Tupl
     return tuple(md)
 
 
+# -- holders --------------------------------------------------------------------
+
+#: The longest holder name the sidecar accepts, in bytes of UTF-8.
+MAX_HOLDER_BYTES = 128
+
+# One numbering for threads and tasks, never reused in the process (thread idents and
+# `id(task)` are): a thread that died holding a lock, or a task that handed its lock
+# on, must not make a newcomer with the same ident reentrant on it.
+_holder_numbers = itertools.count(1)
+_thread_holder = threading.local()
+_task_holders: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+_task_holders_mu = threading.Lock()
+
+
+def _holder_name(kind: str, name: str) -> str:
+    """`kind:N:name`: N a number of its own, the name (for `describe()`) with its
+    control characters replaced, the whole cut to `MAX_HOLDER_BYTES`."""
+    shown = "".join(c if c.isprintable() else "?" for c in name)
+    full = f"{kind}:{next(_holder_numbers)}:{shown}".encode("utf-8")
+    return full[:MAX_HOLDER_BYTES].decode("utf-8", "ignore")
+
+
+def thread_holder() -> str:
+    """The calling thread as a holder (`Client`): `thread:N:NAME`."""
+    name: Optional[str] = getattr(_thread_holder, "name", None)
+    if name is None:
+        name = _thread_holder.name = _holder_name("thread", threading.current_thread().name)
+    return name
+
+
+def task_holder() -> Optional[str]:
+    """The calling asyncio task as a holder (`AsyncClient`): `task:N:NAME`; None
+    outside a task."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop
+        return None
+    if task is None:
+        return None
+    with _task_holders_mu:
+        name = _task_holders.get(task)
+        if name is None:
+            name = _task_holders[task] = _holder_name("task", task.get_name())
+    return name
+
+
+def _after_fork_in_child() -> None:
+    global _task_holders_mu
+    _task_holders_mu = threading.Lock()  # a parent's thread may have held it
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# -- reaching the sidecar -----------------------------------------------------------
+
+
+def dial_address(addr: str) -> Optional[Tuple[str, Any]]:
+    """Where a plain socket finds the sidecar of `addr`: ("unix", path) or ("tcp",
+    (host, port)); None for targets this cannot tell (then gRPC's own wait decides)."""
+    target = channel_target(addr)
+    if target.startswith("unix:"):
+        path = target[len("unix:") :]
+        return ("unix", path[2:] if path.startswith("//") else path)
+    if target.startswith("unix-abstract:"):
+        return ("unix", "\0" + target[len("unix-abstract:") :])
+    if target.startswith("dns:///"):
+        target = target[len("dns:///") :]
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit() or not host or "/" in host:
+        return None
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        return None
+    return ("tcp", (host, int(port)))
+
+
+def refusal(e: OSError) -> Optional[str]:
+    """Why a plain connect to the sidecar's address failed, when it shows that nothing
+    listens there; None when it does not tell (a timeout: something may be slow)."""
+    if isinstance(e, ConnectionRefusedError):
+        return "connection refused (nothing listens there)"
+    if isinstance(e, FileNotFoundError):
+        return "no such socket file"
+    if isinstance(e, (TimeoutError, socket.timeout)):  # (one class since 3.10)
+        return None
+    return e.strerror or str(e)
+
+
+def wait_after_refusal(
+    addr: str, cause: Optional[str], wait_for_sidecar: float, connect_timeout: float
+) -> float:
+    """A new session's first stream failed at once (UNAVAILABLE, not waiting for the
+    connection) and `cause` is why a plain connect to `addr` failed (None: something
+    listens there, say a sidecar that just restarted while gRPC backs off). Returns how
+    long to wait for the sidecar now, or raises `Unavailable` naming the address and
+    the cause when the caller did not ask to wait (`wait_for_sidecar`)."""
+    if cause is None:
+        return max(connect_timeout, wait_for_sidecar)
+    if wait_for_sidecar > 0:
+        log.warning(
+            "no sidecar at %s yet (%s): waiting up to %gs for it", addr, cause, wait_for_sidecar
+        )
+        return wait_for_sidecar
+    raise Unavailable(
+        f"no sidecar at {addr}: {cause}; start it first, or let the client wait for it "
+        "with wait_for_sidecar=SECONDS",
+        grpc.StatusCode.UNAVAILABLE,
+    )
+
+
 # -- one lock -------------------------------------------------------------------
 
 
@@ -450,19 +390,25 @@ class LockBase:
 
     Attributes:
       key            the lock's name.
+      holder         who in the session holds it: the thread (`Client`) or the task
+                     (`AsyncClient`) that locked, or the `holder=` named; "" for the
+                     session itself (and on a sidecar that predates holders).
       fencing_token  pass it to the resource you protect; it must reject lower ones.
       ttl            seconds of validity the sidecar reported with the grant (it renews
                      the lock for as long as the session lives).
-      hold_count     how many times the session held the key after this grant
+      hold_count     how many times the holder held the key after this grant
                      (reentrancy: each grant is released on its own).
       session_id     the session shown by `describe()`; it stays the same when the
                      session is resumed after a sidecar restart.
       lost_reason    why the lock was lost, once it is.
     """
 
-    def __init__(self, session: "SessionBase", key: str, granted: Any, ttl_asked: float):
+    def __init__(
+        self, session: "SessionBase", key: str, holder: str, granted: Any, ttl_asked: float
+    ):
         self._session = session
         self.key = key
+        self.holder = holder
         self.fencing_token: int = granted.fencing_token
         self.ttl: float = seconds(granted.ttl)
         self.hold_count: int = granted.hold_count
@@ -471,7 +417,8 @@ class LockBase:
         # The TTL the store keeps the lock for without renewals (asked, else the
         # sidecar's default): what the safe window after a broken stream counts on.
         self._ttl_asked = ttl_asked
-        # held -> released | lost; a lost lock raises LockLost once, on release.
+        # held -> released | lost; a lost lock raises LockLost once, on release. A lock
+        # let go on purpose (its client closed) is "released" with `lost` set.
         self._state = "held"
 
     @property
@@ -483,23 +430,44 @@ class LockBase:
     def _signal_lost(self) -> None:
         raise NotImplementedError
 
-    def _mark_lost(self, reason: str) -> None:
+    def _mark_lost(self, reason: str, quiet: bool = False) -> None:
         """Called with the session's mutex held (sync) or on the loop (asyncio)."""
         if self._state != "held":
             return
-        log.warning("lock %r lost: %s", self.key, reason)
+        if not quiet:
+            log.warning("lock %r lost: %s", self.key, reason)
         self._state = "lost"
         self.lost_reason = reason
         self._signal_lost()
+
+    def _let_go(self, reason: str) -> None:
+        """The lock was let go on purpose (its client closed): `lost` is set, so work
+        under it stops, but `release()` has nothing to report."""
+        if self._state == "held":
+            self.lost_reason = reason
+            self._signal_lost()
+        self._state = "released"
 
     def _lost_error(self) -> LockLost:
         return LockLost(self.key, self.lost_reason or "lost", self.fencing_token)
 
     def __repr__(self) -> str:
+        who = f" holder={self.holder!r}" if self.holder else ""
         return (
-            f"<{type(self).__name__} {self.key!r} token={self.fencing_token} "
+            f"<{type(self).__name__} {self.key!r}{who} token={self.fencing_token} "
             f"state={self._state}>"
         )
+
+
+def _log_lost(locks: Sequence[LockBase], reason: str) -> None:
+    """One log line for locks lost together (a session's end, a resume that came too
+    late), however many they are."""
+    if len(locks) == 1:
+        log.warning("lock %r lost: %s", locks[0].key, reason)
+    elif locks:
+        keys = ", ".join(repr(lock.key) for lock in locks[:3])
+        more = f" and {len(locks) - 3} more" if len(locks) > 3 else ""
+        log.warning("%d locks lost (%s%s): %s", len(locks), keys, more, reason)
 
 
 # -- one session -----------------------------------------------------------------
@@ -511,11 +479,14 @@ class Pending:
     since the old stream may have broken before it arrived). The sync and asyncio
     sessions subclass it with how the waiter is woken (`_notify`)."""
 
-    __slots__ = ("kind", "key", "request", "ttl", "abandoned", "response", "error")
+    __slots__ = ("kind", "key", "holder", "request", "ttl", "abandoned", "response", "error")
 
-    def __init__(self, kind: str, key: str, request: bytes = b"", ttl: float = 0.0):
+    def __init__(
+        self, kind: str, key: str, request: bytes = b"", ttl: float = 0.0, holder: str = ""
+    ):
         self.kind = kind
         self.key = key
+        self.holder = holder
         self.request = request
         self.ttl = ttl  # an acquire's TTL (asked, or the session's default)
         self.abandoned = False  # the caller gave up (timeout, interrupt, cancel)
@@ -538,24 +509,31 @@ _ANSWERS = frozenset({"granted", "not_acquired", "rejected", "released", "procla
 #: to end (RESUMING), or fail (ENDED).
 OPEN, RESUMING, ENDED = "open", "resuming", "ended"
 
+#: A holder and a key: what the session's bookkeeping is per (reentrancy is per
+#: session, holder and key).
+HolderKey = Tuple[str, str]
+
 
 class SessionBase:
     """The answer routing of one session, shared by both clients; no I/O here.
 
     The session owns its `Lease` stream; requests carry ids from one counter so
-    answers are matched by `request_id`, and `Lost` is routed by key to every lock
-    this session holds on it (reentrant grants share a key).
+    answers are matched by `request_id`, and `Lost`, `Jeopardy` and `Restored` are
+    routed by holder and key to the locks that holder has of the key (its reentrant
+    grants). Holders (DESIGN.md, "Holders inside a session") are the threads of a
+    `Client` and the tasks of an `AsyncClient`: they exclude each other as sessions
+    would, and each holder's grants are its own.
 
     When the stream breaks as if the sidecar died (`RESUMABLE_CODES`) and the session
     holds locks, it resumes (DESIGN.md, "Sessions that survive a sidecar restart"):
     `_broke` fails the waits in progress (the sidecar does not resume them) and gives
-    each held key the time it is surely still held (`safe_window` after the break, or
+    each held lock the time it is surely still held (`safe_window` after the break, or
     what `Jeopardy` said); the client's I/O layer then opens new streams with the
-    resume token, with backoff, until one answers (`_resumed` reconciles the locks and
-    says what to send again) or every key's time has passed (`_expire` marks them lost
-    when it does). A lock is lost only when it does not come back. Otherwise, when the
-    stream ends, every pending request fails and every held lock is lost, and the
-    client opens a new session for the next request.
+    resume token, with backoff, until one answers (`_resumed` reconciles the locks,
+    holder by holder, and says what to send again) or every lock's time has passed
+    (`_expire` marks them lost when it does). A lock is lost only when it does not come
+    back. Otherwise, when the stream ends, every pending request fails and every held
+    lock is lost, and the client opens a new session for the next request.
     """
 
     def __init__(self, resume: bool = True, renewal_slack: float = DEFAULT_RENEWAL_SLACK) -> None:
@@ -566,15 +544,20 @@ class SessionBase:
         self.renewal_slack = renewal_slack
         self.state = OPEN
         self.ended: Optional[str] = None  # why the session ended, once it has
+        # The process the session belongs to: a forked child has its own (`_inherited`).
+        self.pid = os.getpid()
         self._closing = False
         self._ids = itertools.count(1)
         self._pending: Dict[int, Pending] = {}
-        self._held: Dict[str, List[LockBase]] = {}
-        # Keys in Jeopardy: when they stop being surely held (time.monotonic()).
-        self._jeopardy: Dict[str, float] = {}
-        # While resuming: why the stream broke, and until when each key is surely held.
+        self._held: Dict[HolderKey, List[LockBase]] = {}
+        # Locks in Jeopardy: when they stop being surely held (time.monotonic()).
+        self._jeopardy: Dict[HolderKey, float] = {}
+        # While resuming: why the stream broke, and until when each lock is surely held.
         self._broke_reason = ""
-        self._safe_until: Dict[str, float] = {}
+        self._safe_until: Dict[HolderKey, float] = {}
+        # The sidecar answered a holder's grant without its holder: it predates holders
+        # and grants to the session, so every lock is the session's ("" holder).
+        self._legacy = False
 
     # Subclasses: how to send an encoded request without waiting (dropped unless the
     # session is OPEN: a resume reconciles hold counts), how to make a lock, and how to
@@ -582,7 +565,7 @@ class SessionBase:
     def _send_nowait(self, request: bytes) -> None:
         raise NotImplementedError
 
-    def _new_lock(self, key: str, granted: Any, ttl: float) -> LockBase:
+    def _new_lock(self, key: str, holder: str, granted: Any, ttl: float) -> LockBase:
         raise NotImplementedError
 
     def _state_changed(self) -> None:
@@ -606,22 +589,26 @@ class SessionBase:
             return
         if kind == "lost":
             lost = resp.lost
-            self._jeopardy.pop(lost.key, None)
-            for lock in self._held.pop(lost.key, ()):
+            hk = (lost.holder, lost.key)
+            self._jeopardy.pop(hk, None)
+            for lock in self._held.pop(hk, ()):
                 lock._mark_lost(lost.reason or "Lost")
             return
         if kind == "jeopardy":
-            left = seconds(resp.jeopardy.ttl_remaining)
-            self._jeopardy[resp.jeopardy.key] = time.monotonic() + left
+            j = resp.jeopardy
+            left = seconds(j.ttl_remaining)
+            self._jeopardy[(j.holder, j.key)] = time.monotonic() + left
             log.warning(
-                "lock %r in jeopardy: renewals failing, %.3fs of validity left",
-                resp.jeopardy.key,
+                "lock %r%s in jeopardy: renewals failing, %.3fs of validity left",
+                j.key,
+                f" (holder {j.holder!r})" if j.holder else "",
                 left,
             )
             return
         if kind == "restored":
-            self._jeopardy.pop(resp.restored.key, None)
-            log.info("lock %r restored", resp.restored.key)
+            r = resp.restored
+            self._jeopardy.pop((r.holder, r.key), None)
+            log.info("lock %r%s restored", r.key, f" (holder {r.holder!r})" if r.holder else "")
             return
         if kind == "waiting":
             log.debug("waiting for %r (position %d)", resp.waiting.key, resp.waiting.position)
@@ -637,22 +624,37 @@ class SessionBase:
             # sent on its own (a grant nobody waited for, a hold found after a resume).
             return
         if kind == "granted":
+            holder = answer.holder
+            if holder != pending.holder and not self._legacy:
+                self._legacy = True
+                log.warning(
+                    "the sidecar granted %r to the session, not to holder %r: it predates "
+                    "holders, so this client's threads and tasks share its locks "
+                    "(reentrant) rather than exclude each other; upgrade the sidecar",
+                    pending.key,
+                    pending.holder,
+                )
             if pending.abandoned:
                 # Nobody waits for this grant any more: give it back at once.
-                self._send_nowait(release_request(next(self._ids), pending.key))
+                self._send_nowait(release_request(next(self._ids), pending.key, holder))
                 return
-            lock = self._new_lock(pending.key, answer, pending.ttl or self.default_ttl)
-            self._held.setdefault(pending.key, []).append(lock)
+            lock = self._new_lock(pending.key, holder, answer, pending.ttl or self.default_ttl)
+            self._held.setdefault((holder, pending.key), []).append(lock)
             pending.resolve(lock)
         else:
             pending.resolve(resp)
 
+    def _holds(self, holder: str, key: str) -> bool:
+        """Whether `holder` holds `key` here (on a sidecar without holders, whether the
+        session does)."""
+        return (holder, key) in self._held or (self._legacy and ("", key) in self._held)
+
     def _abandon(self, rid: int, pending: Pending) -> None:
         """The caller stopped waiting for `rid` (mutex held / on the loop).
 
-        A Release of a key only waited for cancels the wait; if this session holds the
-        key, such a Release would give back a hold instead, so then the grant (which
-        comes at once for a held key) is given back when it arrives.
+        A Release of a key the holder only waits for cancels the wait; if the holder
+        holds the key, such a Release would give back a hold instead, so then the grant
+        (which comes at once for a held key) is given back when it arrives.
         """
         if self._pending.get(rid) is not pending:
             # Answered meanwhile. A grant nobody will use is given back at once.
@@ -660,16 +662,21 @@ class SessionBase:
             if isinstance(lock, LockBase) and lock.held and self.state is not ENDED:
                 lock._state = "released"
                 self._forget(lock)
-                self._send_nowait(release_request(next(self._ids), lock.key))
+                self._send_nowait(release_request(next(self._ids), lock.key, lock.holder))
             return
         pending.abandoned = True
-        if pending.kind == "acquire" and not self._held.get(pending.key) and self.state is OPEN:
+        if (
+            pending.kind == "acquire"
+            and not self._holds(pending.holder, pending.key)
+            and self.state is OPEN
+        ):
             del self._pending[rid]
-            self._send_nowait(release_request(next(self._ids), pending.key))
+            self._send_nowait(release_request(next(self._ids), pending.key, pending.holder))
 
     def _end(self, reason: str, code: Optional[grpc.StatusCode] = None) -> None:
         """The session is over: fail what waits, lose what is held (mutex held /
-        loop)."""
+        loop). A client that closes lets its locks go: `lost` is set, `release()` does
+        nothing more; either way one log line, however many locks."""
         if self.state is ENDED:
             return
         self.state = ENDED
@@ -678,11 +685,36 @@ class SessionBase:
         for p in pending.values():
             p.resolve(error=Unavailable(f"lease stream ended: {reason}", code))
         held, self._held = self._held, {}
-        for locks in held.values():
+        locks = [lock for grants in held.values() for lock in grants]
+        if self._closing:
             for lock in locks:
-                lock._mark_lost(reason)
+                lock._let_go(reason)
+            if locks:
+                log.info(
+                    "session %s closed with %d lock(s) held: the sidecar releases them",
+                    self.session_id,
+                    len(locks),
+                )
+        else:
+            for lock in locks:
+                lock._mark_lost(reason, quiet=True)
+            _log_lost(locks, reason)
         self._safe_until.clear()
         self._state_changed()
+
+    def _inherited(self) -> None:
+        """In a forked child: the session is the parent's. Its locks are not held here
+        (`lost` set, `release()` does nothing) and nothing is sent: the child never
+        touches the parent's stream. Called before any other thread of the child runs."""
+        self.state = ENDED
+        self.ended = f"the session belongs to process {self.pid}, which forked this one"
+        self._pending = {}
+        held, self._held = self._held, {}
+        for grants in held.values():
+            for lock in grants:
+                lock._let_go(f"held by process {self.pid}, the parent of this forked process")
+        self._safe_until.clear()
+        self._jeopardy.clear()
 
     # -- resuming -------------------------------------------------------------
 
@@ -712,12 +744,12 @@ class SessionBase:
                     )
                 )
         now = time.monotonic()
-        for key, locks in self._held.items():
-            until = self._jeopardy.get(key)
+        for hk, locks in self._held.items():
+            until = self._jeopardy.get(hk)
             if until is None:
                 window = min(safe_window(lock._ttl_asked, self.renewal_slack) for lock in locks)
                 until = now + window
-            self._safe_until[key] = until
+            self._safe_until[hk] = until
         return self._expire(now) is not None
 
     def _resumable(self, code: Optional[grpc.StatusCode], details: str) -> bool:
@@ -730,7 +762,7 @@ class SessionBase:
         return "shutting down" not in details
 
     def _expire(self, now: float) -> Optional[float]:
-        """While resuming: marks lost every key whose safe time has passed; returns the
+        """While resuming: marks lost every lock whose safe time has passed; returns the
         next time one will, or None when nothing is held any more (the session then
         ends)."""
         if self.state is not RESUMING:
@@ -739,86 +771,99 @@ class SessionBase:
             f"the stream to the sidecar broke ({self._broke_reason}) and the session was "
             "not resumed while the lock was surely held"
         )
-        for key, until in list(self._safe_until.items()):
+        expired: List[LockBase] = []
+        for hk, until in list(self._safe_until.items()):
             if until <= now:
-                del self._safe_until[key]
-                for lock in self._held.pop(key, ()):
-                    lock._mark_lost(why)
+                del self._safe_until[hk]
+                expired.extend(self._held.pop(hk, ()))
+        for lock in expired:
+            lock._mark_lost(why, quiet=True)
+        _log_lost(expired, why)
         if not self._held:
             self._end(why, grpc.StatusCode.UNAVAILABLE)
             return None
         return min(self._safe_until.values())
 
     def _resume_deadline(self) -> float:
-        """While resuming: when the last held key stops being surely held."""
+        """While resuming: when the last held lock stops being surely held."""
         return max(self._safe_until.values(), default=0.0)
 
     def _resumed(self, started: Any, greeting: Sequence[Any]) -> List[bytes]:
         """A resume attempt was answered: `started` (the new `SessionStarted`), then
-        `greeting`, a `Granted` (request_id 0) or `Lost` per lock of the session's
-        record. Reconciles what this session holds with what came back and returns the
-        requests to send on the new stream, in order (mutex held / loop).
+        `greeting`, a `Granted` (request_id 0, with its holder) or `Lost` per grant of
+        the session's record. Reconciles what each holder holds with what came back
+        and returns the requests to send on the new stream, in order (mutex held /
+        loop).
 
-        A key comes back with the session's hold count in the store; a Release that
-        was not answered may have been applied before the sidecar died, so as many of
-        those as the count says were are taken as answered, and the others are sent
-        again. Holds the store has and nobody here knows of (a grant whose answer was
-        lost, a key already reported lost) are given back.
+        A holder's key comes back with its hold count in the store; a Release that was
+        not answered may have been applied before the sidecar died, so as many of those
+        as the count says were are taken as answered, and the others are sent again.
+        Holds the store has and nobody here knows of (a grant whose answer was lost, a
+        lock already reported lost) are given back.
         """
         self.state = OPEN
         self.resume_token = started.resume_token
         self._safe_until.clear()
         self._jeopardy.clear()
-        granted: Dict[str, Any] = {}
-        lost: Dict[str, str] = {}
+        granted: Dict[HolderKey, Any] = {}
+        lost: Dict[HolderKey, str] = {}
         for resp in greeting:
             kind = resp.WhichOneof("event")
             if kind == "granted":
-                granted[resp.granted.key] = resp.granted
+                granted[(resp.granted.holder, resp.granted.key)] = resp.granted
             elif kind == "lost":
-                lost[resp.lost.key] = resp.lost.reason
+                lost[(resp.lost.holder, resp.lost.key)] = resp.lost.reason
         out: List[bytes] = []
+        gone: List[LockBase] = []
 
-        def give_back(key: str, holds: int) -> None:
+        def give_back(hk: HolderKey, holds: int) -> None:
             for _ in range(holds):
-                out.append(release_request(next(self._ids), key))
+                out.append(release_request(next(self._ids), hk[1], hk[0]))
 
-        releases: Dict[str, List[int]] = {}
+        def lose(hk: HolderKey, reason: str) -> None:
+            for lock in self._held.pop(hk):
+                lock._mark_lost(reason, quiet=True)
+                gone.append(lock)
+
+        releases: Dict[HolderKey, List[int]] = {}
         for rid in sorted(self._pending):
             p = self._pending[rid]
             if p.kind == "release":
-                releases.setdefault(p.key, []).append(rid)
-        for key in list(self._held):
-            locks = self._held[key]
-            back = granted.pop(key, None)
+                releases.setdefault((p.holder, p.key), []).append(rid)
+        for hk in list(self._held):
+            locks = self._held[hk]
+            back = granted.pop(hk, None)
             if back is None or back.fencing_token != locks[0].fencing_token:
-                reason = lost.get(key) or "the resumed session did not list it"
-                for lock in self._held.pop(key):
-                    lock._mark_lost(f"lost while the sidecar was away: {reason}")
+                reason = lost.get(hk) or "the resumed session did not list it"
+                lose(hk, f"lost while the sidecar was away: {reason}")
                 if back is not None:
-                    give_back(key, back.hold_count)
+                    give_back(hk, back.hold_count)
                 continue
-            unanswered = releases.get(key, [])
+            unanswered = releases.get(hk, [])
             applied = min(len(unanswered), max(0, len(locks) - back.hold_count))
             for rid in unanswered[:applied]:
                 done = self._pending.pop(rid)
-                done.resolve(pb.LeaseResponse(released=pb.Released(request_id=rid, key=key)))
+                done.resolve(
+                    pb.LeaseResponse(
+                        released=pb.Released(request_id=rid, key=hk[1], holder=hk[0])
+                    )
+                )
             surplus = back.hold_count + applied - len(locks)
             if surplus < 0:
                 # Fewer holds than grants known here: nothing explains it; do not
                 # count on any of them.
-                for lock in self._held.pop(key):
-                    lock._mark_lost("the resumed session holds the key fewer times than granted")
-                give_back(key, back.hold_count)
+                lose(hk, "the resumed session holds the key fewer times than granted")
+                give_back(hk, back.hold_count)
                 continue
-            give_back(key, surplus)
-        for key, back in granted.items():
-            give_back(key, back.hold_count)
-        # Unanswered releases and proclaims go again, in their order; those of keys
+            give_back(hk, surplus)
+        for hk, back in granted.items():
+            give_back(hk, back.hold_count)
+        _log_lost(gone, "not held by the resumed session (each lock's lost_reason says why)")
+        # Unanswered releases and proclaims go again, in their order; those of locks
         # that did not come back fail now (their locks are lost).
         for rid in sorted(self._pending):
             p = self._pending[rid]
-            if p.kind != "acquire" and p.key in self._held:
+            if p.kind != "acquire" and (p.holder, p.key) in self._held:
                 out.append(p.request)
                 continue
             del self._pending[rid]
@@ -827,7 +872,7 @@ class SessionBase:
             else:
                 p.resolve(error=Unavailable("the lock was lost while the sidecar was away"))
         log.warning(
-            "session %s resumed: %d key(s) held, %d request(s) sent again",
+            "session %s resumed: %d lock(s) held, %d request(s) sent again",
             self.session_id,
             len(self._held),
             len(out),
@@ -858,6 +903,8 @@ class SessionBase:
             lock._state = "released"
             self._forget(lock)
             return
+        if lock._state == "released":
+            return  # let go meanwhile: the client closed
         if lock._state == "lost" or pending.error is not None:
             # Lost before the release (a Lost crossing the Release is answered
             # FAILED_PRECONDITION), or the session ended: the sidecar may have died
@@ -883,9 +930,10 @@ class SessionBase:
         raise Rejected(lock.key, r.code, r.message)
 
     def _forget(self, lock: LockBase) -> None:
-        locks = self._held.get(lock.key)
+        hk = (lock.holder, lock.key)
+        locks = self._held.get(hk)
         if locks and lock in locks:
             locks.remove(lock)
             if not locks:
-                del self._held[lock.key]
-                self._jeopardy.pop(lock.key, None)
+                del self._held[hk]
+                self._jeopardy.pop(hk, None)

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import queue
+import socket
 import threading
 import time
-from collections import deque
+import warnings
+import weakref
 from typing import Any, List, Optional, Sequence, Tuple
 
 import grpc
-
-try:  # grpcio's private layer, for `_SegregatedStream`; the public API without it
-    from grpc._cython import cygrpc
-except ImportError:  # pragma: no cover - every grpcio has it today
-    cygrpc = None
 
 from lockside._core import (
     ANSWER_SLACK,
@@ -41,17 +39,24 @@ from lockside._core import (
     channel_target,
     default_addr,
     description,
+    dial_address,
     log,
     pb,
     proclaim_request,
+    refusal,
     release_request,
     rpc_error_text,
-    status_code,
+    thread_holder,
     value_bytes,
+    wait_after_refusal,
 )
-
-_CLOSE = object()  # ends the request iterator: the stream is half-closed
-
+from lockside._stream import (
+    _IteratorStream,
+    _SegregatedStream,
+    _Stream,
+    HAVE_CYGRPC,
+    inherited,
+)
 
 class Lock(LockBase):
     """A held lock (from `Client.lock`); a context manager that releases on exit.
@@ -64,9 +69,14 @@ class Lock(LockBase):
 
     _session: "_Session"
 
-    def __init__(self, session: "_Session", key: str, granted: Any, ttl_asked: float):
-        super().__init__(session, key, granted, ttl_asked)
+    def __init__(
+        self, session: "_Session", key: str, holder: str, granted: Any, ttl_asked: float
+    ):
+        super().__init__(session, key, holder, granted, ttl_asked)
         self.lost = threading.Event()
+        # The client, kept alive while its lock is (`Client.lock` sets it): a lock in
+        # hand is held, even when the client itself is no longer referenced.
+        self._client: Optional["Client"] = None
 
     def _signal_lost(self) -> None:
         self.lost.set()
@@ -103,8 +113,10 @@ class Lock(LockBase):
 class _SyncPending(Pending):
     __slots__ = ("done",)
 
-    def __init__(self, kind: str, key: str, request: bytes = b"", ttl: float = 0.0):
-        super().__init__(kind, key, request, ttl)
+    def __init__(
+        self, kind: str, key: str, request: bytes = b"", ttl: float = 0.0, holder: str = ""
+    ):
+        super().__init__(kind, key, request, ttl, holder)
         # A bare lock is CPython's cheapest cross-thread wake-up (an Event is a
         # Condition around one): taken now, released by the reader with the answer.
         self.done = threading.Lock()
@@ -114,288 +126,270 @@ class _SyncPending(Pending):
         self.done.release()
 
 
-# -- the stream ------------------------------------------------------------------
-
-
-class _Stream:
-    """One `Lease` stream as the session uses it: raw messages in and out.
-
-    `send` never blocks (False when the stream is over); `read` blocks for the next
-    message and returns None at the end, `status` then saying how it ended. Only the
-    session's reader thread reads.
-    """
-
-    status: Tuple[Optional[grpc.StatusCode], str] = (None, "")
-
-    def send(self, data: bytes) -> bool:
-        raise NotImplementedError
-
-    def read(self) -> Optional[bytes]:
-        raise NotImplementedError
-
-    def close_sending(self) -> None:
-        raise NotImplementedError
-
-    def cancel(self) -> None:
-        raise NotImplementedError
-
-    def discard(self) -> None:
-        """Cancels the stream and reads what is left of it (the reader thread only):
-        nothing of the call stays behind."""
-        self.cancel()
-        while self.read() is not None:
-            pass
-
-
-class _IteratorStream(_Stream):
-    """grpcio's public API: a request iterator fed by a queue (grpcio drains it on a
-    thread of its own), responses read from the call. The fallback when
-    `_SegregatedStream` cannot be used."""
-
-    def __init__(self, lease: Any, metadata: Tuple):
-        self._requests: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
-        self._call = lease(iter(self._requests.get, _CLOSE), metadata=metadata, wait_for_ready=True)
-
-    def send(self, data: bytes) -> bool:
-        self._requests.put(data)
-        return True
-
-    def read(self) -> Optional[bytes]:
-        try:
-            return next(self._call)
-        except StopIteration:
-            self.status = (grpc.StatusCode.OK, "")
-        except grpc.RpcError as e:
-            code = e.code() if hasattr(e, "code") else None
-            details = e.details() if hasattr(e, "details") else str(e)
-            self.status = (code, details or "")
-        return None
-
-    def close_sending(self) -> None:
-        self._requests.put(_CLOSE)
-
-    def cancel(self) -> None:
-        self._call.cancel()
-        self._requests.put(_CLOSE)  # grpcio's request thread waits on the queue: free it
-
-
-# Tags of the operations a _SegregatedStream starts.
-_STATUS, _METADATA, _RECV, _SEND, _HALF_CLOSE = "status", "metadata", "recv", "send", "close"
-
-
-class _SegregatedStream(_Stream):
-    """The stream on a grpcio "segregated call": the call's own completion queue,
-    polled by the session's reader thread (`read`), while callers start sends
-    directly (`send`). It is what grpcio itself uses for blocking calls, reached
-    through its private `cygrpc` layer; measured on one cycle (acquire, release) it
-    saves the two thread hand-offs of the public API (the request iterator's thread
-    and grpcio's channel thread): 700 against 930 µs. `_fast_streams` falls back to
-    `_IteratorStream` if a grpcio release changes it.
-
-    grpc core allows one send in flight: a send while one is in flight is queued and
-    started by the reader when the first completes. The call's completion queue is
-    destroyed by grpcio once no operation is due, so every operation is started and
-    counted under `_mu`, and `read` stops polling when the count reaches zero.
-    """
-
-    def __init__(self, channel: Any, metadata: Tuple):
-        flags = cygrpc.InitialMetadataFlags.wait_for_ready | (
-            cygrpc.InitialMetadataFlags.wait_for_ready_explicitly_set
-        )
-        operations = (
-            (
-                (
-                    cygrpc.SendInitialMetadataOperation(metadata, flags),
-                    cygrpc.ReceiveStatusOnClientOperation(0),
-                ),
-                _STATUS,
-            ),
-            ((cygrpc.ReceiveInitialMetadataOperation(0),), _METADATA),
-        )
-        self._mu = threading.Lock()
-        self._sending = False
-        self._queued: "deque[bytes]" = deque()
-        self._close_after_send = False
-        self._over = False
-        self._call = channel._channel.segregated_call(
-            cygrpc.PropagationConstants.GRPC_PROPAGATE_DEFAULTS,
-            LEASE_METHOD.encode(),
-            None,
-            None,
-            metadata,
-            None,
-            operations,
-            None,
-            None,
-        )
-        self._due = 2
-        with self._mu:
-            self._start((cygrpc.ReceiveMessageOperation(0),), _RECV)
-
-    def _start(self, operations: Tuple, tag: str) -> bool:
-        """Starts operations on the call (`_mu` held); False when the call is over."""
-        try:
-            started = self._call.operate(operations, tag)
-        except ValueError:  # grpc core refused the batch: the call is unusable
-            started = False
-        if started:
-            self._due += 1
-        else:
-            self._over = True
-        return bool(started)
-
-    def send(self, data: bytes) -> bool:
-        with self._mu:
-            if self._over:
-                return False
-            if self._sending:
-                self._queued.append(data)
-                return True
-            self._sending = True
-            return self._start((cygrpc.SendMessageOperation(data, 0),), _SEND)
-
-    def read(self) -> Optional[bytes]:
-        while True:
-            with self._mu:
-                if self._due == 0:
-                    self._over = True
-                    return None
-            event = self._call.next_event()
-            tag = event.tag
-            with self._mu:
-                self._due -= 1
-                if tag == _RECV:
-                    message = event.batch_operations[0].message()
-                    if message is not None:
-                        self._start((cygrpc.ReceiveMessageOperation(0),), _RECV)
-                        return message
-                elif tag == _SEND:
-                    if event.success and self._queued:
-                        data = self._queued.popleft()
-                        self._start((cygrpc.SendMessageOperation(data, 0),), _SEND)
-                    else:
-                        self._sending = False
-                        self._queued.clear()
-                        if self._close_after_send and event.success:
-                            self._start((cygrpc.SendCloseFromClientOperation(0),), _HALF_CLOSE)
-                elif tag == _STATUS:
-                    for op in event.batch_operations:
-                        if isinstance(op, cygrpc.ReceiveStatusOnClientOperation):
-                            details = op.details()
-                            if isinstance(details, bytes):
-                                details = details.decode("utf-8", "replace")
-                            self.status = (status_code(op.code()), details or "")
-                    self._over = True
-
-    def close_sending(self) -> None:
-        with self._mu:
-            if self._over:
-                return
-            if self._sending:
-                self._close_after_send = True
-            else:
-                self._start((cygrpc.SendCloseFromClientOperation(0),), _HALF_CLOSE)
-
-    def cancel(self) -> None:
-        try:
-            self._call.cancel(cygrpc.StatusCode.cancelled, "cancelled by the client")
-        except ValueError:
-            pass  # over already
-
-
 #: Whether sessions use `_SegregatedStream`; set to False when it cannot be made.
-_fast_streams = cygrpc is not None
+_fast_streams = HAVE_CYGRPC
 
 
-def _open_stream(client: "Client", metadata: Tuple) -> _Stream:
+def _open_stream(conn: "_Conn", metadata: Tuple[Any, ...], wait_for_ready: bool = True) -> _Stream:
     global _fast_streams
     if _fast_streams:
         try:
-            return _SegregatedStream(client._channel, metadata)
+            return _SegregatedStream(conn.channel, metadata, wait_for_ready)
         except (AttributeError, TypeError) as e:
             # Not the grpcio this was written for: the public API, slower, works.
             log.info("grpcio's segregated calls are not usable (%s): using its public API", e)
             _fast_streams = False
-    return _IteratorStream(client._raw_lease, metadata)
+    return _IteratorStream(conn.raw_lease, metadata, wait_for_ready)
+
+
+# -- the connection ----------------------------------------------------------------------
+
+
+class _Conn:
+    """A client's channel, and what its finalizer needs to end its session: the
+    session's stream and reader thread. It refers to neither the client nor the
+    session, so it keeps neither alive (see `Client`)."""
+
+    def __init__(self, client: "Client"):
+        self.addr = client.addr
+        self.pid = os.getpid()
+        target = channel_target(client.addr)
+        opts = client._options
+        if client._credentials is None:
+            self.channel = grpc.insecure_channel(target, options=opts)
+        else:
+            self.channel = grpc.secure_channel(target, client._credentials, options=opts)
+        # Raw bytes both ways: the session encodes and decodes (for _IteratorStream).
+        self.raw_lease = self.channel.stream_stream(LEASE_METHOD)
+        self.describe = self.channel.unary_unary(
+            DESCRIBE_METHOD,
+            request_serializer=pb.DescribeRequest.SerializeToString,
+            response_deserializer=pb.DescribeResponse.FromString,
+        )
+        self.watch = self.channel.unary_stream(
+            WATCH_METHOD,
+            request_serializer=pb.WatchRequest.SerializeToString,
+            response_deserializer=pb.WatchResponse.FromString,
+        )
+        self.stream: Optional[_Stream] = None  # the open session's
+        self.reader: Optional[threading.Thread] = None
+
+    def shutdown(self) -> None:
+        """Ends the session (a half-close: the sidecar releases every lock and ends
+        the stream) and closes the channel; for a client nobody closed (`_closer`)."""
+        stream, reader = self.stream, self.reader
+        if stream is not None:
+            stream.close_sending()
+            if reader is not None:
+                reader.join(2.0)
+                if reader.is_alive():
+                    stream.cancel()
+                    reader.join(2.0)
+        self.channel.close()
+
+
+def _collected(conn: _Conn) -> None:
+    """A `Client` was garbage-collected without `close()`: warn, and have its session
+    ended (on `_closer`'s thread: this runs wherever the collector happens to run,
+    perhaps inside one of this package's critical sections)."""
+    if conn.pid != os.getpid():
+        return  # the parent's, in a forked child: never touched here
+    if conn.stream is not None:
+        warnings.warn(
+            f"lockside.Client({conn.addr!r}) was garbage-collected without close(): its "
+            "session ends now and the sidecar releases its locks",
+            ResourceWarning,
+            stacklevel=2,
+        )
+    _closer.put(conn)
+
+
+_closer: "queue.SimpleQueue[_Conn]" = queue.SimpleQueue()  # reentrant: a finalizer may put
+_closer_thread: Optional[threading.Thread] = None
+_closer_mu = threading.Lock()
+
+
+def _closing() -> None:
+    while True:
+        conn = _closer.get()
+        if conn.pid != os.getpid():
+            continue  # queued in the parent before a fork: the parent's to end
+        try:
+            conn.shutdown()
+        except Exception as e:  # noqa: BLE001 - one client's end must not stop the others'
+            log.warning("ending the session of a collected client: %s", e)
+
+
+def _start_closer() -> None:
+    """Starts the thread that ends collected clients' sessions (once per process)."""
+    global _closer_thread
+    with _closer_mu:
+        if _closer_thread is None or not _closer_thread.is_alive():
+            _closer_thread = threading.Thread(target=_closing, name="lockside-closer", daemon=True)
+            _closer_thread.start()
+
+
+# -- fork() ----------------------------------------------------------------------------
+
+#: Every client: a forked child gives each a session of its own (`Client._after_fork`);
+#: `_stream.py` keeps gRPC sound across the fork itself.
+_clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    global _closer, _closer_mu, _closer_thread
+    _closer, _closer_mu, _closer_thread = queue.SimpleQueue(), threading.Lock(), None
+    for client in list(_clients):
+        client._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _probe(addr: str) -> Optional[str]:
+    """Why nothing listens at `addr` (a plain connect fails), or None when something
+    does or this cannot tell (see `wait_after_refusal`)."""
+    where = dial_address(addr)
+    if where is None:
+        return None
+    kind, address = where
+    try:
+        if kind == "unix":
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(1.0)
+                s.connect(address)
+        else:
+            socket.create_connection(address, timeout=1.0).close()
+    except OSError as e:
+        return refusal(e)
+    return None
 
 
 # -- the session -----------------------------------------------------------------
+
+
+def _read(ref: "weakref.ref[_Session]", stream: _Stream, opened: threading.Lock) -> None:
+    """The reader thread of a session: reads its streams and hands each message to
+    the session while it lives."""
+    try:
+        first = stream.read()
+        sess = ref()
+        if sess is None:
+            return
+        sess._opened(stream, first)
+        if first is None:
+            return
+    except Exception as e:  # noqa: BLE001 - a bad first message ends the session
+        stream.discard()
+        sess = ref()
+        if sess is not None:
+            with sess._mu:
+                sess._end(rpc_error_text(e)[0])
+        return
+    finally:
+        opened.release()
+    del sess
+    next_stream: Optional[_Stream] = stream
+    while next_stream is not None:
+        stream = next_stream
+        try:
+            alive = _pump(ref, stream)
+        except Exception as e:  # noqa: BLE001 - a bad message ends the stream
+            stream.discard()
+            sess = ref()
+            if sess is not None:
+                with sess._mu:
+                    sess._end(f"protocol error: {rpc_error_text(e)[0]}")
+            return
+        sess = ref() if alive else None
+        if sess is None:  # collected: its finalizer ended the stream
+            stream.discard()
+            return
+        next_stream = sess._stream_ended(stream)
+        del sess
+
+
+def _pump(ref: "weakref.ref[_Session]", stream: _Stream) -> bool:
+    """Hands the stream's messages to the session until the stream ends (True) or the
+    session is gone (False)."""
+    read, parse = stream.read, pb.LeaseResponse.FromString
+    while True:
+        data = read()
+        if data is None:
+            return True
+        resp = parse(data)
+        sess = ref()
+        if sess is None:
+            return False
+        with sess._mu:
+            sess._dispatch(resp)
+        del sess
 
 
 class _Session(SessionBase):
     """One session: a reader thread reads its stream, routes every answer to its
     waiter and every `Lost` to its locks, and resumes the session on a new stream when
     the stream breaks as if the sidecar died (see `SessionBase`). Callers send
-    directly."""
+    directly.
 
-    def __init__(self, client: "Client"):
+    The reader holds the session only weakly between messages: a client dropped
+    without `close()` is collected with its session, and its finalizer ends the stream
+    (`_collected`)."""
+
+    def __init__(
+        self,
+        client: "Client",
+        conn: _Conn,
+        wait_for_ready: bool,
+        timeout: float,
+    ):
         super().__init__(client.resume, client.renewal_slack)
-        self._client = client
+        self._conn = conn
+        self._metadata = client._metadata
         self._mu = threading.Lock()
         # Notified when the state changes (resumed, ended): callers wait on it while
         # the session resumes.
         self._changed = threading.Condition(self._mu)
         self._attempt: Optional[_Stream] = None
         self._timers: List[threading.Timer] = []
-        self._stream = _open_stream(client, client._metadata)
+        self._stream = _open_stream(conn, self._metadata, wait_for_ready)
         opened = threading.Lock()
         opened.acquire()
         self._reader = threading.Thread(
-            target=self._run, args=(opened,), name="lockside-session", daemon=True
+            target=_read, args=(weakref.ref(self), self._stream, opened), name="lockside-session",
+            daemon=True,
         )
         self._reader.start()
-        if not opened.acquire(timeout=client.connect_timeout):
+        if not opened.acquire(timeout=timeout):
             self._stream.cancel()
             raise Unavailable(
-                f"no answer from the sidecar at {client.addr} within "
-                f"{client.connect_timeout:g}s"
+                f"no answer from the sidecar at {conn.addr} within {timeout:g}s",
+                grpc.StatusCode.DEADLINE_EXCEEDED,
             )
         if self.ended is not None:
-            raise Unavailable(f"cannot open a session at {client.addr}: {self.ended}")
+            raise Unavailable(
+                f"cannot open a session at {conn.addr}: {self.ended}", self._stream.status[0]
+            )
+        conn.stream, conn.reader = self._stream, self._reader
 
-    # -- the reader thread --------------------------------------------------------
+    # -- the reader thread (`_read`) ------------------------------------------------
 
-    def _run(self, opened: threading.Lock) -> None:
-        stream = self._stream
-        try:
-            first = stream.read()
+    def _opened(self, stream: _Stream, first: Optional[bytes]) -> None:
+        with self._mu:
             if first is None:
-                with self._mu:
-                    self._end(self._ending(stream), stream.status[0])
-                return
-            with self._mu:
+                self._end(self._ending(stream), stream.status[0])
+            else:
                 self._started(pb.LeaseResponse.FromString(first))
-        except Exception as e:  # noqa: BLE001 - a bad first message ends the session
-            stream.discard()
-            with self._mu:
-                self._end(rpc_error_text(e)[0])
-            return
-        finally:
-            opened.release()
-        while stream is not None:
-            try:
-                self._pump(stream)
-            except Exception as e:  # noqa: BLE001 - a bad message ends the stream
-                stream.discard()
-                with self._mu:
-                    self._end(f"protocol error: {rpc_error_text(e)[0]}")
-                return
-            code, details = stream.status
-            with self._mu:
-                resuming = self._broke(self._ending(stream), code, details)
-                if resuming:
-                    self._arm_expiry()
-            stream = self._resume() if resuming else None
 
-    def _pump(self, stream: _Stream) -> None:
-        read, parse, mu, dispatch = stream.read, pb.LeaseResponse.FromString, self._mu, self._dispatch
-        while True:
-            data = read()
-            if data is None:
-                return
-            resp = parse(data)
-            with mu:
-                dispatch(resp)
+    def _stream_ended(self, stream: _Stream) -> Optional[_Stream]:
+        """The stream ended: resumes the session on a new one (returned), or ends it."""
+        code, details = stream.status
+        with self._mu:
+            resuming = self._broke(self._ending(stream), code, details)
+            if resuming:
+                self._arm_expiry()
+        return self._resume() if resuming else None
 
     def _ending(self, stream: _Stream) -> str:
         if self._closing:
@@ -438,9 +432,9 @@ class _Session(SessionBase):
             with self._mu:
                 if self.state is not RESUMING:
                     return None
-                metadata = self._client._metadata + ((RESUME_HEADER, self.resume_token),)
+                metadata = self._metadata + ((RESUME_HEADER, self.resume_token),)
                 try:
-                    attempt = self._attempt = _open_stream(self._client, metadata)
+                    attempt = self._attempt = _open_stream(self._conn, metadata)
                 except ValueError as e:  # the channel is closed
                     self._end(f"{self._broke_reason}; resuming failed: {e}")
                     return None
@@ -475,7 +469,7 @@ class _Session(SessionBase):
                 if taken:
                     for data in self._resumed(started.started, greeting):
                         attempt.send(data)
-                    self._stream = attempt
+                    self._stream = self._conn.stream = attempt
                     return attempt
             attempt.discard()  # (outside the mutex: it reads the stream to its end)
             code, details = attempt.status
@@ -499,8 +493,24 @@ class _Session(SessionBase):
         if self.state is OPEN:
             self._stream.send(request)
 
-    def _new_lock(self, key: str, granted: Any, ttl: float) -> Lock:
-        return Lock(self, key, granted, ttl)
+    def _new_lock(self, key: str, holder: str, granted: Any, ttl: float) -> Lock:
+        return Lock(self, key, holder, granted, ttl)
+
+    def _inherited(self) -> None:
+        # In a forked child, before any other thread runs: locks and events that a
+        # thread of the parent held at the fork would never be let go here.
+        self._mu = threading.Lock()
+        self._changed = threading.Condition(self._mu)
+        self._timers = []
+        for grants in self._held.values():
+            for lock in grants:
+                assert isinstance(lock, Lock)
+                reinit = getattr(lock.lost, "_at_fork_reinit", None)
+                if reinit is not None:
+                    reinit()
+                else:  # pragma: no cover - CPython has it since 3.9
+                    lock.lost = threading.Event()
+        super()._inherited()
 
     def _ready(self) -> None:
         """Waits while the session resumes (mutex held); raises if it ended."""
@@ -534,11 +544,12 @@ class _Session(SessionBase):
         shared: bool,
         limit: int,
         fair: bool,
-        value: "bytes | str" = b"",
+        value: "bytes | str",
+        holder: str,
     ) -> Lock:
         rid = next(self._ids)
-        data, timeout = acquire_request(rid, key, wait, ttl, shared, limit, fair, value)
-        pending = _SyncPending("acquire", key, ttl=ttl or 0.0)
+        data, timeout = acquire_request(rid, key, wait, ttl, shared, limit, fair, value, holder)
+        pending = _SyncPending("acquire", key, ttl=ttl or 0.0, holder=holder)
         with self._mu:
             if self.state is not OPEN:
                 self._ready()
@@ -555,8 +566,8 @@ class _Session(SessionBase):
                 lock._state = "released"  # LockLost is raised once
                 raise lock._lost_error()
             rid = next(self._ids)
-            data = release_request(rid, lock.key)
-            pending = _SyncPending("release", lock.key, data)
+            data = release_request(rid, lock.key, lock.holder)
+            pending = _SyncPending("release", lock.key, data, holder=lock.holder)
             self._pending[rid] = pending
             if self.state is OPEN:
                 self._stream.send(data)
@@ -572,8 +583,8 @@ class _Session(SessionBase):
             if lock._state == "released":
                 raise LocksideError(f"lock {lock.key!r} was released")
             rid = next(self._ids)
-            data = proclaim_request(rid, lock.key, value)
-            pending = _SyncPending("proclaim", lock.key, data)
+            data = proclaim_request(rid, lock.key, value, lock.holder)
+            pending = _SyncPending("proclaim", lock.key, data, holder=lock.holder)
             self._pending[rid] = pending
             if self.state is OPEN:
                 self._stream.send(data)
@@ -643,9 +654,18 @@ class Client:
 
     `addr` is `host:port` or `unix:/path`; it defaults to $LOCKSIDE_ADDR, then
     127.0.0.1:7420. All locks taken through one client share one `Lease` stream (one
-    session, opened on the first `lock()`): they are owned by the session, not by a
-    thread, so two threads sharing a client that lock the same key both hold it
-    (reentrancy); give threads that must exclude each other a client each.
+    session, opened on the first `lock()`), and each thread is a holder of its own
+    (DESIGN.md, "Holders inside a session"): threads sharing a client exclude each
+    other on a key as two clients would (BUSY, or wait in turn), share a `shared` key
+    and take a semaphore permit each, while a thread locking a key it holds re-enters
+    it (`hold_count` 2, the same token). `lock(holder=...)` names another holder ("":
+    the session itself, reentrant for every thread).
+
+    A forked child (gunicorn --preload, multiprocessing, Celery prefork) gets a session
+    of its own on its first use of the client; the parent's locks stay the parent's
+    (the child's copies of them are not held: `lost` set, `release()` does nothing).
+    A client garbage-collected without `close()` ends its session (releasing its locks)
+    with a `ResourceWarning`; a lock in hand keeps its client alive.
 
     If the stream breaks as if the sidecar died (UNAVAILABLE, a reset connection) while
     the session holds locks, the client resumes the session with its resume token, on
@@ -663,7 +683,9 @@ class Client:
     `--auth-token-file`), `credentials` (`grpc.ssl_channel_credentials(...)` for a TLS
     sidecar), `options` (extra gRPC channel options), `connect_timeout` (seconds to
     wait for a new session), `resume` (False: any broken stream loses every lock at
-    once), `renewal_slack` (seconds; twice the sidecar's `--store-timeout`).
+    once), `renewal_slack` (seconds; twice the sidecar's `--store-timeout`),
+    `wait_for_sidecar` (seconds a new session waits for a sidecar that is not there
+    yet, logging one line; 0, the default: nothing listening at `addr` fails at once).
     """
 
     def __init__(
@@ -677,42 +699,70 @@ class Client:
         connect_timeout: float = 10.0,
         resume: bool = True,
         renewal_slack: float = DEFAULT_RENEWAL_SLACK,
+        wait_for_sidecar: float = 0.0,
     ):
         self.addr = addr or default_addr()
         self.connect_timeout = connect_timeout
         self.resume = resume
         self.renewal_slack = renewal_slack
-        target = channel_target(self.addr)
-        opts = KEEPALIVE_OPTIONS + list(options)
-        if credentials is None:
-            self._channel = grpc.insecure_channel(target, options=opts)
-        else:
-            self._channel = grpc.secure_channel(target, credentials, options=opts)
+        self.wait_for_sidecar = wait_for_sidecar
+        self._credentials = credentials
+        self._options = KEEPALIVE_OPTIONS + list(options)
         self._metadata = call_metadata(client_name, auth_token)
-        # Raw bytes both ways: the session encodes and decodes (for _IteratorStream).
-        self._raw_lease = self._channel.stream_stream(LEASE_METHOD)
-        self._describe = self._channel.unary_unary(
-            DESCRIBE_METHOD,
-            request_serializer=pb.DescribeRequest.SerializeToString,
-            response_deserializer=pb.DescribeResponse.FromString,
-        )
-        self._watch = self._channel.unary_stream(
-            WATCH_METHOD,
-            request_serializer=pb.WatchRequest.SerializeToString,
-            response_deserializer=pb.WatchResponse.FromString,
-        )
         self._mu = threading.Lock()
+        # The channel, made on first use (so in a forked child, its own).
+        self._conn: Optional[_Conn] = None
+        self._finalizer: "Optional[weakref.finalize[Any, Any]]" = None
         self._sess: Optional[_Session] = None
         self._closed = False
+        _clients.add(self)
+
+    def _connection(self) -> _Conn:
+        """The channel (mutex held)."""
+        if self._closed:
+            raise LocksideError("the client is closed")
+        if self._conn is None:
+            _start_closer()
+            self._conn = _Conn(self)
+            # Not at exit: the process's end ends the session all the same.
+            self._finalizer = weakref.finalize(self, _collected, self._conn)
+            self._finalizer.atexit = False
+        return self._conn
 
     def _session(self) -> _Session:
         with self._mu:
-            if self._closed:
-                raise LocksideError("the client is closed")
+            conn = self._connection()
             if self._sess is None or self._sess.ended is not None:
                 self._sess = None
-                self._sess = _Session(self)
+                self._sess = self._open(conn)
             return self._sess
+
+    def _open(self, conn: _Conn) -> _Session:
+        """A new session: at once when the sidecar is there; else, after a plain
+        connect to `addr` says why not, fails at once or waits for it
+        (`wait_after_refusal`)."""
+        try:
+            return _Session(self, conn, False, self.connect_timeout)
+        except Unavailable as e:
+            if e.code is not grpc.StatusCode.UNAVAILABLE:
+                raise
+        wait = wait_after_refusal(
+            self.addr, _probe(self.addr), self.wait_for_sidecar, self.connect_timeout
+        )
+        return _Session(self, conn, True, wait)
+
+    def _after_fork(self) -> None:
+        """In a forked child, before any other thread of it runs: the session and the
+        channel are the parent's; the child opens its own on first use."""
+        self._mu = threading.Lock()
+        sess, conn = self._sess, self._conn
+        self._sess = self._conn = None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        if sess is not None:
+            sess._inherited()
+        inherited.append((conn, sess))
 
     @property
     def session_id(self) -> Optional[str]:
@@ -731,8 +781,10 @@ class Client:
         limit: int = 0,
         fair: bool = False,
         value: "bytes | str" = b"",
+        holder: Optional[str] = None,
     ) -> Lock:
-        """Takes `key` and returns the held `Lock` (also a context manager).
+        """Takes `key` for the calling thread and returns the held `Lock` (also a
+        context manager).
 
         wait:   seconds to wait while the key is busy; 0 fails at once; None (the
                 default) waits as long as the sidecar allows (24 h).
@@ -744,12 +796,18 @@ class Client:
         value:  the holder's value, shown by `describe()` and `watch()` (bytes, or
                 str in UTF-8; at most 4 KiB). On a key this session already holds, a
                 non-empty value replaces the value (as `proclaim`).
+        holder: who holds it in the session; None (the default) is the calling
+                thread (`thread:N:NAME`), "" the session itself. At most 128 bytes,
+                no control characters. `release()` may come from any thread.
 
         Raises `NotAcquired` (busy, timed out), `Rejected` (a bad value, a conflicting
         mode or limit, the store unreachable), `Unavailable` (no sidecar), and
         `TypeError`/`ValueError` for values that are not numbers of seconds.
         """
-        return self._session().acquire(key, wait, ttl, shared, limit, fair, value)
+        who = thread_holder() if holder is None else holder
+        lock = self._session().acquire(key, wait, ttl, shared, limit, fair, value, who)
+        lock._client = self
+        return lock
 
     def campaign(
         self,
@@ -758,27 +816,36 @@ class Client:
         *,
         wait: Optional[float] = None,
         ttl: Optional[float] = None,
+        holder: Optional[str] = None,
     ) -> Lock:
         """Campaigns for leadership of `key` with `value` (who you are, where to reach
         you) and returns once this client leads: the returned `Lock` is leadership.
         Candidates lead in the order they campaigned, across every sidecar of the
         store (a fair EXCLUSIVE lock). Lead while `lock.lost` is not set; `proclaim()`
         changes the value followers see; `release()` (or leaving a `with` block) hands
-        leadership to the next candidate. `wait` and `ttl` as in `lock()`."""
-        return self._session().acquire(key, wait, ttl, False, 0, True, value)
+        leadership to the next candidate. `wait`, `ttl` and `holder` as in `lock()`."""
+        who = thread_holder() if holder is None else holder
+        lock = self._session().acquire(key, wait, ttl, False, 0, True, value, who)
+        lock._client = self
+        return lock
 
     def watch(self, key: str) -> Watch:
         """Follows `key`: a `Watch` to iterate for its states (`Description`s), its
         state now first. Followers of an election read `state.leader`: None while
         nobody leads (campaign, or wait), else the leader's `value` and
         `fencing_token`."""
-        call = self._watch(pb.WatchRequest(key=key), metadata=self._metadata)
+        with self._mu:
+            conn = self._connection()
+        call = conn.watch(pb.WatchRequest(key=key), metadata=self._metadata)
         return Watch(call, key)
 
     def describe(self, key: str, timeout: float = 5.0) -> Description:
-        """The store's view of `key`: holders, waiters, fair queue, last fencing token."""
+        """The store's view of `key`: holders (one per holder of a session), waiters,
+        fair queue, last fencing token."""
+        with self._mu:
+            conn = self._connection()
         try:
-            resp = self._describe(
+            resp = conn.describe(
                 pb.DescribeRequest(key=key),
                 timeout=timeout,
                 metadata=self._metadata,
@@ -790,15 +857,20 @@ class Client:
 
     def close(self) -> None:
         """Ends the session (the sidecar releases every lock it holds; their `lost` is
-        set) and closes the channel. Idempotent."""
+        set, and `release()` of them does nothing) and closes the channel. Idempotent."""
         with self._mu:
             if self._closed:
                 return
             self._closed = True
             sess, self._sess = self._sess, None
+            conn, self._conn = self._conn, None
+            finalizer, self._finalizer = self._finalizer, None
+        if finalizer is not None:
+            finalizer.detach()
         if sess is not None:
             sess.close()
-        self._channel.close()
+        if conn is not None:
+            conn.channel.close()
 
     def __enter__(self) -> "Client":
         return self

@@ -140,10 +140,12 @@ interface GrantedMsg {
   fencingToken: string;
   ttl: Duration | null;
   holdCount: number;
+  holder: string;
 }
 interface AnswerMsg {
   requestId: string;
   key: string;
+  holder?: string;
   value?: Buffer;
   reason?: string;
   code?: number;
@@ -159,9 +161,9 @@ interface LeaseResponse {
   released?: AnswerMsg;
   rejected?: AnswerMsg;
   proclaimed?: AnswerMsg;
-  lost?: { key: string; reason: string; fencingToken: string };
-  jeopardy?: { key: string; ttlRemaining: Duration | null };
-  restored?: { key: string; ttl: Duration | null };
+  lost?: { key: string; reason: string; fencingToken: string; holder: string };
+  jeopardy?: { key: string; ttlRemaining: Duration | null; holder: string };
+  restored?: { key: string; ttl: Duration | null; holder: string };
 }
 interface DescribeResponseMsg {
   key: string;
@@ -174,10 +176,11 @@ interface DescribeResponseMsg {
     clientName: string;
     value: Buffer;
     fencingToken: string;
+    holder: string;
   }[];
   waiters: number;
   fencingToken: string;
-  queue: { sessionId: string; clientName: string; mode: string; position: number }[];
+  queue: { sessionId: string; clientName: string; mode: string; position: number; holder: string }[];
 }
 
 function seconds(d: Duration | null | undefined): number {
@@ -249,6 +252,12 @@ export interface LockOptions {
   value?: Uint8Array | string;
   /** Aborting it gives up a pending acquire (the wait is cancelled on the sidecar). */
   signal?: AbortSignal;
+  /** Who in the session asks (at most 128 bytes of UTF-8 without control characters).
+   * Undefined: a holder of its own for this call (`'1'`, `'2'`, ... per client), so a
+   * second `lock()` of a held key waits like anyone else. Pass `lock.holder` of a lock
+   * this caller holds to take the key again reentrantly (`holdCount` 2, the same
+   * fencing token). */
+  holder?: string;
 }
 
 /** How to campaign for leadership (`client.campaign()`). */
@@ -288,9 +297,11 @@ export interface LostInfo {
   fencingToken: bigint;
 }
 
-/** One session holding a key. */
+/** One holder of a key: a session, or one holder inside a session. */
 export interface Holder {
   sessionId: string;
+  /** The holder inside its session (`lock.holder`); '' for the session itself. */
+  holder: string;
   holdCount: number;
   /** Seconds before the store lets the lock go if it is not renewed. */
   ttlRemaining: number;
@@ -312,7 +323,8 @@ export interface Description {
   waiters: number;
   /** The last fencing token issued for the key (0n if none ever was). */
   fencingToken: bigint;
-  queue: { sessionId: string; clientName: string; mode: string; position: number }[];
+  /** The fair waiters, next in line first (`holder`: the waiter inside its session). */
+  queue: { sessionId: string; holder: string; clientName: string; mode: string; position: number }[];
   /** The holder of an election key, undefined when nobody leads (for a key held by
    * several, the oldest grant). */
   leader?: Holder;
@@ -328,6 +340,7 @@ function toValue(name: string, value: Uint8Array | string | undefined): Buffer {
 function toDescription(res: DescribeResponseMsg): Description {
   const holders = res.holders.map((h) => ({
     sessionId: h.sessionId,
+    holder: h.holder ?? '',
     holdCount: h.holdCount,
     ttlRemaining: seconds(h.ttlRemaining),
     clientName: h.clientName,
@@ -343,7 +356,7 @@ function toDescription(res: DescribeResponseMsg): Description {
     holders,
     waiters: res.waiters,
     fencingToken: BigInt(res.fencingToken),
-    queue: res.queue.map((q) => ({ ...q, mode: q.mode.replace(/^LOCK_MODE_/, '') })),
+    queue: res.queue.map((q) => ({ ...q, holder: q.holder ?? '', mode: q.mode.replace(/^LOCK_MODE_/, '') })),
     leader,
   };
 }
@@ -368,10 +381,13 @@ export class Lock {
   /** Seconds of validity the sidecar reported with the grant (it renews the lock for as
    * long as the session lives). */
   readonly ttl: number;
-  /** How many times the session held the key after this grant (reentrancy). */
+  /** How many times this lock's holder held the key after this grant (reentrancy). */
   readonly holdCount: number;
   /** The session shown by `describe()`. */
   readonly sessionId: string;
+  /** The holder inside the session (`describe()` shows it): each `lock()` call is one
+   * of its own unless it passed `holder`. */
+  readonly holder: string;
   /** Resolves when the lock is lost (the sidecar sent `Lost`, or the session's stream
    * broke and the lock did not come back): stop using the resource then. Never
    * rejects; never settles after a clean release. */
@@ -389,10 +405,11 @@ export class Lock {
   private readonly onLost: (info: LostInfo) => void;
 
   /** @internal */
-  constructor(session: Session, key: string, granted: GrantedMsg, ttlAsked: number) {
+  constructor(session: Session, key: string, holder: string, granted: GrantedMsg, ttlAsked: number) {
     this.session = session;
     this._ttlAsked = ttlAsked;
     this.key = key;
+    this.holder = holder;
     this.fencingToken = BigInt(granted.fencingToken);
     this.ttl = seconds(granted.ttl);
     this.holdCount = granted.holdCount;
@@ -447,6 +464,7 @@ type Request = Record<string, unknown>;
 interface Pending {
   kind: 'acquire' | 'release' | 'proclaim';
   key: string;
+  holder: string;
   /** What was sent: a release or a proclaim is sent again after a resume, since the
    * old stream may have broken before it arrived. */
   request: Request;
@@ -488,14 +506,21 @@ const FIRST_RESUME_BACKOFF_MS = 50;
 const MAX_RESUME_BACKOFF_MS = 500;
 const ANSWERS = new Set(['granted', 'notAcquired', 'rejected', 'released', 'proclaimed']);
 
+/** Where a session keeps what concerns one holder's grant of one key: reentrancy is per
+ * (session, holder, key), and every event names both. */
+function slot(holder: string, key: string): string {
+  return JSON.stringify([holder, key]);
+}
+
 function statusText(err: grpc.ServiceError): string {
   const details = String(err.details || err.message).replace(/\s*Resolution note:.*$/s, '');
   return `${grpc.status[err.code] ?? err.code}: ${details}`;
 }
 
 /**
- * One session. Answers are matched by `request_id`; `Lost` is routed by key to every
- * lock of this session on it (reentrant grants share a key).
+ * One session. Answers are matched by `request_id`; `Lost`, `Jeopardy` and `Restored`
+ * are routed by (holder, key), the sidecar's echo of `Acquire.holder`, to every lock of
+ * that holder on that key (reentrant grants of one holder share it).
  *
  * When the stream breaks as if the sidecar died (UNAVAILABLE, a reset stream) and the
  * session holds locks, it resumes (DESIGN.md, "Sessions that survive a sidecar
@@ -517,10 +542,11 @@ class Session {
   private resumeToken = '';
   private nextId = 1;
   private readonly pending = new Map<string, Pending>();
+  /** The locks held, by `slot(holder, key)`. */
   private readonly held = new Map<string, Lock[]>();
-  /** Keys in Jeopardy: when they stop being surely held (performance.now() ms). */
+  /** Slots in Jeopardy: when they stop being surely held (performance.now() ms). */
   private readonly jeopardy = new Map<string, number>();
-  /** While resuming: until when each key is surely held (performance.now() ms). */
+  /** While resuming: until when each slot is surely held (performance.now() ms). */
   private readonly safeUntil = new Map<string, number>();
   private timers: NodeJS.Timeout[] = [];
   private brokeReason = '';
@@ -633,21 +659,37 @@ class Session {
     switch (event) {
       case 'lost': {
         const lost = resp.lost!;
-        this.jeopardy.delete(lost.key);
-        const locks = this.held.get(lost.key) ?? [];
-        this.held.delete(lost.key);
-        for (const lock of locks) lock._markLost(lost.reason || 'Lost');
+        for (const s of this.slotsOf(lost.holder, lost.key)) {
+          this.jeopardy.delete(s);
+          const locks = this.held.get(s) ?? [];
+          this.held.delete(s);
+          for (const lock of locks) lock._markLost(lost.reason || 'Lost');
+        }
         return;
       }
-      case 'jeopardy':
-        this.jeopardy.set(resp.jeopardy!.key, performance.now() + seconds(resp.jeopardy!.ttlRemaining) * 1000);
+      case 'jeopardy': {
+        const until = performance.now() + seconds(resp.jeopardy!.ttlRemaining) * 1000;
+        for (const s of this.slotsOf(resp.jeopardy!.holder, resp.jeopardy!.key)) this.jeopardy.set(s, until);
         return;
+      }
       case 'restored':
-        this.jeopardy.delete(resp.restored!.key);
+        for (const s of this.slotsOf(resp.restored!.holder, resp.restored!.key)) this.jeopardy.delete(s);
         return;
       default:
         return; // waiting: informational
     }
+  }
+
+  /** The held slots an event about (holder, key) concerns: that holder's. An event
+   * with holder "" about a key no lock holds as "" comes from a sidecar that knows no
+   * holders (older than the `holder` field): it speaks of the whole session's grant,
+   * that is of every holder's lock of the key. */
+  private slotsOf(holder: string | undefined, key: string): string[] {
+    const exact = slot(holder ?? '', key);
+    if (holder || this.held.has(exact)) return [exact];
+    const all: string[] = [];
+    for (const [s, locks] of this.held) if (locks[0]?.key === key) all.push(s);
+    return all;
   }
 
   private answered(event: string, resp: LeaseResponse): void {
@@ -659,13 +701,14 @@ class Session {
     this.pending.delete(answer.requestId);
     if (event === 'granted') {
       if (pending.abandoned) {
-        this.sendRelease(pending.key); // nobody waits for this grant any more
+        this.sendRelease(pending.holder, pending.key); // nobody waits for this grant any more
         return;
       }
-      const lock = new Lock(this, pending.key, resp.granted!, pending.ttl || this.defaultTtl);
-      const locks = this.held.get(pending.key);
+      const lock = new Lock(this, pending.key, pending.holder, resp.granted!, pending.ttl || this.defaultTtl);
+      const s = slot(pending.holder, pending.key);
+      const locks = this.held.get(s);
       if (locks) locks.push(lock);
-      else this.held.set(pending.key, [lock]);
+      else this.held.set(s, [lock]);
       pending.lock = lock;
     }
     pending.settle(resp, null);
@@ -673,19 +716,19 @@ class Session {
 
   /** Sends a Release nobody waits for; dropped unless the stream is up (a resume
    * reconciles hold counts). */
-  private sendRelease(key: string): void {
+  private sendRelease(holder: string, key: string): void {
     const requestId = String(this.nextId++);
-    if (this.state === 'open') this.call.write({ release: { requestId, key } });
+    if (this.state === 'open') this.call.write({ release: { requestId, key, holder } });
   }
 
   /** The caller gave up on `rid` (timeout, abort). See the Python client's notes. */
   private abandon(rid: string, pending: Pending): void {
     if (this.pending.get(rid) !== pending) return;
     pending.abandoned = true;
-    if (pending.kind === 'acquire' && !this.held.get(pending.key)?.length && this.state === 'open') {
-      // A Release of a key only waited for cancels the wait.
+    if (pending.kind === 'acquire' && !this.held.get(slot(pending.holder, pending.key))?.length && this.state === 'open') {
+      // A Release of a key the holder only waits for cancels the wait.
       this.pending.delete(rid);
-      this.sendRelease(pending.key);
+      this.sendRelease(pending.holder, pending.key);
     }
   }
 
@@ -749,9 +792,9 @@ class Session {
       );
     }
     const now = performance.now();
-    for (const [key, locks] of this.held) {
+    for (const [s, locks] of this.held) {
       const window = Math.min(...locks.map((l) => safeWindow(l._ttlAsked, this.options.renewalSlack)));
-      this.safeUntil.set(key, this.jeopardy.get(key) ?? now + window * 1000);
+      this.safeUntil.set(s, this.jeopardy.get(s) ?? now + window * 1000);
     }
     const next = this.expire(now);
     if (next === undefined) return;
@@ -764,11 +807,11 @@ class Session {
   private expire(now: number): number | undefined {
     if (this.state !== 'resuming') return undefined;
     const why = `the stream to the sidecar broke (${this.brokeReason}) and the session was not resumed while the lock was surely held`;
-    for (const [key, until] of this.safeUntil) {
+    for (const [s, until] of this.safeUntil) {
       if (until > now) continue;
-      this.safeUntil.delete(key);
-      for (const lock of this.held.get(key) ?? []) lock._markLost(why);
-      this.held.delete(key);
+      this.safeUntil.delete(s);
+      for (const lock of this.held.get(s) ?? []) lock._markLost(why);
+      this.held.delete(s);
     }
     if (this.held.size === 0) {
       this.end(why, grpc.status.UNAVAILABLE);
@@ -883,57 +926,62 @@ class Session {
     this.resumeToken = started.resumeToken ?? '';
     this.safeUntil.clear();
     this.jeopardy.clear();
+    // Each holder's grant comes back on its own (Granted with request_id 0 and its
+    // holder), and is matched with that holder's locks only.
     const granted = new Map<string, GrantedMsg>();
     const lost = new Map<string, string>();
     for (const e of events) {
-      if (e.event === 'granted') granted.set(e.granted!.key, e.granted!);
-      else if (e.event === 'lost') lost.set(e.lost!.key, e.lost!.reason);
+      if (e.event === 'granted') granted.set(slot(e.granted!.holder ?? '', e.granted!.key), e.granted!);
+      else if (e.event === 'lost') lost.set(slot(e.lost!.holder ?? '', e.lost!.key), e.lost!.reason);
     }
     const out: Request[] = [];
-    const giveBack = (key: string, holds: number) => {
-      for (let i = 0; i < holds; i++) out.push({ release: { requestId: String(this.nextId++), key } });
+    const giveBack = (back: GrantedMsg, holds: number) => {
+      for (let i = 0; i < holds; i++) {
+        out.push({ release: { requestId: String(this.nextId++), key: back.key, holder: back.holder ?? '' } });
+      }
     };
     const byId = [...this.pending.entries()].sort((a, b) => (BigInt(a[0]) < BigInt(b[0]) ? -1 : 1));
     const releases = new Map<string, string[]>();
     for (const [rid, p] of byId) {
       if (p.kind !== 'release') continue;
-      const list = releases.get(p.key);
+      const s = slot(p.holder, p.key);
+      const list = releases.get(s);
       if (list) list.push(rid);
-      else releases.set(p.key, [rid]);
+      else releases.set(s, [rid]);
     }
-    for (const [key, locks] of [...this.held]) {
-      const back = granted.get(key);
-      granted.delete(key);
+    for (const [s, locks] of [...this.held]) {
+      const back = granted.get(s);
+      granted.delete(s);
       const loseAll = (why: string) => {
         for (const lock of locks) lock._markLost(why);
-        this.held.delete(key);
+        this.held.delete(s);
       };
       if (!back || BigInt(back.fencingToken) !== locks[0].fencingToken) {
-        loseAll(`lost while the sidecar was away: ${lost.get(key) || 'the resumed session did not list it'}`);
-        if (back) giveBack(key, back.holdCount);
+        loseAll(`lost while the sidecar was away: ${lost.get(s) || 'the resumed session did not list it'}`);
+        if (back) giveBack(back, back.holdCount);
         continue;
       }
-      const unanswered = releases.get(key) ?? [];
+      const unanswered = releases.get(s) ?? [];
       const applied = Math.min(unanswered.length, Math.max(0, locks.length - back.holdCount));
       for (const rid of unanswered.slice(0, applied)) {
         const done = this.pending.get(rid)!;
         this.pending.delete(rid);
-        done.settle({ event: 'released', released: { requestId: rid, key } }, null);
+        done.settle({ event: 'released', released: { requestId: rid, key: back.key, holder: done.holder } }, null);
       }
       const surplus = back.holdCount + applied - locks.length;
       if (surplus < 0) {
         loseAll('the resumed session holds the key fewer times than granted');
-        giveBack(key, back.holdCount);
+        giveBack(back, back.holdCount);
         continue;
       }
-      giveBack(key, surplus);
+      giveBack(back, surplus);
     }
-    for (const [key, back] of granted) giveBack(key, back.holdCount);
+    for (const back of granted.values()) giveBack(back, back.holdCount);
     // Unanswered releases and proclaims go again, in their order; those of keys that
     // did not come back fail now (their locks are lost).
     for (const [rid, p] of byId) {
       if (!this.pending.has(rid)) continue;
-      if (p.kind !== 'acquire' && this.held.has(p.key)) {
+      if (p.kind !== 'acquire' && this.held.has(slot(p.holder, p.key))) {
         out.push(p.request);
         continue;
       }
@@ -957,6 +1005,7 @@ class Session {
   private request(
     kind: Pending['kind'],
     key: string,
+    holder: string,
     message: Request,
     rid: string,
     timeoutS: number,
@@ -983,7 +1032,7 @@ class Session {
           resolve(pending);
         }
       };
-      const pending: Pending = { kind, key, request: message, ttl, abandoned: false, settle };
+      const pending: Pending = { kind, key, holder, request: message, ttl, abandoned: false, settle };
       if (signal) {
         onAbort = () => {
           this.abandon(rid, pending);
@@ -996,8 +1045,10 @@ class Session {
     });
   }
 
-  async acquire(key: string, opts: LockOptions): Promise<Lock> {
+  /** Takes `key` for `holder` (see `Client.lock`). */
+  async acquire(key: string, holder: string, opts: LockOptions): Promise<Lock> {
     if (typeof key !== 'string') throw new TypeError(`key must be a string, not ${typeof key}`);
+    if (typeof holder !== 'string') throw new TypeError(`holder must be a string, not ${typeof holder}`);
     const limit = opts.limit ?? 0;
     if (!Number.isInteger(limit) || limit < 0 || limit > 0xffffffff) {
       throw new RangeError(`limit must be an integer between 0 and 2**32-1, got ${String(limit)}`);
@@ -1009,6 +1060,7 @@ class Session {
       limit,
       fair: Boolean(opts.fair),
       value: toValue('value', opts.value),
+      holder,
     };
     const waitTimeout = duration('wait', wait);
     if (wait > 0) acquire.waitTimeout = waitTimeout;
@@ -1017,7 +1069,7 @@ class Session {
     if (this.state !== 'open') await this.ready();
     const rid = String(this.nextId++);
     acquire.requestId = rid;
-    const pending = await this.request('acquire', key, { acquire }, rid, wait + ANSWER_SLACK_SECONDS, opts.signal, opts.ttl ?? 0);
+    const pending = await this.request('acquire', key, holder, { acquire }, rid, wait + ANSWER_SLACK_SECONDS, opts.signal, opts.ttl ?? 0);
     const resp = pending.response!;
     if (pending.lock) return pending.lock;
     if (resp.event === 'notAcquired') {
@@ -1038,8 +1090,8 @@ class Session {
     let resp: LeaseResponse | null = null;
     let error: Error | null = null;
     try {
-      resp = (await this.request('release', lock.key, { release: { requestId: rid, key: lock.key } }, rid, ANSWER_SLACK_SECONDS))
-        .response!;
+      const release = { requestId: rid, key: lock.key, holder: lock.holder };
+      resp = (await this.request('release', lock.key, lock.holder, { release }, rid, ANSWER_SLACK_SECONDS)).response!;
     } catch (e) {
       error = e as Error;
     }
@@ -1068,8 +1120,8 @@ class Session {
     if (lock._state === 'released') throw new LocksideError(`lock ${shortKey(lock.key)} was released`, lock.key);
     if (this.state === 'ended') throw new Unavailable(`lease stream ended: ${this.ended}`);
     const rid = String(this.nextId++);
-    const message = { proclaim: { requestId: rid, key: lock.key, value: bytes } };
-    const resp = (await this.request('proclaim', lock.key, message, rid, ANSWER_SLACK_SECONDS)).response!;
+    const message = { proclaim: { requestId: rid, key: lock.key, value: bytes, holder: lock.holder } };
+    const resp = (await this.request('proclaim', lock.key, lock.holder, message, rid, ANSWER_SLACK_SECONDS)).response!;
     if (resp.event === 'proclaimed') return;
     // (The await above may have changed the state: the sidecar sends `Lost` first.)
     if ((lock._state as Lock['_state']) === 'lost') {
@@ -1080,13 +1132,14 @@ class Session {
   }
 
   private forget(lock: Lock): void {
-    const locks = this.held.get(lock.key);
+    const s = slot(lock.holder, lock.key);
+    const locks = this.held.get(s);
     if (!locks) return;
     const i = locks.indexOf(lock);
     if (i >= 0) locks.splice(i, 1);
     if (locks.length === 0) {
-      this.held.delete(lock.key);
-      this.jeopardy.delete(lock.key);
+      this.held.delete(s);
+      this.jeopardy.delete(s);
     }
   }
 
@@ -1115,8 +1168,11 @@ class Session {
 
 /**
  * A connection to a Lockside sidecar and one session on it. All locks taken through
- * one client share one `Lease` stream, opened on the first `lock()`; they belong to the
- * session, so locking a key the client already holds is reentrant.
+ * one client share one `Lease` stream, opened on the first `lock()`. Each `lock()` call
+ * is a holder of its own inside the session (DESIGN.md, "Holders inside a session"):
+ * callers sharing one client exclude each other exactly as separate clients would (a
+ * second `lock()` of a held key waits or is BUSY), share a shared key, and take a
+ * semaphore permit each. Reentrancy is asked for explicitly: `{ holder: lock.holder }`.
  *
  * If the stream breaks as if the sidecar died (UNAVAILABLE, a reset stream) while the
  * session holds locks, the client resumes the session with its resume token, on the
@@ -1140,6 +1196,9 @@ export class Client {
   private session?: Session;
   private opening?: Promise<Session>;
   private closed = false;
+  /** Names the holder of each `lock()` call: "1", "2", ... (short: the sidecar keeps
+   * the name with the lock in the store). */
+  private nextHolder = 1;
 
   /** `addr` defaults to $LOCKSIDE_ADDR, then 127.0.0.1:7420. */
   constructor(addr?: string, options: ClientOptions = {}) {
@@ -1183,13 +1242,15 @@ export class Client {
   }
 
   /**
-   * Takes `key`. Rejects with `NotAcquired` (busy, timed out), `Rejected` (a bad value,
-   * a conflicting mode or limit, the store unreachable), `Unavailable` (no sidecar), and
-   * `TypeError`/`RangeError` for values that are not numbers of seconds.
+   * Takes `key` for a new holder (or for `opts.holder`). Rejects with `NotAcquired`
+   * (busy, timed out), `Rejected` (a bad value, a conflicting mode or limit, the store
+   * unreachable), `Unavailable` (no sidecar), and `TypeError`/`RangeError` for values
+   * that are not numbers of seconds.
    */
   async lock(key: string, opts: LockOptions = {}): Promise<Lock> {
+    const holder = opts.holder ?? String(this.nextHolder++);
     const session = await this.currentSession();
-    return session.acquire(key, opts);
+    return session.acquire(key, holder, opts);
   }
 
   /**

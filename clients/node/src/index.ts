@@ -36,6 +36,13 @@ export const MAX_WAIT_SECONDS = 24 * 3600;
 const ANSWER_SLACK_SECONDS = 10;
 /** The longest holder value the sidecar accepts (`Acquire.value`, `Proclaim.value`). */
 export const MAX_VALUE_BYTES = 4096;
+/**
+ * The largest request the sidecar reads at all (its transport's limit, 4 MiB), less room
+ * for the fields around the strings. Up to that size a bad request is answered
+ * `Rejected` and the session goes on; above it gRPC ends the whole stream, and with it
+ * every lock of the session, so the client refuses such a request before sending it.
+ */
+const MAX_SENDABLE_BYTES = 4 * 1024 * 1024 - 1024;
 
 /**
  * HTTP/2 keepalive well below the lock TTL (README, "Client guidance"): a frozen or
@@ -126,6 +133,44 @@ export class Unavailable extends LocksideError {
 
 function shortKey(key: string): string {
   return key.length <= 80 ? JSON.stringify(key) : `${JSON.stringify(key.slice(0, 60))}... (${key.length} characters)`;
+}
+
+/** What the sidecar accepts of each name, for error messages (it checks the rest). */
+const RULES = {
+  key: 'a key is 1 to 512 bytes of UTF-8 without control characters',
+  holder: 'a holder is at most 128 bytes of UTF-8 without control characters',
+};
+
+/**
+ * Refuses, before anything is sent, a key or holder that cannot be encoded as UTF-8: a
+ * JavaScript string with a lone surrogate (half of a UTF-16 pair). Protobuf would send
+ * bytes that are not UTF-8, the sidecar could not decode the message, and gRPC would end
+ * the whole stream, losing every lock of the session. Python refuses the same strings
+ * (UnicodeEncodeError). Length and control characters are the sidecar's to judge: it
+ * answers `Rejected` INVALID_ARGUMENT and the session goes on.
+ */
+function checkText(name: keyof typeof RULES, text: unknown): string {
+  if (typeof text !== 'string') throw new TypeError(`${name} must be a string, not ${typeof text}`);
+  const lone = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/.exec(text);
+  if (lone) {
+    const unit = `\\u${lone[0].charCodeAt(0).toString(16)}`;
+    throw new RangeError(
+      `${name} ${shortKey(text)} cannot be encoded as UTF-8: character '${unit}' at index ${lone.index} ` +
+        `is a lone surrogate (${RULES[name]})`,
+    );
+  }
+  return text;
+}
+
+/** Refuses a request too large for the sidecar to read (see `MAX_SENDABLE_BYTES`). */
+function checkSize(key: string, holder: string, value: Buffer): void {
+  const bytes = Buffer.byteLength(key) + Buffer.byteLength(holder) + value.length;
+  if (bytes > MAX_SENDABLE_BYTES) {
+    throw new RangeError(
+      `request for ${shortKey(key)} is ${bytes} bytes: more than the 4 MiB the sidecar reads, which would ` +
+        `end the session (${RULES.key}, ${RULES.holder}, a value at most ${MAX_VALUE_BYTES} bytes)`,
+    );
+  }
 }
 
 // -- wire types (as @grpc/proto-loader decodes them: longs as strings) -----------
@@ -1047,19 +1092,21 @@ class Session {
 
   /** Takes `key` for `holder` (see `Client.lock`). */
   async acquire(key: string, holder: string, opts: LockOptions): Promise<Lock> {
-    if (typeof key !== 'string') throw new TypeError(`key must be a string, not ${typeof key}`);
-    if (typeof holder !== 'string') throw new TypeError(`holder must be a string, not ${typeof holder}`);
+    checkText('key', key);
+    checkText('holder', holder);
     const limit = opts.limit ?? 0;
     if (!Number.isInteger(limit) || limit < 0 || limit > 0xffffffff) {
       throw new RangeError(`limit must be an integer between 0 and 2**32-1, got ${String(limit)}`);
     }
     const wait = opts.wait ?? MAX_WAIT_SECONDS;
+    const value = toValue('value', opts.value);
+    checkSize(key, holder, value);
     const acquire: Record<string, unknown> = {
       key,
       mode: opts.shared ? 'LOCK_MODE_SHARED' : 'LOCK_MODE_EXCLUSIVE',
       limit,
       fair: Boolean(opts.fair),
-      value: toValue('value', opts.value),
+      value,
       holder,
     };
     const waitTimeout = duration('wait', wait);
@@ -1116,6 +1163,7 @@ class Session {
 
   async proclaim(lock: Lock, value: Uint8Array | string): Promise<void> {
     const bytes = toValue('value', value);
+    checkSize(lock.key, lock.holder, bytes);
     if (lock._state === 'lost') throw new LockLost(lock.key, lock.lostReason ?? 'lost', lock.fencingToken);
     if (lock._state === 'released') throw new LocksideError(`lock ${shortKey(lock.key)} was released`, lock.key);
     if (this.state === 'ended') throw new Unavailable(`lease stream ended: ${this.ended}`);
@@ -1271,6 +1319,7 @@ export class Client {
    */
   async *watch(key: string, { signal }: { signal?: AbortSignal } = {}): AsyncGenerator<Description, void, undefined> {
     if (this.closed) throw new LocksideError('the client is closed');
+    checkText('key', key);
     const call = this.stub.Watch({ key }, this.metadata);
     const onAbort = () => call.cancel();
     signal?.addEventListener('abort', onAbort, { once: true });
@@ -1306,6 +1355,7 @@ export class Client {
   /** The store's view of `key`: holders, waiters, fair queue, last fencing token. */
   describe(key: string, { timeout = 5 }: { timeout?: number } = {}): Promise<Description> {
     return new Promise((resolve, reject) => {
+      checkText('key', key); // (a throw here rejects)
       this.stub.Describe({ key }, this.metadata, { deadline: Date.now() + timeout * 1000 }, (err, res) => {
         if (err || !res) {
           reject(callError('describe', key, err ?? undefined));

@@ -162,6 +162,32 @@ describe('on a shared sidecar', () => {
     });
   });
 
+  it('a key or holder that is not UTF-8, or too large to send, is refused and the session goes on', async () => {
+    const key = newKey();
+    await withClients(stack.addr, 1, async (c) => {
+      const precious = await c.lock(`${key}-precious`, { wait: 0 });
+      const session = c.sessionId;
+      await assert.rejects(c.lock('a\ud800b', { wait: 0 }), (e) =>
+        e instanceof RangeError && /^key "a\\ud800b" cannot be encoded as UTF-8: .*lone surrogate.*512 bytes/.test(e.message));
+      await assert.rejects(c.lock('\udc00', { wait: 5 }), /key .* lone surrogate/);
+      await assert.rejects(c.lock(key, { wait: 0, holder: 'me\ud83d' }), (e) =>
+        e instanceof RangeError && /^holder "me\\ud83d" cannot be encoded as UTF-8/.test(e.message));
+      await assert.rejects(c.lock('k'.repeat(5_000_000), { wait: 0 }), (e) =>
+        e instanceof RangeError && /more than the 4 MiB the sidecar reads/.test(e.message) && e.message.length < 500);
+      await assert.rejects(precious.proclaim('v'.repeat(5_000_000)), /more than the 4 MiB/);
+      await assert.rejects(c.describe('a\ud800b'), RangeError);
+      await assert.rejects(c.watch('a\ud800b').next(), RangeError);
+      // A pair is a character, not a lone surrogate.
+      await (await c.lock(`${key}-\ud83d\udd12`, { wait: 0 })).release();
+      assert.equal(precious.held, true);
+      assert.equal(c.sessionId, session);
+      assert.deepEqual((await c.describe(`${key}-precious`)).holders.map((h) => [h.sessionId, h.holder]), [[session, precious.holder]]);
+      await precious.proclaim('still mine');
+      assert.equal((await c.describe(`${key}-precious`)).holders[0].value.toString(), 'still mine');
+      await precious.release();
+    });
+  });
+
   it('close() ends the session: its locks are lost and released', async () => {
     const key = newKey();
     const c = new Client(stack.addr);

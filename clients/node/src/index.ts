@@ -228,6 +228,23 @@ interface DescribeResponseMsg {
   queue: { sessionId: string; clientName: string; mode: string; position: number; holder: string }[];
 }
 
+/** The longest delay a Node timer takes: a longer one fires at once, with a
+ * TimeoutOverflowWarning. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/** Calls `fn` after `ms`, also beyond what one Node timer takes (longer delays are
+ * waited out in steps); `cancel()` stops it. */
+function later(ms: number, fn: () => void): { cancel(): void } {
+  const until = performance.now() + ms;
+  let timer: NodeJS.Timeout;
+  const arm = () => {
+    const left = Math.max(0, until - performance.now());
+    timer = left > MAX_TIMER_MS ? setTimeout(arm, MAX_TIMER_MS) : setTimeout(fn, left);
+  };
+  arm();
+  return { cancel: () => clearTimeout(timer) };
+}
+
 function seconds(d: Duration | null | undefined): number {
   return d ? Number(d.seconds) + d.nanos / 1e9 : 0;
 }
@@ -1061,15 +1078,15 @@ class Session {
       let onAbort: (() => void) | undefined;
       const expire = () => {
         if (this.pending.get(rid) === pending && this.state === 'resuming' && kind !== 'acquire') {
-          timer = setTimeout(expire, timeoutS * 1000); // sent again once resumed, or failed
+          timer = later(timeoutS * 1000, expire); // sent again once resumed, or failed
           return;
         }
         this.abandon(rid, pending);
         settle(null, new Unavailable(`no answer from the sidecar within ${timeoutS} s`));
       };
-      let timer = setTimeout(expire, timeoutS * 1000);
+      let timer = later(timeoutS * 1000, expire);
       const settle = (response: LeaseResponse | null, error: Error | null) => {
-        clearTimeout(timer);
+        timer.cancel();
         if (onAbort) signal!.removeEventListener('abort', onAbort);
         if (error) reject(error);
         else {
@@ -1116,7 +1133,10 @@ class Session {
     if (this.state !== 'open') await this.ready();
     const rid = String(this.nextId++);
     acquire.requestId = rid;
-    const pending = await this.request('acquire', key, holder, { acquire }, rid, wait + ANSWER_SLACK_SECONDS, opts.signal, opts.ttl ?? 0);
+    // The sidecar answers a wait over its maximum at once (Rejected INVALID_ARGUMENT),
+    // and never waits longer than that maximum.
+    const answerWithin = Math.min(wait, MAX_WAIT_SECONDS) + ANSWER_SLACK_SECONDS;
+    const pending = await this.request('acquire', key, holder, { acquire }, rid, answerWithin, opts.signal, opts.ttl ?? 0);
     const resp = pending.response!;
     if (pending.lock) return pending.lock;
     if (resp.event === 'notAcquired') {

@@ -188,6 +188,34 @@ describe('on a shared sidecar', () => {
     });
   });
 
+  it('a wait over 2**31 ms is the sidecar\'s clear INVALID_ARGUMENT, with no timer overflow', async () => {
+    const key = newKey();
+    const warnings = [];
+    const onWarning = (w) => warnings.push(w);
+    process.on('warning', onWarning);
+    try {
+      await withClients(stack.addr, 2, async (c, other) => {
+        const held = await c.lock(key, { wait: 0 });
+        const started = Date.now();
+        await assert.rejects(c.lock(`${key}-long`, { wait: 3_000_000 }), (e) =>
+          e instanceof Rejected && e.codeName === 'INVALID_ARGUMENT' && /wait.*3000000.*maximum.*86400/.test(e.details));
+        assert.ok(Date.now() - started < 2000, 'answered at once');
+        // The longest wait the sidecar allows is still waited for (and given up here).
+        const abort = new AbortController();
+        const waiting = other.lock(key, { signal: abort.signal }); // 24 h
+        assert.ok(await until(async () => (await c.describe(key)).waiters === 1));
+        abort.abort(new Error('gave up'));
+        await assert.rejects(waiting, /gave up/);
+        assert.equal(held.held, true);
+        await held.release();
+      });
+      await new Promise((resolve) => setImmediate(resolve)); // warnings are emitted on the next tick
+    } finally {
+      process.off('warning', onWarning);
+    }
+    assert.deepEqual(warnings.map((w) => `${w.name}: ${w.message}`), []);
+  });
+
   it('close() ends the session: its locks are lost and released', async () => {
     const key = newKey();
     const c = new Client(stack.addr);

@@ -342,8 +342,13 @@ export interface ClientOptions {
   credentials?: grpc.ChannelCredentials;
   /** More gRPC channel options. */
   channelOptions?: grpc.ChannelOptions;
-  /** Seconds to wait for the sidecar when a session opens (default 10). */
+  /** Seconds a sidecar that accepted the connection may take to open a session
+   * (default 10). */
   connectTimeout?: number;
+  /** Seconds to wait for a sidecar to start listening at the address when a session
+   * opens (one console line says so). Default 0: no sidecar there fails at once with
+   * `Unavailable` naming the address and the cause (e.g. connection refused). */
+  waitForSidecar?: number;
   /** Resume the session when its stream breaks as if the sidecar died (default true;
    * see `Client`). false: any broken stream loses every lock at once. */
   resume?: boolean;
@@ -574,6 +579,37 @@ function slot(holder: string, key: string): string {
   return JSON.stringify([holder, key]);
 }
 
+/** How long a channel whose last connection attempt failed may take to try again:
+ * the longest reconnect backoff (`CHANNEL_OPTIONS`, 1 s) and gRPC's 20 % jitter. */
+const RECONNECT_GRACE_MS = 1200;
+
+/** Connection errors that say nobody listens at the address. */
+const NOBODY_LISTENS = /ECONNREFUSED|ENOENT|ENOTFOUND|Name resolution failed/;
+
+/** Whether the channel connects within `ms` (false when it is closed meanwhile). */
+async function readyWithin(stub: LockServiceClient, ms: number): Promise<boolean> {
+  const until = performance.now() + ms;
+  for (;;) {
+    const left = until - performance.now();
+    if (left <= 0) return false;
+    // (One step at a time: gRPC arms a Node timer for the whole deadline.)
+    const step = Math.min(left, MAX_TIMER_MS);
+    const err = await new Promise<Error | undefined>((resolve) => stub.waitForReady(Date.now() + step, resolve));
+    if (!err) return true;
+    if (stub.getChannel().getConnectivityState(false) === grpc.connectivityState.SHUTDOWN) return false;
+  }
+}
+
+/** Why a call found no sidecar, from gRPC's "No connection established. Last error:
+ * Error: connect ECONNREFUSED 127.0.0.1:7420. Resolution note: ..." */
+function connectError(err: grpc.ServiceError): string {
+  const cause = String(err.details || err.message)
+    .replace(/\s*Resolution note:.*$/s, '')
+    .replace(/^No connection established\. Last error: (Error: )?/, '')
+    .replace(/\.$/, '');
+  return cause === 'null' ? 'the last connection attempt failed' : cause;
+}
+
 function statusText(err: grpc.ServiceError): string {
   const details = String(err.details || err.message).replace(/\s*Resolution note:.*$/s, '');
   return `${grpc.status[err.code] ?? err.code}: ${details}`;
@@ -629,36 +665,87 @@ class Session {
     this.done = new Promise((r) => (this.markDone = r));
   }
 
-  static open(
-    client: Client,
+  /**
+   * Opens a session on the sidecar at `addr`. With nothing listening there (connection
+   * refused, no such socket, a name that does not resolve) it fails at once, naming the
+   * address and the cause, unless `waitForSidecar` seconds allow waiting for a sidecar
+   * to start: then it says so in one line on the console and connects as soon as one
+   * listens. A sidecar that accepts the connection has `connectTimeout` seconds to
+   * open the session.
+   */
+  static async open(
+    addr: string,
+    stub: LockServiceClient,
+    metadata: grpc.Metadata,
+    timing: { connectTimeout: number; waitForSidecar: number },
+    options: { resume: boolean; renewalSlack: number },
+  ): Promise<Session> {
+    const channel = stub.getChannel();
+    const waitUntil = performance.now() + timing.waitForSidecar * 1000;
+    let waited = false;
+    for (;;) {
+      // Only a refusal seen now means that nobody listens. A channel whose last attempt
+      // failed fails new calls at once with that attempt's error until its next attempt
+      // (gRPC's reconnect backoff; channels to one address share their connections, so
+      // a new client may inherit the failure, without its cause): such an error may be
+      // older than a sidecar started since.
+      const stale = channel.getConnectivityState(false) === grpc.connectivityState.TRANSIENT_FAILURE;
+      const opened = await Session.attempt(addr, stub, metadata, timing.connectTimeout, options);
+      if (opened instanceof Session) return opened;
+      const refused = !stale && NOBODY_LISTENS.test(opened.noSidecar);
+      const left = waitUntil - performance.now();
+      if (left > 0) {
+        if (!waited) {
+          console.warn(`lockside: no sidecar at ${addr} yet (${opened.noSidecar}); waiting up to ${timing.waitForSidecar} s for one`);
+        }
+        waited = true;
+        await readyWithin(stub, left);
+        continue;
+      }
+      if (!refused && !waited) {
+        waited = true;
+        if (await readyWithin(stub, RECONNECT_GRACE_MS)) continue;
+      }
+      const hint = timing.waitForSidecar > 0 ? ` (waited ${timing.waitForSidecar} s)` : '; to wait for one, pass { waitForSidecar: seconds }';
+      throw new Unavailable(`no sidecar at ${addr}: ${opened.noSidecar}${hint}`, grpc.status.UNAVAILABLE);
+    }
+  }
+
+  /** One Lease stream: the session once it starts; `noSidecar` (why) when the stream
+   * failed UNAVAILABLE before any sidecar answered; rejects otherwise. */
+  private static attempt(
+    addr: string,
     stub: LockServiceClient,
     metadata: grpc.Metadata,
     timeoutS: number,
     options: { resume: boolean; renewalSlack: number },
-  ): Promise<Session> {
+  ): Promise<Session | { noSidecar: string }> {
     return new Promise((resolve, reject) => {
-      const deadline = Date.now() + timeoutS * 1000;
-      stub.waitForReady(deadline, (err) => {
-        if (err) {
-          reject(new Unavailable(`no sidecar at ${client.addr} within ${timeoutS} s: ${err.message}`));
-          return;
-        }
-        const session = new Session(stub.Lease(metadata), stub, metadata, options);
-        const timer = setTimeout(() => {
-          session.call.cancel();
-          reject(new Unavailable(`no answer from the sidecar at ${client.addr} within ${timeoutS} s`));
-        }, Math.max(0, deadline - Date.now()));
-        session.start((err) => {
-          clearTimeout(timer);
-          if (err) reject(err);
-          else resolve(session);
-        });
+      let call: LeaseCall;
+      try {
+        call = stub.Lease(metadata);
+      } catch (e) {
+        reject(new Unavailable(`cannot open a session: ${(e as Error).message}`)); // the channel is closed
+        return;
+      }
+      let answered = false; // response headers came: a sidecar is there
+      call.on('metadata', () => (answered = true));
+      const session = new Session(call, stub, metadata, options);
+      const timer = later(timeoutS * 1000, () => {
+        call.cancel();
+        reject(new Unavailable(`no answer from the sidecar at ${addr} within ${timeoutS} s`));
+      });
+      session.start((err, status) => {
+        timer.cancel();
+        if (!err) resolve(session);
+        else if (status?.code === grpc.status.UNAVAILABLE && !answered) resolve({ noSidecar: connectError(status) });
+        else reject(err);
       });
     });
   }
 
   /** Reads the first stream: SessionStarted, then everything else. */
-  private start(opened: (err: Error | null) => void): void {
+  private start(opened: (err: Error | null, status?: grpc.ServiceError) => void): void {
     const call = this.call;
     let first = true;
     call.on('data', (resp: LeaseResponse) => {
@@ -676,13 +763,13 @@ class Session {
       this.follow(call);
       opened(null);
     });
-    const fail = (reason: string, code?: number) => {
+    const fail = (reason: string, code?: number, status?: grpc.ServiceError) => {
       if (!first) return;
       first = false;
-      opened(new Unavailable(`cannot open a session: ${reason}`, code));
+      opened(new Unavailable(`cannot open a session: ${reason}`, code), status);
       this.end(reason, code);
     };
-    call.on('error', (err: grpc.ServiceError) => fail(statusText(err), err.code));
+    call.on('error', (err: grpc.ServiceError) => fail(statusText(err), err.code, err));
     call.on('status', () => fail('the stream ended'));
   }
 
@@ -1259,7 +1346,7 @@ export class Client {
   readonly addr: string;
   private readonly stub: LockServiceClient;
   private readonly metadata: grpc.Metadata;
-  private readonly connectTimeout: number;
+  private readonly timing: { connectTimeout: number; waitForSidecar: number };
   private readonly sessionOptions: { resume: boolean; renewalSlack: number };
   private session?: Session;
   private opening?: Promise<Session>;
@@ -1280,7 +1367,12 @@ export class Client {
     this.metadata = new grpc.Metadata();
     if (options.clientName) this.metadata.set('lockside-client-name', options.clientName);
     if (options.authToken) this.metadata.set('authorization', `Bearer ${options.authToken}`);
-    this.connectTimeout = options.connectTimeout ?? 10;
+    this.timing = { connectTimeout: options.connectTimeout ?? 10, waitForSidecar: options.waitForSidecar ?? 0 };
+    for (const [name, value] of Object.entries(this.timing)) {
+      if (typeof value !== 'number' || !(value >= 0)) {
+        throw new RangeError(`${name} must be a number of seconds >= 0, got ${String(value)}`);
+      }
+    }
     this.sessionOptions = {
       resume: options.resume ?? true,
       renewalSlack: options.renewalSlack ?? DEFAULT_RENEWAL_SLACK_SECONDS,
@@ -1296,11 +1388,17 @@ export class Client {
     if (this.session && this.session.ended === undefined) return this.session;
     if (this.closed) throw new LocksideError('the client is closed');
     if (!this.opening) {
-      this.opening = Session.open(this, this.stub, this.metadata, this.connectTimeout, this.sessionOptions).finally(() => {
+      this.opening = Session.open(this.addr, this.stub, this.metadata, this.timing, this.sessionOptions).finally(() => {
         this.opening = undefined;
       });
     }
-    const session = await this.opening;
+    let session: Session;
+    try {
+      session = await this.opening;
+    } catch (e) {
+      if (this.closed) throw new LocksideError('the client is closed');
+      throw e;
+    }
     if (this.closed) {
       await session.close();
       throw new LocksideError('the client is closed');

@@ -2,6 +2,8 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { after, before, describe, it } from 'node:test';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Client, LockLost, NotAcquired, Rejected, Unavailable } from 'lockside';
 import { Stack, freePort } from './servers.mjs';
@@ -208,7 +210,7 @@ describe('on a shared sidecar', () => {
         await assert.rejects(waiting, /gave up/);
         assert.equal(held.held, true);
         await held.release();
-      });
+      }, { connectTimeout: 3_000_000 }); // a session opened with a timer that long too
       await new Promise((resolve) => setImmediate(resolve)); // warnings are emitted on the next tick
     } finally {
       process.off('warning', onWarning);
@@ -274,6 +276,56 @@ describe('when something dies', () => {
     await withClients(`127.0.0.1:${await freePort()}`, 1, async (c) => {
       await assert.rejects(c.lock('nobody-listens', { wait: 0 }), Unavailable);
     }, { connectTimeout: 0.5 });
+  });
+
+  it('no sidecar: fails at once naming the address and the cause', { timeout: 20000 }, async () => {
+    const addr = `127.0.0.1:${await freePort()}`;
+    await withClients(addr, 1, async (c) => {
+      const started = performance.now();
+      await assert.rejects(c.lock('nobody-listens', { wait: 0 }), (e) =>
+        e instanceof Unavailable && e.message.startsWith(`no sidecar at ${addr}: connect ECONNREFUSED ${addr}`) &&
+        /waitForSidecar/.test(e.message));
+      assert.ok(performance.now() - started < 1000, `failed after ${performance.now() - started} ms`);
+      // Again on the same client, whose channel has failed before: still within ~1 s.
+      const again = performance.now();
+      await assert.rejects(c.lock('nobody-listens', { wait: 0 }), /no sidecar at/);
+      assert.ok(performance.now() - again < 1500, `failed after ${performance.now() - again} ms`);
+    });
+    const socket = join(tmpdir(), `lockside-none-${process.pid}.sock`);
+    await withClients(`unix:${socket}`, 1, async (c) => {
+      await assert.rejects(c.lock('nobody-listens', { wait: 0 }), new RegExp(`no sidecar at unix:${socket}: connect ENOENT`));
+    });
+    await withClients(addr, 1, async (c) => {
+      await assert.rejects(c.lock('nobody-listens', { wait: 0 }), /no sidecar at .* \(waited 0.3 s\)$/);
+    }, { waitForSidecar: 0.3 });
+  });
+
+  it('waitForSidecar: says so once, and connects when a sidecar starts there', { timeout: 20000 }, async () => {
+    const stack = await Stack.start();
+    const warn = console.warn;
+    const lines = [];
+    let warned;
+    const firstLine = new Promise((resolve) => (warned = resolve));
+    console.warn = (...args) => {
+      lines.push(args.join(' '));
+      warned();
+    };
+    try {
+      const addr = `127.0.0.1:${await freePort()}`;
+      await withClients(addr, 1, async (c) => {
+        const locking = c.lock(newKey(), { wait: 0 });
+        await firstLine;
+        assert.match(lines[0], new RegExp(`^lockside: no sidecar at ${addr} yet \\(connect ECONNREFUSED .*\\); waiting up to 30 s`));
+        await stack.startSidecar(addr);
+        const lock = await locking;
+        assert.equal(lock.sessionId, c.sessionId);
+        await lock.release();
+      }, { waitForSidecar: 30 });
+      assert.equal(lines.length, 1, lines.join('\n'));
+    } finally {
+      console.warn = warn;
+      await stack.stop();
+    }
   });
 });
 

@@ -646,7 +646,7 @@ class Session {
   private readonly jeopardy = new Map<string, number>();
   /** While resuming: until when each slot is surely held (performance.now() ms). */
   private readonly safeUntil = new Map<string, number>();
-  private timers: NodeJS.Timeout[] = [];
+  private timers: { cancel(): void }[] = [];
   private brokeReason = '';
   private attempt?: LeaseCall;
   /** Resolves the wait of callers while the session resumes. */
@@ -898,7 +898,7 @@ class Session {
   }
 
   private stateChanged(): void {
-    for (const timer of this.timers) clearTimeout(timer);
+    for (const timer of this.timers) timer.cancel();
     this.timers = [];
     this.markSettled();
   }
@@ -972,7 +972,7 @@ class Session {
   /** Loses keys when their safe time passes: one timer, for the next such time (a
    * timer may fire a little early: it is then armed again). */
   private armExpiry(at: number): void {
-    this.timers.push(setTimeout(() => this.onExpiry(), Math.max(0, at - performance.now())));
+    this.timers.push(later(at - performance.now(), () => this.onExpiry()));
   }
 
   private onExpiry(): void {

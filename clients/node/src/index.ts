@@ -318,7 +318,8 @@ export interface LockOptions {
    * Undefined: a holder of its own for this call (`'1'`, `'2'`, ... per client), so a
    * second `lock()` of a held key waits like anyone else. Pass `lock.holder` of a lock
    * this caller holds to take the key again reentrantly (`holdCount` 2, the same
-   * fencing token). */
+   * fencing token). Names of your own should not be plain numbers: those are the
+   * client's. */
   holder?: string;
 }
 

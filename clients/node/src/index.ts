@@ -36,6 +36,13 @@ export const MAX_WAIT_SECONDS = 24 * 3600;
 const ANSWER_SLACK_SECONDS = 10;
 /** The longest holder value the sidecar accepts (`Acquire.value`, `Proclaim.value`). */
 export const MAX_VALUE_BYTES = 4096;
+/**
+ * The largest request the sidecar reads at all (its transport's limit, 4 MiB), less room
+ * for the fields around the strings. Up to that size a bad request is answered
+ * `Rejected` and the session goes on; above it gRPC ends the whole stream, and with it
+ * every lock of the session, so the client refuses such a request before sending it.
+ */
+const MAX_SENDABLE_BYTES = 4 * 1024 * 1024 - 1024;
 
 /**
  * HTTP/2 keepalive well below the lock TTL (README, "Client guidance"): a frozen or
@@ -128,6 +135,44 @@ function shortKey(key: string): string {
   return key.length <= 80 ? JSON.stringify(key) : `${JSON.stringify(key.slice(0, 60))}... (${key.length} characters)`;
 }
 
+/** What the sidecar accepts of each name, for error messages (it checks the rest). */
+const RULES = {
+  key: 'a key is 1 to 512 bytes of UTF-8 without control characters',
+  holder: 'a holder is at most 128 bytes of UTF-8 without control characters',
+};
+
+/**
+ * Refuses, before anything is sent, a key or holder that cannot be encoded as UTF-8: a
+ * JavaScript string with a lone surrogate (half of a UTF-16 pair). Protobuf would send
+ * bytes that are not UTF-8, the sidecar could not decode the message, and gRPC would end
+ * the whole stream, losing every lock of the session. Python refuses the same strings
+ * (UnicodeEncodeError). Length and control characters are the sidecar's to judge: it
+ * answers `Rejected` INVALID_ARGUMENT and the session goes on.
+ */
+function checkText(name: keyof typeof RULES, text: unknown): string {
+  if (typeof text !== 'string') throw new TypeError(`${name} must be a string, not ${typeof text}`);
+  const lone = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/.exec(text);
+  if (lone) {
+    const unit = `\\u${lone[0].charCodeAt(0).toString(16)}`;
+    throw new RangeError(
+      `${name} ${shortKey(text)} cannot be encoded as UTF-8: character '${unit}' at index ${lone.index} ` +
+        `is a lone surrogate (${RULES[name]})`,
+    );
+  }
+  return text;
+}
+
+/** Refuses a request too large for the sidecar to read (see `MAX_SENDABLE_BYTES`). */
+function checkSize(key: string, holder: string, value: Buffer): void {
+  const bytes = Buffer.byteLength(key) + Buffer.byteLength(holder) + value.length;
+  if (bytes > MAX_SENDABLE_BYTES) {
+    throw new RangeError(
+      `request for ${shortKey(key)} is ${bytes} bytes: more than the 4 MiB the sidecar reads, which would ` +
+        `end the session (${RULES.key}, ${RULES.holder}, a value at most ${MAX_VALUE_BYTES} bytes)`,
+    );
+  }
+}
+
 // -- wire types (as @grpc/proto-loader decodes them: longs as strings) -----------
 
 interface Duration {
@@ -140,10 +185,12 @@ interface GrantedMsg {
   fencingToken: string;
   ttl: Duration | null;
   holdCount: number;
+  holder: string;
 }
 interface AnswerMsg {
   requestId: string;
   key: string;
+  holder?: string;
   value?: Buffer;
   reason?: string;
   code?: number;
@@ -159,9 +206,9 @@ interface LeaseResponse {
   released?: AnswerMsg;
   rejected?: AnswerMsg;
   proclaimed?: AnswerMsg;
-  lost?: { key: string; reason: string; fencingToken: string };
-  jeopardy?: { key: string; ttlRemaining: Duration | null };
-  restored?: { key: string; ttl: Duration | null };
+  lost?: { key: string; reason: string; fencingToken: string; holder: string };
+  jeopardy?: { key: string; ttlRemaining: Duration | null; holder: string };
+  restored?: { key: string; ttl: Duration | null; holder: string };
 }
 interface DescribeResponseMsg {
   key: string;
@@ -174,10 +221,28 @@ interface DescribeResponseMsg {
     clientName: string;
     value: Buffer;
     fencingToken: string;
+    holder: string;
   }[];
   waiters: number;
   fencingToken: string;
-  queue: { sessionId: string; clientName: string; mode: string; position: number }[];
+  queue: { sessionId: string; clientName: string; mode: string; position: number; holder: string }[];
+}
+
+/** The longest delay a Node timer takes: a longer one fires at once, with a
+ * TimeoutOverflowWarning. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/** Calls `fn` after `ms`, also beyond what one Node timer takes (longer delays are
+ * waited out in steps); `cancel()` stops it. */
+function later(ms: number, fn: () => void): { cancel(): void } {
+  const until = performance.now() + ms;
+  let timer: NodeJS.Timeout;
+  const arm = () => {
+    const left = Math.max(0, until - performance.now());
+    timer = left > MAX_TIMER_MS ? setTimeout(arm, MAX_TIMER_MS) : setTimeout(fn, left);
+  };
+  arm();
+  return { cancel: () => clearTimeout(timer) };
 }
 
 function seconds(d: Duration | null | undefined): number {
@@ -249,6 +314,13 @@ export interface LockOptions {
   value?: Uint8Array | string;
   /** Aborting it gives up a pending acquire (the wait is cancelled on the sidecar). */
   signal?: AbortSignal;
+  /** Who in the session asks (at most 128 bytes of UTF-8 without control characters).
+   * Undefined: a holder of its own for this call (`'1'`, `'2'`, ... per client), so a
+   * second `lock()` of a held key waits like anyone else. Pass `lock.holder` of a lock
+   * this caller holds to take the key again reentrantly (`holdCount` 2, the same
+   * fencing token). Names of your own should not be plain numbers: those are the
+   * client's. */
+  holder?: string;
 }
 
 /** How to campaign for leadership (`client.campaign()`). */
@@ -271,8 +343,13 @@ export interface ClientOptions {
   credentials?: grpc.ChannelCredentials;
   /** More gRPC channel options. */
   channelOptions?: grpc.ChannelOptions;
-  /** Seconds to wait for the sidecar when a session opens (default 10). */
+  /** Seconds a sidecar that accepted the connection may take to open a session
+   * (default 10). */
   connectTimeout?: number;
+  /** Seconds to wait for a sidecar to start listening at the address when a session
+   * opens (one console line says so). Default 0: no sidecar there fails at once with
+   * `Unavailable` naming the address and the cause (e.g. connection refused). */
+  waitForSidecar?: number;
   /** Resume the session when its stream breaks as if the sidecar died (default true;
    * see `Client`). false: any broken stream loses every lock at once. */
   resume?: boolean;
@@ -288,9 +365,11 @@ export interface LostInfo {
   fencingToken: bigint;
 }
 
-/** One session holding a key. */
+/** One holder of a key: a session, or one holder inside a session. */
 export interface Holder {
   sessionId: string;
+  /** The holder inside its session (`lock.holder`); '' for the session itself. */
+  holder: string;
   holdCount: number;
   /** Seconds before the store lets the lock go if it is not renewed. */
   ttlRemaining: number;
@@ -312,7 +391,8 @@ export interface Description {
   waiters: number;
   /** The last fencing token issued for the key (0n if none ever was). */
   fencingToken: bigint;
-  queue: { sessionId: string; clientName: string; mode: string; position: number }[];
+  /** The fair waiters, next in line first (`holder`: the waiter inside its session). */
+  queue: { sessionId: string; holder: string; clientName: string; mode: string; position: number }[];
   /** The holder of an election key, undefined when nobody leads (for a key held by
    * several, the oldest grant). */
   leader?: Holder;
@@ -328,6 +408,7 @@ function toValue(name: string, value: Uint8Array | string | undefined): Buffer {
 function toDescription(res: DescribeResponseMsg): Description {
   const holders = res.holders.map((h) => ({
     sessionId: h.sessionId,
+    holder: h.holder ?? '',
     holdCount: h.holdCount,
     ttlRemaining: seconds(h.ttlRemaining),
     clientName: h.clientName,
@@ -343,7 +424,7 @@ function toDescription(res: DescribeResponseMsg): Description {
     holders,
     waiters: res.waiters,
     fencingToken: BigInt(res.fencingToken),
-    queue: res.queue.map((q) => ({ ...q, mode: q.mode.replace(/^LOCK_MODE_/, '') })),
+    queue: res.queue.map((q) => ({ ...q, holder: q.holder ?? '', mode: q.mode.replace(/^LOCK_MODE_/, '') })),
     leader,
   };
 }
@@ -368,10 +449,13 @@ export class Lock {
   /** Seconds of validity the sidecar reported with the grant (it renews the lock for as
    * long as the session lives). */
   readonly ttl: number;
-  /** How many times the session held the key after this grant (reentrancy). */
+  /** How many times this lock's holder held the key after this grant (reentrancy). */
   readonly holdCount: number;
   /** The session shown by `describe()`. */
   readonly sessionId: string;
+  /** The holder inside the session (`describe()` shows it): each `lock()` call is one
+   * of its own unless it passed `holder`. */
+  readonly holder: string;
   /** Resolves when the lock is lost (the sidecar sent `Lost`, or the session's stream
    * broke and the lock did not come back): stop using the resource then. Never
    * rejects; never settles after a clean release. */
@@ -389,10 +473,11 @@ export class Lock {
   private readonly onLost: (info: LostInfo) => void;
 
   /** @internal */
-  constructor(session: Session, key: string, granted: GrantedMsg, ttlAsked: number) {
+  constructor(session: Session, key: string, holder: string, granted: GrantedMsg, ttlAsked: number) {
     this.session = session;
     this._ttlAsked = ttlAsked;
     this.key = key;
+    this.holder = holder;
     this.fencingToken = BigInt(granted.fencingToken);
     this.ttl = seconds(granted.ttl);
     this.holdCount = granted.holdCount;
@@ -447,6 +532,7 @@ type Request = Record<string, unknown>;
 interface Pending {
   kind: 'acquire' | 'release' | 'proclaim';
   key: string;
+  holder: string;
   /** What was sent: a release or a proclaim is sent again after a resume, since the
    * old stream may have broken before it arrived. */
   request: Request;
@@ -488,14 +574,52 @@ const FIRST_RESUME_BACKOFF_MS = 50;
 const MAX_RESUME_BACKOFF_MS = 500;
 const ANSWERS = new Set(['granted', 'notAcquired', 'rejected', 'released', 'proclaimed']);
 
+/** Where a session keeps what concerns one holder's grant of one key: reentrancy is per
+ * (session, holder, key), and every event names both. */
+function slot(holder: string, key: string): string {
+  return JSON.stringify([holder, key]);
+}
+
+/** How long a channel whose last connection attempt failed may take to try again:
+ * the longest reconnect backoff (`CHANNEL_OPTIONS`, 1 s) and gRPC's 20 % jitter. */
+const RECONNECT_GRACE_MS = 1200;
+
+/** Connection errors that say nobody listens at the address. */
+const NOBODY_LISTENS = /ECONNREFUSED|ENOENT|ENOTFOUND|Name resolution failed/;
+
+/** Whether the channel connects within `ms` (false when it is closed meanwhile). */
+async function readyWithin(stub: LockServiceClient, ms: number): Promise<boolean> {
+  const until = performance.now() + ms;
+  for (;;) {
+    const left = until - performance.now();
+    if (left <= 0) return false;
+    // (One step at a time: gRPC arms a Node timer for the whole deadline.)
+    const step = Math.min(left, MAX_TIMER_MS);
+    const err = await new Promise<Error | undefined>((resolve) => stub.waitForReady(Date.now() + step, resolve));
+    if (!err) return true;
+    if (stub.getChannel().getConnectivityState(false) === grpc.connectivityState.SHUTDOWN) return false;
+  }
+}
+
+/** Why a call found no sidecar, from gRPC's "No connection established. Last error:
+ * Error: connect ECONNREFUSED 127.0.0.1:7420. Resolution note: ..." */
+function connectError(err: grpc.ServiceError): string {
+  const cause = String(err.details || err.message)
+    .replace(/\s*Resolution note:.*$/s, '')
+    .replace(/^No connection established\. Last error: (Error: )?/, '')
+    .replace(/\.$/, '');
+  return cause === 'null' ? 'the last connection attempt failed' : cause;
+}
+
 function statusText(err: grpc.ServiceError): string {
   const details = String(err.details || err.message).replace(/\s*Resolution note:.*$/s, '');
   return `${grpc.status[err.code] ?? err.code}: ${details}`;
 }
 
 /**
- * One session. Answers are matched by `request_id`; `Lost` is routed by key to every
- * lock of this session on it (reentrant grants share a key).
+ * One session. Answers are matched by `request_id`; `Lost`, `Jeopardy` and `Restored`
+ * are routed by (holder, key), the sidecar's echo of `Acquire.holder`, to every lock of
+ * that holder on that key (reentrant grants of one holder share it).
  *
  * When the stream breaks as if the sidecar died (UNAVAILABLE, a reset stream) and the
  * session holds locks, it resumes (DESIGN.md, "Sessions that survive a sidecar
@@ -517,12 +641,13 @@ class Session {
   private resumeToken = '';
   private nextId = 1;
   private readonly pending = new Map<string, Pending>();
+  /** The locks held, by `slot(holder, key)`. */
   private readonly held = new Map<string, Lock[]>();
-  /** Keys in Jeopardy: when they stop being surely held (performance.now() ms). */
+  /** Slots in Jeopardy: when they stop being surely held (performance.now() ms). */
   private readonly jeopardy = new Map<string, number>();
-  /** While resuming: until when each key is surely held (performance.now() ms). */
+  /** While resuming: until when each slot is surely held (performance.now() ms). */
   private readonly safeUntil = new Map<string, number>();
-  private timers: NodeJS.Timeout[] = [];
+  private timers: { cancel(): void }[] = [];
   private brokeReason = '';
   private attempt?: LeaseCall;
   /** Resolves the wait of callers while the session resumes. */
@@ -541,36 +666,87 @@ class Session {
     this.done = new Promise((r) => (this.markDone = r));
   }
 
-  static open(
-    client: Client,
+  /**
+   * Opens a session on the sidecar at `addr`. With nothing listening there (connection
+   * refused, no such socket, a name that does not resolve) it fails at once, naming the
+   * address and the cause, unless `waitForSidecar` seconds allow waiting for a sidecar
+   * to start: then it says so in one line on the console and connects as soon as one
+   * listens. A sidecar that accepts the connection has `connectTimeout` seconds to
+   * open the session.
+   */
+  static async open(
+    addr: string,
+    stub: LockServiceClient,
+    metadata: grpc.Metadata,
+    timing: { connectTimeout: number; waitForSidecar: number },
+    options: { resume: boolean; renewalSlack: number },
+  ): Promise<Session> {
+    const channel = stub.getChannel();
+    const waitUntil = performance.now() + timing.waitForSidecar * 1000;
+    let waited = false;
+    for (;;) {
+      // Only a refusal seen now means that nobody listens. A channel whose last attempt
+      // failed fails new calls at once with that attempt's error until its next attempt
+      // (gRPC's reconnect backoff; channels to one address share their connections, so
+      // a new client may inherit the failure, without its cause): such an error may be
+      // older than a sidecar started since.
+      const stale = channel.getConnectivityState(false) === grpc.connectivityState.TRANSIENT_FAILURE;
+      const opened = await Session.attempt(addr, stub, metadata, timing.connectTimeout, options);
+      if (opened instanceof Session) return opened;
+      const refused = !stale && NOBODY_LISTENS.test(opened.noSidecar);
+      const left = waitUntil - performance.now();
+      if (left > 0) {
+        if (!waited) {
+          console.warn(`lockside: no sidecar at ${addr} yet (${opened.noSidecar}); waiting up to ${timing.waitForSidecar} s for one`);
+        }
+        waited = true;
+        await readyWithin(stub, left);
+        continue;
+      }
+      if (!refused && !waited) {
+        waited = true;
+        if (await readyWithin(stub, RECONNECT_GRACE_MS)) continue;
+      }
+      const hint = timing.waitForSidecar > 0 ? ` (waited ${timing.waitForSidecar} s)` : '; to wait for one, pass { waitForSidecar: seconds }';
+      throw new Unavailable(`no sidecar at ${addr}: ${opened.noSidecar}${hint}`, grpc.status.UNAVAILABLE);
+    }
+  }
+
+  /** One Lease stream: the session once it starts; `noSidecar` (why) when the stream
+   * failed UNAVAILABLE before any sidecar answered; rejects otherwise. */
+  private static attempt(
+    addr: string,
     stub: LockServiceClient,
     metadata: grpc.Metadata,
     timeoutS: number,
     options: { resume: boolean; renewalSlack: number },
-  ): Promise<Session> {
+  ): Promise<Session | { noSidecar: string }> {
     return new Promise((resolve, reject) => {
-      const deadline = Date.now() + timeoutS * 1000;
-      stub.waitForReady(deadline, (err) => {
-        if (err) {
-          reject(new Unavailable(`no sidecar at ${client.addr} within ${timeoutS} s: ${err.message}`));
-          return;
-        }
-        const session = new Session(stub.Lease(metadata), stub, metadata, options);
-        const timer = setTimeout(() => {
-          session.call.cancel();
-          reject(new Unavailable(`no answer from the sidecar at ${client.addr} within ${timeoutS} s`));
-        }, Math.max(0, deadline - Date.now()));
-        session.start((err) => {
-          clearTimeout(timer);
-          if (err) reject(err);
-          else resolve(session);
-        });
+      let call: LeaseCall;
+      try {
+        call = stub.Lease(metadata);
+      } catch (e) {
+        reject(new Unavailable(`cannot open a session: ${(e as Error).message}`)); // the channel is closed
+        return;
+      }
+      let answered = false; // response headers came: a sidecar is there
+      call.on('metadata', () => (answered = true));
+      const session = new Session(call, stub, metadata, options);
+      const timer = later(timeoutS * 1000, () => {
+        call.cancel();
+        reject(new Unavailable(`no answer from the sidecar at ${addr} within ${timeoutS} s`));
+      });
+      session.start((err, status) => {
+        timer.cancel();
+        if (!err) resolve(session);
+        else if (status?.code === grpc.status.UNAVAILABLE && !answered) resolve({ noSidecar: connectError(status) });
+        else reject(err);
       });
     });
   }
 
   /** Reads the first stream: SessionStarted, then everything else. */
-  private start(opened: (err: Error | null) => void): void {
+  private start(opened: (err: Error | null, status?: grpc.ServiceError) => void): void {
     const call = this.call;
     let first = true;
     call.on('data', (resp: LeaseResponse) => {
@@ -588,13 +764,13 @@ class Session {
       this.follow(call);
       opened(null);
     });
-    const fail = (reason: string, code?: number) => {
+    const fail = (reason: string, code?: number, status?: grpc.ServiceError) => {
       if (!first) return;
       first = false;
-      opened(new Unavailable(`cannot open a session: ${reason}`, code));
+      opened(new Unavailable(`cannot open a session: ${reason}`, code), status);
       this.end(reason, code);
     };
-    call.on('error', (err: grpc.ServiceError) => fail(statusText(err), err.code));
+    call.on('error', (err: grpc.ServiceError) => fail(statusText(err), err.code, err));
     call.on('status', () => fail('the stream ended'));
   }
 
@@ -633,21 +809,37 @@ class Session {
     switch (event) {
       case 'lost': {
         const lost = resp.lost!;
-        this.jeopardy.delete(lost.key);
-        const locks = this.held.get(lost.key) ?? [];
-        this.held.delete(lost.key);
-        for (const lock of locks) lock._markLost(lost.reason || 'Lost');
+        for (const s of this.slotsOf(lost.holder, lost.key)) {
+          this.jeopardy.delete(s);
+          const locks = this.held.get(s) ?? [];
+          this.held.delete(s);
+          for (const lock of locks) lock._markLost(lost.reason || 'Lost');
+        }
         return;
       }
-      case 'jeopardy':
-        this.jeopardy.set(resp.jeopardy!.key, performance.now() + seconds(resp.jeopardy!.ttlRemaining) * 1000);
+      case 'jeopardy': {
+        const until = performance.now() + seconds(resp.jeopardy!.ttlRemaining) * 1000;
+        for (const s of this.slotsOf(resp.jeopardy!.holder, resp.jeopardy!.key)) this.jeopardy.set(s, until);
         return;
+      }
       case 'restored':
-        this.jeopardy.delete(resp.restored!.key);
+        for (const s of this.slotsOf(resp.restored!.holder, resp.restored!.key)) this.jeopardy.delete(s);
         return;
       default:
         return; // waiting: informational
     }
+  }
+
+  /** The held slots an event about (holder, key) concerns: that holder's. An event
+   * with holder "" about a key no lock holds as "" comes from a sidecar that knows no
+   * holders (older than the `holder` field): it speaks of the whole session's grant,
+   * that is of every holder's lock of the key. */
+  private slotsOf(holder: string | undefined, key: string): string[] {
+    const exact = slot(holder ?? '', key);
+    if (holder || this.held.has(exact)) return [exact];
+    const all: string[] = [];
+    for (const [s, locks] of this.held) if (locks[0]?.key === key) all.push(s);
+    return all;
   }
 
   private answered(event: string, resp: LeaseResponse): void {
@@ -659,13 +851,14 @@ class Session {
     this.pending.delete(answer.requestId);
     if (event === 'granted') {
       if (pending.abandoned) {
-        this.sendRelease(pending.key); // nobody waits for this grant any more
+        this.sendRelease(pending.holder, pending.key); // nobody waits for this grant any more
         return;
       }
-      const lock = new Lock(this, pending.key, resp.granted!, pending.ttl || this.defaultTtl);
-      const locks = this.held.get(pending.key);
+      const lock = new Lock(this, pending.key, pending.holder, resp.granted!, pending.ttl || this.defaultTtl);
+      const s = slot(pending.holder, pending.key);
+      const locks = this.held.get(s);
       if (locks) locks.push(lock);
-      else this.held.set(pending.key, [lock]);
+      else this.held.set(s, [lock]);
       pending.lock = lock;
     }
     pending.settle(resp, null);
@@ -673,19 +866,19 @@ class Session {
 
   /** Sends a Release nobody waits for; dropped unless the stream is up (a resume
    * reconciles hold counts). */
-  private sendRelease(key: string): void {
+  private sendRelease(holder: string, key: string): void {
     const requestId = String(this.nextId++);
-    if (this.state === 'open') this.call.write({ release: { requestId, key } });
+    if (this.state === 'open') this.call.write({ release: { requestId, key, holder } });
   }
 
   /** The caller gave up on `rid` (timeout, abort). See the Python client's notes. */
   private abandon(rid: string, pending: Pending): void {
     if (this.pending.get(rid) !== pending) return;
     pending.abandoned = true;
-    if (pending.kind === 'acquire' && !this.held.get(pending.key)?.length && this.state === 'open') {
-      // A Release of a key only waited for cancels the wait.
+    if (pending.kind === 'acquire' && !this.held.get(slot(pending.holder, pending.key))?.length && this.state === 'open') {
+      // A Release of a key the holder only waits for cancels the wait.
       this.pending.delete(rid);
-      this.sendRelease(pending.key);
+      this.sendRelease(pending.holder, pending.key);
     }
   }
 
@@ -706,7 +899,7 @@ class Session {
   }
 
   private stateChanged(): void {
-    for (const timer of this.timers) clearTimeout(timer);
+    for (const timer of this.timers) timer.cancel();
     this.timers = [];
     this.markSettled();
   }
@@ -749,9 +942,9 @@ class Session {
       );
     }
     const now = performance.now();
-    for (const [key, locks] of this.held) {
+    for (const [s, locks] of this.held) {
       const window = Math.min(...locks.map((l) => safeWindow(l._ttlAsked, this.options.renewalSlack)));
-      this.safeUntil.set(key, this.jeopardy.get(key) ?? now + window * 1000);
+      this.safeUntil.set(s, this.jeopardy.get(s) ?? now + window * 1000);
     }
     const next = this.expire(now);
     if (next === undefined) return;
@@ -764,11 +957,11 @@ class Session {
   private expire(now: number): number | undefined {
     if (this.state !== 'resuming') return undefined;
     const why = `the stream to the sidecar broke (${this.brokeReason}) and the session was not resumed while the lock was surely held`;
-    for (const [key, until] of this.safeUntil) {
+    for (const [s, until] of this.safeUntil) {
       if (until > now) continue;
-      this.safeUntil.delete(key);
-      for (const lock of this.held.get(key) ?? []) lock._markLost(why);
-      this.held.delete(key);
+      this.safeUntil.delete(s);
+      for (const lock of this.held.get(s) ?? []) lock._markLost(why);
+      this.held.delete(s);
     }
     if (this.held.size === 0) {
       this.end(why, grpc.status.UNAVAILABLE);
@@ -780,7 +973,7 @@ class Session {
   /** Loses keys when their safe time passes: one timer, for the next such time (a
    * timer may fire a little early: it is then armed again). */
   private armExpiry(at: number): void {
-    this.timers.push(setTimeout(() => this.onExpiry(), Math.max(0, at - performance.now())));
+    this.timers.push(later(at - performance.now(), () => this.onExpiry()));
   }
 
   private onExpiry(): void {
@@ -883,57 +1076,62 @@ class Session {
     this.resumeToken = started.resumeToken ?? '';
     this.safeUntil.clear();
     this.jeopardy.clear();
+    // Each holder's grant comes back on its own (Granted with request_id 0 and its
+    // holder), and is matched with that holder's locks only.
     const granted = new Map<string, GrantedMsg>();
     const lost = new Map<string, string>();
     for (const e of events) {
-      if (e.event === 'granted') granted.set(e.granted!.key, e.granted!);
-      else if (e.event === 'lost') lost.set(e.lost!.key, e.lost!.reason);
+      if (e.event === 'granted') granted.set(slot(e.granted!.holder ?? '', e.granted!.key), e.granted!);
+      else if (e.event === 'lost') lost.set(slot(e.lost!.holder ?? '', e.lost!.key), e.lost!.reason);
     }
     const out: Request[] = [];
-    const giveBack = (key: string, holds: number) => {
-      for (let i = 0; i < holds; i++) out.push({ release: { requestId: String(this.nextId++), key } });
+    const giveBack = (back: GrantedMsg, holds: number) => {
+      for (let i = 0; i < holds; i++) {
+        out.push({ release: { requestId: String(this.nextId++), key: back.key, holder: back.holder ?? '' } });
+      }
     };
     const byId = [...this.pending.entries()].sort((a, b) => (BigInt(a[0]) < BigInt(b[0]) ? -1 : 1));
     const releases = new Map<string, string[]>();
     for (const [rid, p] of byId) {
       if (p.kind !== 'release') continue;
-      const list = releases.get(p.key);
+      const s = slot(p.holder, p.key);
+      const list = releases.get(s);
       if (list) list.push(rid);
-      else releases.set(p.key, [rid]);
+      else releases.set(s, [rid]);
     }
-    for (const [key, locks] of [...this.held]) {
-      const back = granted.get(key);
-      granted.delete(key);
+    for (const [s, locks] of [...this.held]) {
+      const back = granted.get(s);
+      granted.delete(s);
       const loseAll = (why: string) => {
         for (const lock of locks) lock._markLost(why);
-        this.held.delete(key);
+        this.held.delete(s);
       };
       if (!back || BigInt(back.fencingToken) !== locks[0].fencingToken) {
-        loseAll(`lost while the sidecar was away: ${lost.get(key) || 'the resumed session did not list it'}`);
-        if (back) giveBack(key, back.holdCount);
+        loseAll(`lost while the sidecar was away: ${lost.get(s) || 'the resumed session did not list it'}`);
+        if (back) giveBack(back, back.holdCount);
         continue;
       }
-      const unanswered = releases.get(key) ?? [];
+      const unanswered = releases.get(s) ?? [];
       const applied = Math.min(unanswered.length, Math.max(0, locks.length - back.holdCount));
       for (const rid of unanswered.slice(0, applied)) {
         const done = this.pending.get(rid)!;
         this.pending.delete(rid);
-        done.settle({ event: 'released', released: { requestId: rid, key } }, null);
+        done.settle({ event: 'released', released: { requestId: rid, key: back.key, holder: done.holder } }, null);
       }
       const surplus = back.holdCount + applied - locks.length;
       if (surplus < 0) {
         loseAll('the resumed session holds the key fewer times than granted');
-        giveBack(key, back.holdCount);
+        giveBack(back, back.holdCount);
         continue;
       }
-      giveBack(key, surplus);
+      giveBack(back, surplus);
     }
-    for (const [key, back] of granted) giveBack(key, back.holdCount);
+    for (const back of granted.values()) giveBack(back, back.holdCount);
     // Unanswered releases and proclaims go again, in their order; those of keys that
     // did not come back fail now (their locks are lost).
     for (const [rid, p] of byId) {
       if (!this.pending.has(rid)) continue;
-      if (p.kind !== 'acquire' && this.held.has(p.key)) {
+      if (p.kind !== 'acquire' && this.held.has(slot(p.holder, p.key))) {
         out.push(p.request);
         continue;
       }
@@ -957,6 +1155,7 @@ class Session {
   private request(
     kind: Pending['kind'],
     key: string,
+    holder: string,
     message: Request,
     rid: string,
     timeoutS: number,
@@ -967,15 +1166,15 @@ class Session {
       let onAbort: (() => void) | undefined;
       const expire = () => {
         if (this.pending.get(rid) === pending && this.state === 'resuming' && kind !== 'acquire') {
-          timer = setTimeout(expire, timeoutS * 1000); // sent again once resumed, or failed
+          timer = later(timeoutS * 1000, expire); // sent again once resumed, or failed
           return;
         }
         this.abandon(rid, pending);
         settle(null, new Unavailable(`no answer from the sidecar within ${timeoutS} s`));
       };
-      let timer = setTimeout(expire, timeoutS * 1000);
+      let timer = later(timeoutS * 1000, expire);
       const settle = (response: LeaseResponse | null, error: Error | null) => {
-        clearTimeout(timer);
+        timer.cancel();
         if (onAbort) signal!.removeEventListener('abort', onAbort);
         if (error) reject(error);
         else {
@@ -983,7 +1182,7 @@ class Session {
           resolve(pending);
         }
       };
-      const pending: Pending = { kind, key, request: message, ttl, abandoned: false, settle };
+      const pending: Pending = { kind, key, holder, request: message, ttl, abandoned: false, settle };
       if (signal) {
         onAbort = () => {
           this.abandon(rid, pending);
@@ -996,19 +1195,24 @@ class Session {
     });
   }
 
-  async acquire(key: string, opts: LockOptions): Promise<Lock> {
-    if (typeof key !== 'string') throw new TypeError(`key must be a string, not ${typeof key}`);
+  /** Takes `key` for `holder` (see `Client.lock`). */
+  async acquire(key: string, holder: string, opts: LockOptions): Promise<Lock> {
+    checkText('key', key);
+    checkText('holder', holder);
     const limit = opts.limit ?? 0;
     if (!Number.isInteger(limit) || limit < 0 || limit > 0xffffffff) {
       throw new RangeError(`limit must be an integer between 0 and 2**32-1, got ${String(limit)}`);
     }
     const wait = opts.wait ?? MAX_WAIT_SECONDS;
+    const value = toValue('value', opts.value);
+    checkSize(key, holder, value);
     const acquire: Record<string, unknown> = {
       key,
       mode: opts.shared ? 'LOCK_MODE_SHARED' : 'LOCK_MODE_EXCLUSIVE',
       limit,
       fair: Boolean(opts.fair),
-      value: toValue('value', opts.value),
+      value,
+      holder,
     };
     const waitTimeout = duration('wait', wait);
     if (wait > 0) acquire.waitTimeout = waitTimeout;
@@ -1017,7 +1221,10 @@ class Session {
     if (this.state !== 'open') await this.ready();
     const rid = String(this.nextId++);
     acquire.requestId = rid;
-    const pending = await this.request('acquire', key, { acquire }, rid, wait + ANSWER_SLACK_SECONDS, opts.signal, opts.ttl ?? 0);
+    // The sidecar answers a wait over its maximum at once (Rejected INVALID_ARGUMENT),
+    // and never waits longer than that maximum.
+    const answerWithin = Math.min(wait, MAX_WAIT_SECONDS) + ANSWER_SLACK_SECONDS;
+    const pending = await this.request('acquire', key, holder, { acquire }, rid, answerWithin, opts.signal, opts.ttl ?? 0);
     const resp = pending.response!;
     if (pending.lock) return pending.lock;
     if (resp.event === 'notAcquired') {
@@ -1038,8 +1245,8 @@ class Session {
     let resp: LeaseResponse | null = null;
     let error: Error | null = null;
     try {
-      resp = (await this.request('release', lock.key, { release: { requestId: rid, key: lock.key } }, rid, ANSWER_SLACK_SECONDS))
-        .response!;
+      const release = { requestId: rid, key: lock.key, holder: lock.holder };
+      resp = (await this.request('release', lock.key, lock.holder, { release }, rid, ANSWER_SLACK_SECONDS)).response!;
     } catch (e) {
       error = e as Error;
     }
@@ -1064,12 +1271,13 @@ class Session {
 
   async proclaim(lock: Lock, value: Uint8Array | string): Promise<void> {
     const bytes = toValue('value', value);
+    checkSize(lock.key, lock.holder, bytes);
     if (lock._state === 'lost') throw new LockLost(lock.key, lock.lostReason ?? 'lost', lock.fencingToken);
     if (lock._state === 'released') throw new LocksideError(`lock ${shortKey(lock.key)} was released`, lock.key);
     if (this.state === 'ended') throw new Unavailable(`lease stream ended: ${this.ended}`);
     const rid = String(this.nextId++);
-    const message = { proclaim: { requestId: rid, key: lock.key, value: bytes } };
-    const resp = (await this.request('proclaim', lock.key, message, rid, ANSWER_SLACK_SECONDS)).response!;
+    const message = { proclaim: { requestId: rid, key: lock.key, value: bytes, holder: lock.holder } };
+    const resp = (await this.request('proclaim', lock.key, lock.holder, message, rid, ANSWER_SLACK_SECONDS)).response!;
     if (resp.event === 'proclaimed') return;
     // (The await above may have changed the state: the sidecar sends `Lost` first.)
     if ((lock._state as Lock['_state']) === 'lost') {
@@ -1080,13 +1288,14 @@ class Session {
   }
 
   private forget(lock: Lock): void {
-    const locks = this.held.get(lock.key);
+    const s = slot(lock.holder, lock.key);
+    const locks = this.held.get(s);
     if (!locks) return;
     const i = locks.indexOf(lock);
     if (i >= 0) locks.splice(i, 1);
     if (locks.length === 0) {
-      this.held.delete(lock.key);
-      this.jeopardy.delete(lock.key);
+      this.held.delete(s);
+      this.jeopardy.delete(s);
     }
   }
 
@@ -1115,8 +1324,11 @@ class Session {
 
 /**
  * A connection to a Lockside sidecar and one session on it. All locks taken through
- * one client share one `Lease` stream, opened on the first `lock()`; they belong to the
- * session, so locking a key the client already holds is reentrant.
+ * one client share one `Lease` stream, opened on the first `lock()`. Each `lock()` call
+ * is a holder of its own inside the session (DESIGN.md, "Holders inside a session"):
+ * callers sharing one client exclude each other exactly as separate clients would (a
+ * second `lock()` of a held key waits or is BUSY), share a shared key, and take a
+ * semaphore permit each. Reentrancy is asked for explicitly: `{ holder: lock.holder }`.
  *
  * If the stream breaks as if the sidecar died (UNAVAILABLE, a reset stream) while the
  * session holds locks, the client resumes the session with its resume token, on the
@@ -1135,11 +1347,14 @@ export class Client {
   readonly addr: string;
   private readonly stub: LockServiceClient;
   private readonly metadata: grpc.Metadata;
-  private readonly connectTimeout: number;
+  private readonly timing: { connectTimeout: number; waitForSidecar: number };
   private readonly sessionOptions: { resume: boolean; renewalSlack: number };
   private session?: Session;
   private opening?: Promise<Session>;
   private closed = false;
+  /** Names the holder of each `lock()` call: "1", "2", ... (short: the sidecar keeps
+   * the name with the lock in the store). */
+  private nextHolder = 1;
 
   /** `addr` defaults to $LOCKSIDE_ADDR, then 127.0.0.1:7420. */
   constructor(addr?: string, options: ClientOptions = {}) {
@@ -1153,7 +1368,12 @@ export class Client {
     this.metadata = new grpc.Metadata();
     if (options.clientName) this.metadata.set('lockside-client-name', options.clientName);
     if (options.authToken) this.metadata.set('authorization', `Bearer ${options.authToken}`);
-    this.connectTimeout = options.connectTimeout ?? 10;
+    this.timing = { connectTimeout: options.connectTimeout ?? 10, waitForSidecar: options.waitForSidecar ?? 0 };
+    for (const [name, value] of Object.entries(this.timing)) {
+      if (typeof value !== 'number' || !(value >= 0)) {
+        throw new RangeError(`${name} must be a number of seconds >= 0, got ${String(value)}`);
+      }
+    }
     this.sessionOptions = {
       resume: options.resume ?? true,
       renewalSlack: options.renewalSlack ?? DEFAULT_RENEWAL_SLACK_SECONDS,
@@ -1169,11 +1389,17 @@ export class Client {
     if (this.session && this.session.ended === undefined) return this.session;
     if (this.closed) throw new LocksideError('the client is closed');
     if (!this.opening) {
-      this.opening = Session.open(this, this.stub, this.metadata, this.connectTimeout, this.sessionOptions).finally(() => {
+      this.opening = Session.open(this.addr, this.stub, this.metadata, this.timing, this.sessionOptions).finally(() => {
         this.opening = undefined;
       });
     }
-    const session = await this.opening;
+    let session: Session;
+    try {
+      session = await this.opening;
+    } catch (e) {
+      if (this.closed) throw new LocksideError('the client is closed');
+      throw e;
+    }
     if (this.closed) {
       await session.close();
       throw new LocksideError('the client is closed');
@@ -1183,13 +1409,15 @@ export class Client {
   }
 
   /**
-   * Takes `key`. Rejects with `NotAcquired` (busy, timed out), `Rejected` (a bad value,
-   * a conflicting mode or limit, the store unreachable), `Unavailable` (no sidecar), and
-   * `TypeError`/`RangeError` for values that are not numbers of seconds.
+   * Takes `key` for a new holder (or for `opts.holder`). Rejects with `NotAcquired`
+   * (busy, timed out), `Rejected` (a bad value, a conflicting mode or limit, the store
+   * unreachable), `Unavailable` (no sidecar), and `TypeError`/`RangeError` for values
+   * that are not numbers of seconds.
    */
   async lock(key: string, opts: LockOptions = {}): Promise<Lock> {
+    const holder = opts.holder ?? String(this.nextHolder++);
     const session = await this.currentSession();
-    return session.acquire(key, opts);
+    return session.acquire(key, holder, opts);
   }
 
   /**
@@ -1210,6 +1438,7 @@ export class Client {
    */
   async *watch(key: string, { signal }: { signal?: AbortSignal } = {}): AsyncGenerator<Description, void, undefined> {
     if (this.closed) throw new LocksideError('the client is closed');
+    checkText('key', key);
     const call = this.stub.Watch({ key }, this.metadata);
     const onAbort = () => call.cancel();
     signal?.addEventListener('abort', onAbort, { once: true });
@@ -1245,6 +1474,7 @@ export class Client {
   /** The store's view of `key`: holders, waiters, fair queue, last fencing token. */
   describe(key: string, { timeout = 5 }: { timeout?: number } = {}): Promise<Description> {
     return new Promise((resolve, reject) => {
+      checkText('key', key); // (a throw here rejects)
       this.stub.Describe({ key }, this.metadata, { deadline: Date.now() + timeout * 1000 }, (err, res) => {
         if (err || !res) {
           reject(callError('describe', key, err ?? undefined));

@@ -2,6 +2,8 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { after, before, describe, it } from 'node:test';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Client, LockLost, NotAcquired, Rejected, Unavailable } from 'lockside';
 import { Stack, freePort } from './servers.mjs';
@@ -84,11 +86,11 @@ describe('on a shared sidecar', () => {
     });
   });
 
-  it('is reentrant: same token, holds counted, released one by one', async () => {
+  it('is reentrant for one holder: same token, holds counted, released one by one', async () => {
     const key = newKey();
     await withClients(stack.addr, 2, async (c, other) => {
       const outer = await c.lock(key, { wait: 0 });
-      const inner = await c.lock(key, { wait: 0 });
+      const inner = await c.lock(key, { wait: 0, holder: outer.holder });
       assert.equal(inner.holdCount, 2);
       assert.equal(inner.fencingToken, outer.fencingToken);
       await inner.release();
@@ -150,8 +152,8 @@ describe('on a shared sidecar', () => {
       await assert.rejects(c.lock('k'.repeat(100_000), { wait: 0 }), (e) =>
         e instanceof Rejected && e.code === 8 && e.message.length < 500);
       await assert.rejects(c.lock(`${key}-ttl`, { wait: 0, ttl: 0.5 }), (e) => e instanceof Rejected && e.code === 3);
-      await c.lock(`${key}-rw`, { wait: 0, shared: true });
-      await assert.rejects(c.lock(`${key}-rw`, { wait: 0 }), (e) => e instanceof Rejected && e.code === 9);
+      const reader = await c.lock(`${key}-rw`, { wait: 0, shared: true });
+      await assert.rejects(c.lock(`${key}-rw`, { wait: 0, holder: reader.holder }), (e) => e instanceof Rejected && e.code === 9);
       await assert.rejects(c.lock(key, { wait: -1 }), RangeError);
       await assert.rejects(c.lock(key, { ttl: Number.NaN }), RangeError);
       await assert.rejects(c.lock(key, { limit: 1.5 }), RangeError);
@@ -160,6 +162,60 @@ describe('on a shared sidecar', () => {
       assert.equal(held.held, true);
       assert.equal((await c.describe(key)).holders[0].sessionId, c.sessionId);
     });
+  });
+
+  it('a key or holder that is not UTF-8, or too large to send, is refused and the session goes on', async () => {
+    const key = newKey();
+    await withClients(stack.addr, 1, async (c) => {
+      const precious = await c.lock(`${key}-precious`, { wait: 0 });
+      const session = c.sessionId;
+      await assert.rejects(c.lock('a\ud800b', { wait: 0 }), (e) =>
+        e instanceof RangeError && /^key "a\\ud800b" cannot be encoded as UTF-8: .*lone surrogate.*512 bytes/.test(e.message));
+      await assert.rejects(c.lock('\udc00', { wait: 5 }), /key .* lone surrogate/);
+      await assert.rejects(c.lock(key, { wait: 0, holder: 'me\ud83d' }), (e) =>
+        e instanceof RangeError && /^holder "me\\ud83d" cannot be encoded as UTF-8/.test(e.message));
+      await assert.rejects(c.lock('k'.repeat(5_000_000), { wait: 0 }), (e) =>
+        e instanceof RangeError && /more than the 4 MiB the sidecar reads/.test(e.message) && e.message.length < 500);
+      await assert.rejects(precious.proclaim('v'.repeat(5_000_000)), /more than the 4 MiB/);
+      await assert.rejects(c.describe('a\ud800b'), RangeError);
+      await assert.rejects(c.watch('a\ud800b').next(), RangeError);
+      // A pair is a character, not a lone surrogate.
+      await (await c.lock(`${key}-\ud83d\udd12`, { wait: 0 })).release();
+      assert.equal(precious.held, true);
+      assert.equal(c.sessionId, session);
+      assert.deepEqual((await c.describe(`${key}-precious`)).holders.map((h) => [h.sessionId, h.holder]), [[session, precious.holder]]);
+      await precious.proclaim('still mine');
+      assert.equal((await c.describe(`${key}-precious`)).holders[0].value.toString(), 'still mine');
+      await precious.release();
+    });
+  });
+
+  it('a wait over 2**31 ms is the sidecar\'s clear INVALID_ARGUMENT, with no timer overflow', async () => {
+    const key = newKey();
+    const warnings = [];
+    const onWarning = (w) => warnings.push(w);
+    process.on('warning', onWarning);
+    try {
+      await withClients(stack.addr, 2, async (c, other) => {
+        const held = await c.lock(key, { wait: 0 });
+        const started = Date.now();
+        await assert.rejects(c.lock(`${key}-long`, { wait: 3_000_000 }), (e) =>
+          e instanceof Rejected && e.codeName === 'INVALID_ARGUMENT' && /wait.*3000000.*maximum.*86400/.test(e.details));
+        assert.ok(Date.now() - started < 2000, 'answered at once');
+        // The longest wait the sidecar allows is still waited for (and given up here).
+        const abort = new AbortController();
+        const waiting = other.lock(key, { signal: abort.signal }); // 24 h
+        assert.ok(await until(async () => (await c.describe(key)).waiters === 1));
+        abort.abort(new Error('gave up'));
+        await assert.rejects(waiting, /gave up/);
+        assert.equal(held.held, true);
+        await held.release();
+      }, { connectTimeout: 3_000_000 }); // a session opened with a timer that long too
+      await new Promise((resolve) => setImmediate(resolve)); // warnings are emitted on the next tick
+    } finally {
+      process.off('warning', onWarning);
+    }
+    assert.deepEqual(warnings.map((w) => `${w.name}: ${w.message}`), []);
   });
 
   it('close() ends the session: its locks are lost and released', async () => {
@@ -220,6 +276,56 @@ describe('when something dies', () => {
     await withClients(`127.0.0.1:${await freePort()}`, 1, async (c) => {
       await assert.rejects(c.lock('nobody-listens', { wait: 0 }), Unavailable);
     }, { connectTimeout: 0.5 });
+  });
+
+  it('no sidecar: fails at once naming the address and the cause', { timeout: 20000 }, async () => {
+    const addr = `127.0.0.1:${await freePort()}`;
+    await withClients(addr, 1, async (c) => {
+      const started = performance.now();
+      await assert.rejects(c.lock('nobody-listens', { wait: 0 }), (e) =>
+        e instanceof Unavailable && e.message.startsWith(`no sidecar at ${addr}: connect ECONNREFUSED ${addr}`) &&
+        /waitForSidecar/.test(e.message));
+      assert.ok(performance.now() - started < 1000, `failed after ${performance.now() - started} ms`);
+      // Again on the same client, whose channel has failed before: still within ~1 s.
+      const again = performance.now();
+      await assert.rejects(c.lock('nobody-listens', { wait: 0 }), /no sidecar at/);
+      assert.ok(performance.now() - again < 1500, `failed after ${performance.now() - again} ms`);
+    });
+    const socket = join(tmpdir(), `lockside-none-${process.pid}.sock`);
+    await withClients(`unix:${socket}`, 1, async (c) => {
+      await assert.rejects(c.lock('nobody-listens', { wait: 0 }), new RegExp(`no sidecar at unix:${socket}: connect ENOENT`));
+    });
+    await withClients(addr, 1, async (c) => {
+      await assert.rejects(c.lock('nobody-listens', { wait: 0 }), /no sidecar at .* \(waited 0.3 s\)$/);
+    }, { waitForSidecar: 0.3 });
+  });
+
+  it('waitForSidecar: says so once, and connects when a sidecar starts there', { timeout: 20000 }, async () => {
+    const stack = await Stack.start();
+    const warn = console.warn;
+    const lines = [];
+    let warned;
+    const firstLine = new Promise((resolve) => (warned = resolve));
+    console.warn = (...args) => {
+      lines.push(args.join(' '));
+      warned();
+    };
+    try {
+      const addr = `127.0.0.1:${await freePort()}`;
+      await withClients(addr, 1, async (c) => {
+        const locking = c.lock(newKey(), { wait: 0 });
+        await firstLine;
+        assert.match(lines[0], new RegExp(`^lockside: no sidecar at ${addr} yet \\(connect ECONNREFUSED .*\\); waiting up to 30 s`));
+        await stack.startSidecar(addr);
+        const lock = await locking;
+        assert.equal(lock.sessionId, c.sessionId);
+        await lock.release();
+      }, { waitForSidecar: 30 });
+      assert.equal(lines.length, 1, lines.join('\n'));
+    } finally {
+      console.warn = warn;
+      await stack.stop();
+    }
   });
 });
 

@@ -59,7 +59,7 @@ describe('a sidecar restart', () => {
     const key = newKey();
     const c = client();
     const outer = await c.lock(`${key}-1`, { wait: 0 });
-    const inner = await c.lock(`${key}-1`, { wait: 0 });
+    const inner = await c.lock(`${key}-1`, { wait: 0, holder: outer.holder });
     const other = await c.lock(`${key}-2`, { wait: 0 });
     assert.equal(inner.holdCount, 2);
     const session = c.sessionId;
@@ -149,7 +149,7 @@ describe('a sidecar restart', () => {
     const key = newKey();
     const c = client();
     const first = await c.lock(key, { wait: 0 });
-    const second = await c.lock(key, { wait: 0 });
+    const second = await c.lock(key, { wait: 0, holder: first.holder });
     await recorded(c, 1);
     await stack.sidecar.kill();
     const released = second.release();

@@ -717,3 +717,95 @@ async fn every_holders_grants_come_back_with_their_holders() {
     let holders: Vec<&str> = state.holders.iter().map(|h| h.holder.as_str()).collect();
     assert_eq!(holders, ["b"]);
 }
+
+/// Issue 25: a sidecar restarted in place (the same `--instance`, its lock in the same
+/// `--instance-dir`) takes over its predecessor's sessions at once, not after the old
+/// attachment (3 s by default) expired; a second live process under the same name is
+/// refused at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_restarted_in_place_takes_over_its_sessions_at_once() {
+    let redis = Redis::start();
+    let ns = namespace();
+    let dir = common::TempDir::new("instance");
+    let dir = dir.0.display().to_string();
+    let args = ["--instance", "pod-1", "--instance-dir", &dir];
+    let mut first = SidecarProcess::start(&redis.url(), &ns, &args);
+    let addr = first.addr.clone();
+    let twin = std::process::Command::new(env!("CARGO_BIN_EXE_lockside"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--store", &redis.url()])
+        .args(["--namespace", &ns, "--admin-listen", "none"])
+        .args(args)
+        .output()
+        .expect("a twin ran");
+    assert_eq!(twin.status.code(), Some(64), "{twin:?}");
+    let mut app = Client::connect(&addr).await.lease().await;
+    let g = app.grant("k").await;
+    recorded(&redis, &ns, &app.session_id, 1).await;
+    first.kill();
+    let restarted = SidecarProcess::start_at(&addr, &redis.url(), &ns, &args);
+    let started = Instant::now();
+    let mut resumed = resume(&Client::connect(&restarted.addr).await, &app.resume_token).await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(1000),
+        "resumed {took:?} after the restart"
+    );
+    let back = granted(&resumed.next().await).clone();
+    assert_eq!(
+        (back.key.as_str(), back.fencing_token),
+        ("k", g.fencing_token)
+    );
+    eprintln!("restart in place: resumed {took:?} after the new process listened");
+}
+
+/// Issue 25: another sidecar can resume a session no later than TTL/2 after its
+/// sidecar died (the attachment lives at most half the shortest TTL its records list,
+/// whatever `--attachment-ttl` says), and the locks come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_sidecar_resumes_within_half_the_ttl_at_the_default_attachment() {
+    let redis = Redis::start();
+    let ns = namespace();
+    let mut doomed = SidecarProcess::start(&redis.url(), &ns, &[]);
+    let other = SidecarProcess::start(&redis.url(), &ns, &[]);
+    let mut app = Client::connect(&doomed.addr).await.lease().await;
+    let ttl = 3.0;
+    let id = app.send_acquire(with_ttl("k", ttl)).await;
+    let g = app.expect_granted(id).await;
+    recorded(&redis, &ns, &app.session_id, 1).await;
+    let killed = Instant::now();
+    doomed.kill();
+    let mut resumed = resume(&Client::connect(&other.addr).await, &app.resume_token).await;
+    let took = killed.elapsed();
+    assert!(
+        took <= Duration::from_secs_f64(ttl / 2.0),
+        "resumed {took:?} after the kill"
+    );
+    let back = granted(&resumed.next().await).clone();
+    assert_eq!(back.fencing_token, g.fencing_token);
+    eprintln!("TTL {ttl} s: resumed on another sidecar {took:?} after the kill");
+}
+
+/// Issue 25: a session whose locks all expired can still be resumed (at least 30 s or
+/// three TTLs after its sidecar died): it hears `Lost` for each and goes on, rather
+/// than being refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_locks_all_expired_is_resumed_and_hears_lost() {
+    let redis = Redis::start();
+    let ns = namespace();
+    let mut doomed = SidecarProcess::start(&redis.url(), &ns, &[]);
+    let other = SidecarProcess::start(&redis.url(), &ns, &[]);
+    let mut app = Client::connect(&doomed.addr).await.lease().await;
+    let id = app.send_acquire(with_ttl("k", 1.0)).await;
+    let g = app.expect_granted(id).await;
+    recorded(&redis, &ns, &app.session_id, 1).await;
+    doomed.kill();
+    // Three TTLs later: the lock is long gone; the record (and the session) is not.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut resumed = resume(&Client::connect(&other.addr).await, &app.resume_token).await;
+    assert_eq!(resumed.resumed_locks, 1);
+    match resumed.next().await {
+        Event::Lost(l) => assert_eq!((l.key.as_str(), l.fencing_token), ("k", g.fencing_token)),
+        other => panic!("expected Lost, got {other:?}"),
+    }
+    assert!(resumed.grant("k").await.fencing_token > g.fencing_token);
+}

@@ -384,8 +384,26 @@ async fn a_plain_pod_gets_the_sidecar_and_lockside_addr() {
         Some("127.0.0.1:7420")
     );
     assert_eq!(env_value(sidecar, "LOCKSIDE_DEFAULT_TTL"), Some("10s"));
-    // The app's existing volumes and mounts are untouched; no socket volume.
-    assert_eq!(pod["spec"]["volumes"].as_array().map(Vec::len), Some(1));
+    // Restarted in place, it takes over its sessions at once: its name is the pod's
+    // UID, its instance lock is in the pod's emptyDir (which the app does not mount
+    // without the socket option).
+    let uid = sidecar["env"]
+        .as_array()
+        .and_then(|env| env.iter().find(|v| v["name"] == "LOCKSIDE_INSTANCE"));
+    assert_eq!(
+        uid.map(|v| &v["valueFrom"]["fieldRef"]["fieldPath"]),
+        Some(&json!("metadata.uid"))
+    );
+    assert_eq!(
+        env_value(sidecar, "LOCKSIDE_INSTANCE_DIR"),
+        Some("/var/run/lockside")
+    );
+    assert_eq!(pod["spec"]["volumes"].as_array().map(Vec::len), Some(2));
+    let app = &pod["spec"]["containers"][0];
+    assert!(
+        (app["volumeMounts"].as_array().into_iter().flatten()).all(|m| m["name"] != "lockside-run"),
+        "the app's mounts are untouched: {app}"
+    );
     injector.shutdown().await;
 }
 

@@ -37,6 +37,13 @@ pub struct EngineConfig {
     /// (every third of it, while the sidecar has sessions holding locks): after the
     /// sidecar died, its sessions can be resumed elsewhere once this has passed.
     pub attachment_ttl: Duration,
+    /// This sidecar's stable name (one per pod and container), when the command line
+    /// has proved that no other process runs under it (`--instance` with a file lock in
+    /// `--instance-dir`): its id in the store is then the same across restarts in
+    /// place, and a restarted sidecar takes over its predecessor's sessions at once,
+    /// without waiting for the old attachment to expire. `None`: a random id per
+    /// process.
+    pub instance: Option<String>,
 }
 
 impl Default for EngineConfig {
@@ -65,6 +72,7 @@ impl Default for EngineConfig {
             // this (plus the restart): well inside the default 10 s TTL, and long
             // enough that a sidecar that misses two refreshes is not taken for dead.
             attachment_ttl: Duration::from_secs(3),
+            instance: None,
         }
     }
 }

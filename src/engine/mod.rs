@@ -125,6 +125,10 @@ pub(crate) struct Shared {
     pub(crate) journal: Journal,
     /// This process's id in the store (its attachment, its sessions' records).
     pub(crate) sidecar_id: String,
+    /// The ids of the sessions running in this process (resumed ones included): a
+    /// session of this process is never resumed from under its stream, even by this
+    /// process (its record names this sidecar, whose attachment is then no proof).
+    pub(crate) live: std::sync::Mutex<std::collections::HashSet<String>>,
     pub(crate) shutdown: CancellationToken,
     next_lease: AtomicU64,
 }
@@ -132,6 +136,22 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn next_lease_id(&self) -> u64 {
         self.next_lease.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Notes that session `id` runs in this process, or no longer does.
+    fn set_live(&self, id: &str, live: bool) {
+        if let Ok(mut ids) = self.live.lock() {
+            if live {
+                ids.insert(id.to_owned());
+            } else {
+                ids.remove(id);
+            }
+        }
+    }
+
+    /// Whether session `id` runs in this process.
+    pub(crate) fn is_live(&self, id: &str) -> bool {
+        self.live.lock().map_or(true, |ids| ids.contains(id))
     }
 }
 
@@ -184,7 +204,10 @@ impl Engine {
             shutdown.clone(),
             config.clock_drift,
         );
-        let sidecar_id = crate::store::random_id();
+        let sidecar_id = match &config.instance {
+            Some(name) => format!("i-{name}"),
+            None => crate::store::random_id(),
+        };
         let journal = Journal::spawn(store.clone(), sidecar_id.clone(), config.attachment_ttl);
         let sessions = Arc::new(Semaphore::new(config.max_sessions));
         metrics.watch_store_calls(store_calls.clone(), MAX_STORE_CALLS);
@@ -198,6 +221,7 @@ impl Engine {
                 renewer,
                 journal,
                 sidecar_id,
+                live: Default::default(),
                 shutdown,
                 store_calls,
                 next_lease: AtomicU64::new(1),
@@ -248,8 +272,12 @@ impl Engine {
         crate::telemetry::set_remote_parent(session.span(), trace);
         let sessions = self.shared.metrics.sessions.clone();
         sessions.inc();
+        let shared = self.shared.clone();
+        let id = session.id().to_owned();
+        shared.set_live(&id, true);
         tokio::spawn(async move {
             session.run(inbound).await;
+            shared.set_live(&id, false);
             sessions.dec();
             drop(permit);
         });

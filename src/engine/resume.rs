@@ -59,6 +59,10 @@ impl Engine {
         }
         let permit = self.session_permit()?;
         let (id, secret) = parse_token(token).ok_or(EngineError::NotResumable)?;
+        if self.shared.is_live(id) {
+            // Its stream is open here: as a session attached to a live sidecar.
+            return Err(EngineError::NotResumable);
+        }
         let claim = ResumeClaim {
             session_id: id.to_owned(),
             secret: secret.to_owned(),

@@ -95,6 +95,14 @@ fn container(sidecar: &Sidecar) -> Value {
             &render_duration(sidecar.default_ttl),
         ),
         env_var("LOCKSIDE_LOG_FORMAT", "json"),
+        // Restarted in place, the sidecar takes over its sessions at once: a name of
+        // its own (the pod's UID) and a lock file in the pod's emptyDir, which
+        // outlives container restarts, prove its predecessor is gone.
+        json!({
+            "name": "LOCKSIDE_INSTANCE",
+            "valueFrom": { "fieldRef": { "fieldPath": "metadata.uid" } }
+        }),
+        env_var("LOCKSIDE_INSTANCE_DIR", SOCKET_DIR),
     ];
     let mut container = json!({
         "name": SIDECAR_NAME,
@@ -132,8 +140,8 @@ fn container(sidecar: &Sidecar) -> Value {
         // The volume is this pod's alone, so a socket anyone in it may open reaches no
         // further than the loopback port would; and the app may run as any user.
         env.push(env_var("LOCKSIDE_SOCKET_MODE", "666"));
-        container["volumeMounts"] = json!([{ "name": SOCKET_VOLUME, "mountPath": SOCKET_DIR }]);
     }
+    container["volumeMounts"] = json!([{ "name": SOCKET_VOLUME, "mountPath": SOCKET_DIR }]);
     container["env"] = Value::Array(env);
     container
 }

@@ -32,6 +32,9 @@ impl Task {
         // Per write: its session, and the keys it takes from the pending changes.
         let mut written: Vec<(u64, Vec<Arc<str>>)> = Vec::new();
         let mut creates = false;
+        // The shortest TTL of the lines this flush lists: the attachment must not
+        // outlive two fifths of it (see `Task::attachment_ttl`).
+        let mut shortest: Option<Duration> = None;
         let mut young: Option<Instant> = None;
         for serial in serials {
             let Some(tracked) = self.tracked.get_mut(&serial) else {
@@ -53,7 +56,7 @@ impl Task {
                 sidecar: self.sidecar.clone(),
                 end: tracked.ended,
                 listed: !tracked.listed.is_empty(),
-                ttl: tracked.longest_ttl().max(Duration::from_secs(1)) * 2,
+                ttl: record_ttl(tracked.longest_ttl()),
                 ..RecordWrite::default()
             };
             let mut taken = Vec::new();
@@ -67,7 +70,10 @@ impl Task {
                             deferred = true;
                             continue;
                         }
-                        Some((line, _)) => write.set.push((key.to_string(), line.clone())),
+                        Some((line, _)) => {
+                            shortest = Some(shortest.map_or(line.ttl, |s| s.min(line.ttl)));
+                            write.set.push((key.to_string(), line.clone()));
+                        }
                         None => write.remove.push(key.to_string()),
                     }
                     taken.push(key.clone());
@@ -94,12 +100,18 @@ impl Task {
             return;
         }
         // The attachment exists before a record names this sidecar: else a resume
-        // elsewhere could take a session that is still attached here.
-        if creates && self.attach_at.is_none() && !self.attach().await {
-            self.dirty
-                .extend(written.into_iter().map(|(serial, _)| serial));
-            self.flush_at = Some(now + RETRY);
-            return;
+        // elsewhere could take a session that is still attached here. A line of a
+        // shorter TTL than the attachment allows shortens it now, not at its refresh.
+        let shorter = shortest.is_some_and(|ttl| ttl * 2 / 5 < self.attached_ttl);
+        let unattached = creates && self.attach_at.is_none();
+        if unattached || shorter {
+            let attached = self.attach().await;
+            if unattached && !attached {
+                self.dirty
+                    .extend(written.into_iter().map(|(serial, _)| serial));
+                self.flush_at = Some(now + RETRY);
+                return;
+            }
         }
         let answers = match self.store.record(&writes).await {
             Ok(answers) if answers.len() == writes.len() => answers,
@@ -187,5 +199,30 @@ impl Task {
 fn shrink<K: Eq + Hash, V>(map: &mut HashMap<K, V>) {
     if map.capacity() > 4 * map.len() + 16 {
         map.shrink_to_fit();
+    }
+}
+
+/// How long a record lives after a write: at least [`RESUMABLE_FOR`] or three of its
+/// longest TTL (whichever is longer) after its sidecar died, so that a session whose
+/// locks all expired can still be resumed and learn `Lost` for each of them rather
+/// than be refused; it is extended every longest TTL, hence one more of it.
+fn record_ttl(longest: Duration) -> Duration {
+    let longest = longest.max(Duration::from_secs(1));
+    RESUMABLE_FOR.max(longest * 3) + longest
+}
+
+/// The least time a session can be resumed for after its sidecar died.
+const RESUMABLE_FOR: Duration = Duration::from_secs(30);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_outlives_its_sidecar_by_thirty_seconds_or_three_ttls() {
+        let s = Duration::from_secs;
+        assert_eq!(record_ttl(s(10)), s(40));
+        assert_eq!(record_ttl(s(1)), s(31));
+        assert_eq!(record_ttl(s(60)), s(240));
     }
 }

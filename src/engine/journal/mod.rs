@@ -14,8 +14,12 @@
 //!
 //! While some session of this sidecar has a record, the journal keeps the sidecar's
 //! attachment alive (refreshed every third of its TTL), written before the first record
-//! names the sidecar; an idle sidecar writes nothing. Each record lives twice its
-//! longest lock TTL and is extended every such TTL, so it outlives every lock it lists.
+//! names the sidecar; an idle sidecar writes nothing. The attachment lives at most two
+//! fifths of the shortest TTL of the locks its records list (and `--attachment-ttl`),
+//! so that after this sidecar died another can resume its sessions within half of any
+//! lock's TTL. Each record is extended every longest lock TTL and lives, after its sidecar
+//! died, at least 30 s or three of that TTL (`flush.rs`): it outlives every lock it
+//! lists, and a session whose locks expired can still be resumed to hear `Lost`.
 //! An extension sends no line (one small call per session per TTL, whatever the number
 //! of its locks); a record the store no longer has (expired in an outage, lost in a
 //! restart) answers `Recorded::Missing`, and the journal writes every line again.
@@ -105,6 +109,7 @@ impl Journal {
             dirty: HashSet::new(),
             flush_at: None,
             attach_at: None,
+            attached_ttl: Duration::ZERO,
         };
         tokio::spawn(task.run(alive.clone()));
         Self {
@@ -204,6 +209,8 @@ struct Task {
     flush_at: Option<Instant>,
     /// When the attachment is written next (`None`: not written yet, or no record).
     attach_at: Option<Instant>,
+    /// The TTL the attachment was last written with.
+    attached_ttl: Duration,
 }
 
 impl Task {
@@ -270,9 +277,10 @@ impl Task {
                 tracked
                     .listed
                     .extend(lines.into_iter().map(|(key, line)| (key.into(), line)));
-                // The resume just wrote the attachment.
-                self.attach_at
-                    .get_or_insert(Instant::now() + self.attachment / 3);
+                // The resume just wrote the attachment (with the longest TTL allowed:
+                // it knew no lock yet); shortened, if its locks say so, now.
+                self.attached_ttl = self.attached_ttl.max(self.attachment);
+                self.attach_at = Some(Instant::now());
                 self.schedule_refresh(serial);
                 return;
             }
@@ -326,11 +334,31 @@ impl Task {
         }
     }
 
+    /// How long the attachment may live: `--attachment-ttl`, and at most two fifths
+    /// of the shortest TTL of the locks that this sidecar's records list, so that its
+    /// sessions can be resumed elsewhere within half of any of their TTLs after it
+    /// died (a tenth of the TTL is left for the resuming client's retries and round
+    /// trips). A walk over every listed line, once per refresh (a third of the result).
+    fn attachment_ttl(&self) -> Duration {
+        let lines = self.tracked.values().filter(|t| !t.ended && !t.foreign);
+        let shortest = lines
+            .flat_map(|t| {
+                t.listed
+                    .values()
+                    .chain(t.pending.values().flatten().map(|(l, _)| l))
+            })
+            .map(|line| line.ttl)
+            .min();
+        shortest.map_or(self.attachment, |ttl| self.attachment.min(ttl * 2 / 5))
+    }
+
     /// Writes the attachment; schedules the next write.
     async fn attach(&mut self) -> bool {
-        match self.store.attach(&self.sidecar, self.attachment).await {
+        let ttl = self.attachment_ttl();
+        match self.store.attach(&self.sidecar, ttl).await {
             Ok(()) => {
-                self.attach_at = Some(Instant::now() + self.attachment / 3);
+                self.attached_ttl = ttl;
+                self.attach_at = Some(Instant::now() + ttl / 3);
                 true
             }
             Err(e) => {

@@ -31,7 +31,32 @@ fn task() -> Task {
         dirty: Default::default(),
         flush_at: None,
         attach_at: None,
+        attached_ttl: Duration::ZERO,
     }
+}
+
+/// Issue 25: the attachment lives at most two fifths of the shortest TTL the records
+/// list, so that another sidecar can resume within half of it after this one died.
+#[tokio::test(start_paused = true)]
+async fn the_attachment_lives_two_fifths_of_the_shortest_ttl_listed() {
+    let mut task = task();
+    assert_eq!(
+        task.attachment_ttl(),
+        Duration::from_secs(10),
+        "--attachment-ttl"
+    );
+    let s = session();
+    for (key, secs) in [("long", 60), ("short", 5)] {
+        let line = RecordLine {
+            grant: secs,
+            ttl: Duration::from_secs(secs),
+            fence: 1,
+        };
+        task.apply(Entry::Granted(s.clone(), key.into(), line, Instant::now()));
+    }
+    assert_eq!(task.attachment_ttl(), Duration::from_secs(2));
+    task.flush(true).await;
+    assert_eq!(task.attached_ttl, Duration::from_secs(2), "written so");
 }
 
 /// A session that took 1,000 locks at once, then gave them back: once written, its

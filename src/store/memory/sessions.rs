@@ -134,7 +134,11 @@ impl MemoryStore {
             else {
                 return Resumption::Refused;
             };
-            if sessions.attached.get(&attached).is_some_and(|t| *t > now) {
+            // As on Redis: a record attached to the resuming sidecar itself is its
+            // predecessor's.
+            if attached != claim.sidecar
+                && sessions.attached.get(&attached).is_some_and(|t| *t > now)
+            {
                 return Resumption::Refused;
             }
             let Some(record) = sessions.records.get_mut(&claim.session_id) else {

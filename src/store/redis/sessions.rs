@@ -151,14 +151,19 @@ impl RedisStore {
         let Some(attached) = attached else {
             return Ok(Resumption::Refused);
         };
-        let key = self.attachment_key(&attached);
-        let alive: bool =
-            self.run(|mut conn| async move {
-                redis::cmd("EXISTS").arg(&key).query_async(&mut conn).await
-            })
-            .await?;
-        if alive {
-            return Ok(Resumption::Refused);
+        // A record attached to the resuming sidecar itself was left by a predecessor
+        // of the same instance (the engine refuses a session that runs here), gone for
+        // sure: taken over at once, whatever its attachment says.
+        if attached != claim.sidecar {
+            let key = self.attachment_key(&attached);
+            let alive: bool = self
+                .run(|mut conn| async move {
+                    redis::cmd("EXISTS").arg(&key).query_async(&mut conn).await
+                })
+                .await?;
+            if alive {
+                return Ok(Resumption::Refused);
+            }
         }
         let args: &[&[u8]] = &[
             b"claim",

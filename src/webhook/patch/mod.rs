@@ -118,9 +118,8 @@ pub fn mutate(pod: &Value, defaults: &SidecarDefaults) -> Result<Decision, Patch
             }
         }
     }
-    if sidecar.socket {
-        add_volume(&mut ops, spec)?;
-    }
+    // The sidecar mounts it in any case: its instance lock lives there.
+    add_volume(&mut ops, spec)?;
     let container = sidecar.container();
     if spec.get("initContainers").is_none_or(Value::is_null) {
         ops.push(add("/spec/initContainers", json!([container])));

@@ -103,7 +103,8 @@ fn lockside_addr_is_added_or_replaced_never_duplicated() {
         ops[2],
         json!({ "op": "replace", "path": "/spec/containers/2/env/1", "value": entry })
     );
-    assert_eq!(ops.len(), 4);
+    // Then the sidecar's emptyDir (its instance lock) and the sidecar.
+    assert_eq!(ops.len(), 5);
 }
 
 #[test]

@@ -1,19 +1,24 @@
-//! `lockside serve`: its flags, the typed configurations they become (the library
-//! layers never see the flags), and the sidecar's start: store, listeners, engine.
+//! `lockside serve`: its flags and the typed configurations they become (the library
+//! layers never see the flags) in this file; the sidecar's start (store, listeners,
+//! engine) in `run.rs`; its instance name and the lock that proves it in
+//! `instance.rs`.
+
+mod instance;
+mod run;
+
+pub use run::serve;
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
 
 use super::files::{read_pem, read_token};
-use super::shutdown_signal;
-use crate::engine::{Engine, EngineConfig};
+use crate::engine::EngineConfig;
 use crate::parse::{StoreSpec, parse_duration, parse_mode};
 use crate::proto::limits::MIN_TTL;
-use crate::server::{self, ListenAddr, Listener, ServerConfig, tls_config};
+use crate::server::{ListenAddr, ServerConfig, tls_config};
 use crate::store::redis::{RedisOptions, RedisStore};
 use crate::store::redlock::RedlockStore;
 use crate::store::{DEFAULT_CLOCK_DRIFT, Store, memory::MemoryStore};
@@ -132,6 +137,18 @@ pub struct ServeArgs {
     /// passed: keep it well below the TTL of your locks. Allowed: 300ms to 1m.
     #[arg(long, env = "LOCKSIDE_ATTACHMENT_TTL", default_value = "3s", value_parser = parse_duration)]
     pub attachment_ttl: Duration,
+
+    /// This sidecar's stable name, one per pod and container (e.g. the pod's UID),
+    /// with --instance-dir: a sidecar restarted in place then takes over its
+    /// predecessor's sessions at once instead of after the old attachment expired.
+    #[arg(long, env = "LOCKSIDE_INSTANCE", requires = "instance_dir")]
+    pub instance: Option<String>,
+
+    /// A pod-local directory (an emptyDir that outlives container restarts) where the
+    /// sidecar locks `NAME.lock` while it runs: the proof that no other process runs
+    /// under --instance NAME.
+    #[arg(long, env = "LOCKSIDE_INSTANCE_DIR", requires = "instance")]
+    pub instance_dir: Option<PathBuf>,
 
     /// A file holding a bearer token: every LockService call must then carry
     /// `authorization: Bearer <token>` (health excepted). The token is read once and
@@ -258,6 +275,8 @@ impl ServeArgs {
             clock_drift: self.clock_drift,
             max_watches: self.max_watches,
             attachment_ttl: self.attachment_ttl,
+            // Set by `serve` once the instance's lock is taken.
+            instance: None,
         })
     }
 
@@ -323,66 +342,5 @@ impl ServeArgs {
             ),
         };
         Ok(store)
-    }
-}
-
-/// Runs the sidecar until SIGTERM or SIGINT; bad flags exit 64.
-pub async fn serve(args: ServeArgs) -> ExitCode {
-    let built = args.engine_config().and_then(|engine| {
-        let server = args.server_config()?;
-        Ok((engine, server, args.store()?))
-    });
-    let (config, server_config, store) = match built {
-        Ok(built) => built,
-        Err(e) => {
-            eprintln!("lockside serve: {e}");
-            return ExitCode::from(super::EX_USAGE);
-        }
-    };
-    let listener = match Listener::bind(&args.listen).await {
-        Ok(listener) => listener,
-        Err(e) => {
-            tracing::error!(listen = ?args.listen, error = %e, "cannot listen");
-            return ExitCode::FAILURE;
-        }
-    };
-    if let Err(e) = listener.set_socket_mode(args.socket_mode) {
-        tracing::error!(error = %e, "cannot set the socket's mode");
-        return ExitCode::FAILURE;
-    }
-    let admin = match args.admin_listen.as_str() {
-        "none" | "" => None,
-        addr => match tokio::net::TcpListener::bind(addr).await {
-            Ok(admin) => {
-                let bound = admin
-                    .local_addr()
-                    .map(|a| a.to_string())
-                    .unwrap_or_default();
-                tracing::info!(address = %bound, "admin listening (/livez /readyz /metrics)");
-                Some(admin)
-            }
-            Err(e) => {
-                tracing::error!(admin_listen = %addr, error = %e, "cannot listen");
-                return ExitCode::FAILURE;
-            }
-        },
-    };
-    let engine = Engine::new(store, config);
-    if let Err(e) = engine.ping().await {
-        // Not fatal: the sidecar serves and answers UNAVAILABLE until the store is back.
-        tracing::warn!(store = %args.store, error = %e, "the store does not answer yet");
-    }
-    tracing::info!(
-        address = %listener.local_addr(),
-        store = %args.store,
-        namespace = %args.namespace,
-        "listening"
-    );
-    match server::run(listener, admin, engine, server_config, shutdown_signal()).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = %e, "server failed");
-            ExitCode::FAILURE
-        }
     }
 }

@@ -58,7 +58,7 @@ impl RedisStore {
             scripts.watch.clone(),
             options.timeout,
         ));
-        tasks.push(tokio::spawn(watchers.clone().refresh()));
+        tasks.push(tokio::spawn(watchers.clone().refresh(notices.subscribe())));
         Ok(Self {
             kind,
             acks: Acks {

@@ -3,16 +3,21 @@
 //! published while it watches, and nothing is published for keys nobody watches or
 //! waits for. A registration expires after [`REGISTRATION`] unless renewed, every
 //! [`REFRESH`], for as long as the sidecar watches: a dead sidecar's registrations go
-//! by themselves.
+//! by themselves. After a `Resync` (the notice connection was made again: a Redis
+//! restart, which forgets every registration, or a failover) every registration is
+//! written again at once, so that changes made after it are published to this sidecar's
+//! watchers, not only those after the next refresh.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use tokio::sync::broadcast;
+
 use super::link::Link;
 use super::scripts::Lua;
-use crate::store::StoreError;
+use crate::store::{Notice, StoreError};
 
 /// How long a registration lives without a refresh. Long enough that a store hiccup
 /// does not lose it, short enough that a dead sidecar's registrations stop costing
@@ -123,13 +128,24 @@ impl Watchers {
         }
     }
 
-    /// Renews every registration every [`REFRESH`] until the store goes.
-    pub(super) async fn refresh(self: Arc<Self>) {
+    /// Renews every registration every [`REFRESH`], and at once after each `Resync`
+    /// of `notices`, until the store goes.
+    pub(super) async fn refresh(self: Arc<Self>, mut notices: broadcast::Receiver<Notice>) {
+        use broadcast::error::RecvError;
         let mut tick = tokio::time::interval(REFRESH);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                notice = notices.recv() => match notice {
+                    Ok(Notice::Resync) | Err(RecvError::Lagged(_)) => {
+                        tracing::debug!("registering this sidecar's watches again");
+                    }
+                    Ok(_) => continue,
+                    Err(RecvError::Closed) => return,
+                },
+            }
             let keys: Vec<String> = self.keys().keys().cloned().collect();
             let calls = keys.iter().map(|key| self.register(key, REGISTRATION));
             for (key, result) in keys.iter().zip(futures_util::future::join_all(calls).await) {

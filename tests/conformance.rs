@@ -1257,6 +1257,53 @@ async fn records_follow_their_locks(s: Subject) {
     assert_eq!(none.expect("answer"), Resumption::Refused);
 }
 
+/// Issue 25: a resumed session's record stays spent. A sidecar the session left (frozen,
+/// then woken) writes under the old secret: whether the record ended or its last line
+/// went, that write is refused (not told the record is missing, which would make it
+/// write the record again), and nothing resumes a record that ended.
+async fn a_resumed_sessions_record_stays_spent(s: Subject) {
+    let (ended, emptied) = ("dddddddddddddddd", "eeeeeeeeeeeeeeee");
+    let spent = |w: RecordWrite| RecordWrite { spent: true, ..w };
+    let zombie = |sid: &str| RecordWrite {
+        listed: true,
+        ..record(sid, "old", "A", &[("k", line(1, 1))])
+    };
+    for sid in [ended, emptied] {
+        let w = spent(record(sid, "new", "B", &[("k", line(1, 1))]));
+        assert_eq!(write(&s, w).await, Recorded::Written);
+    }
+    let end = spent(RecordWrite {
+        end: true,
+        ..record(ended, "new", "B", &[])
+    });
+    assert_eq!(write(&s, end).await, Recorded::Written);
+    let last_line = spent(RecordWrite {
+        remove: vec!["k".into()],
+        ..record(emptied, "new", "B", &[])
+    });
+    assert_eq!(write(&s, last_line).await, Recorded::Written);
+    for sid in [ended, emptied] {
+        // The woken sidecar's extension, then its rewrite of every line.
+        assert_eq!(write(&s, zombie(sid)).await, Recorded::Foreign, "{sid}");
+        let rewrite = RecordWrite {
+            listed: false,
+            ..zombie(sid)
+        };
+        assert_eq!(write(&s, rewrite).await, Recorded::Foreign, "{sid}");
+        let resumed = s.store.resume(&resume_claim(sid, "old", "x", "C")).await;
+        assert_eq!(resumed.expect("answer"), Resumption::Refused, "{sid}");
+    }
+    let reopened = s.store.resume(&resume_claim(ended, "new", "x", "C")).await;
+    assert_eq!(
+        reopened.expect("answer"),
+        Resumption::Refused,
+        "an ended session"
+    );
+    // The session whose last lock went goes on: its next lock is recorded.
+    let next = spent(record(emptied, "new", "B", &[("k2", line(2, 2))]));
+    assert_eq!(write(&s, next).await, Recorded::Written);
+}
+
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -1298,6 +1345,7 @@ conformance!(
     unwait_leaves_the_fair_queue,
     only_grants_that_leave_room_pass_the_wake_on,
     sessions_resume_with_their_secret_only,
+    a_resumed_sessions_record_stays_spent,
     records_follow_their_locks,
 );
 

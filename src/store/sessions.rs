@@ -77,6 +77,12 @@ pub struct RecordWrite {
     /// lists no lock goes at once. A write with no line to list or take off (and no
     /// end) only extends the record.
     pub ttl: Duration,
+    /// The session was resumed: a sidecar it left (frozen, then woken) may still try to
+    /// write its record under an old secret, and would make a spent record again had
+    /// it gone. So when this write makes the record go (the end, or its last line
+    /// taken off), a *spent* mark stays for `ttl` instead: a record no secret opens,
+    /// which refuses every write ([`Recorded::Foreign`]) and every resume.
+    pub spent: bool,
 }
 
 impl std::fmt::Debug for RecordWrite {
@@ -89,6 +95,7 @@ impl std::fmt::Debug for RecordWrite {
             .field("end", &self.end)
             .field("listed", &self.listed)
             .field("ttl", &self.ttl)
+            .field("spent", &self.spent)
             .finish_non_exhaustive()
     }
 }

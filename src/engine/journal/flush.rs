@@ -57,6 +57,7 @@ impl Task {
                 end: tracked.ended,
                 listed: !tracked.listed.is_empty(),
                 ttl: record_ttl(tracked.longest_ttl()),
+                spent: session.resumed,
                 ..RecordWrite::default()
             };
             let mut taken = Vec::new();

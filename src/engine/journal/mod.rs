@@ -56,6 +56,9 @@ pub(crate) struct SessionRef {
     pub(crate) id: String,
     pub(crate) secret: String,
     pub(crate) client_name: String,
+    /// A resumed session: a sidecar it left may still write its record under an old
+    /// secret, so its record leaves a spent mark when it goes ([`RecordWrite::spent`]).
+    pub(crate) resumed: bool,
 }
 
 /// Keys are the session's own (`Arc<str>`): the journal lists every held lock, and a

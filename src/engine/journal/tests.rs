@@ -16,6 +16,7 @@ fn session() -> Arc<SessionRef> {
         id: "0123456789abcdef".into(),
         secret: "s".into(),
         client_name: "test".into(),
+        resumed: false,
     })
 }
 

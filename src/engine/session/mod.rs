@@ -212,7 +212,14 @@ impl Session {
         let id = random_hex(8)?;
         // Secret: 128 bits make owner tokens unguessable.
         let secret = random_secret()?;
-        Ok(Self::with_identity(shared, client_name, out, id, secret))
+        Ok(Self::with_identity(
+            shared,
+            client_name,
+            out,
+            id,
+            secret,
+            false,
+        ))
     }
 
     /// A session with a given id and secret (a resumed one keeps its id).
@@ -222,6 +229,7 @@ impl Session {
         out: mpsc::Sender<Event>,
         id: String,
         secret: String,
+        resumed: bool,
     ) -> Self {
         let (notes_tx, notes_rx) = mpsc::unbounded_channel();
         let span = tracing::info_span!("session", session = %id, client = %client_name);
@@ -230,6 +238,7 @@ impl Session {
             id: id.clone(),
             secret: secret.clone(),
             client_name: client_name.clone(),
+            resumed,
         });
         Self {
             shared,

@@ -56,7 +56,7 @@ impl Session {
         sent_at: Instant,
         mut locks: Vec<ResumedLock>,
     ) -> Self {
-        let mut session = Self::with_identity(shared, client_name, out, id, secret);
+        let mut session = Self::with_identity(shared, client_name, out, id, secret, true);
         // The client hears the locks it keeps first, then those it lost, by key.
         locks.sort_by(|a, b| (a.held.is_none(), &a.key).cmp(&(b.held.is_none(), &b.key)));
         session.grants = locks.iter().map(|l| l.line.grant).max().unwrap_or(0);

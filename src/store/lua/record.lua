@@ -30,6 +30,11 @@
 -- new secret, so the sidecar it left cannot change its record.
 -- ARGV: secret sidecar client_name ttl_ms end n_set, then n_set pairs KEY LINE to list,
 -- then the KEYs to take off the list. end = '1': the session ended; the record goes.
+-- An 's' after end's letter ('1s', 'ls', '0s'): the session was resumed, and a sidecar
+-- it left may still write under an old secret, which must find the record not its own
+-- (0) rather than missing. So at the end a spent mark ('t' = '-', which no secret's
+-- SHA-1 is) stays for ttl_ms, which no write and no resume opens; and a record whose
+-- last line goes is kept, empty, for ttl_ms.
 -- end = 'l': the sidecar wrote lines to this record before, so a missing record was
 -- lost (expired in an outage, lost in a restart or a failover): nothing is written,
 -- and the answer 2 makes the sidecar write every line again, rather than a record of
@@ -55,14 +60,21 @@ local function bucket_of(key, buckets)
   return tonumber(string.sub(redis.sha1hex(key), 1, 8), 16) % buckets
 end
 
+local spent = string.sub(ARGV[5], 2, 2) == 's'
+local mode = string.sub(ARGV[5], 1, 1)
+
 local function drop_all()
   redis.call('DEL', r)
   for i = 0, b - 1 do
     redis.call('DEL', r .. ':' .. i)
   end
+  if spent then
+    redis.call('HSET', r, 't', '-')
+    redis.call('PEXPIRE', r, tonumber(ARGV[4]))
+  end
 end
 
-if ARGV[5] == '1' then
+if mode == '1' then
   if current then
     drop_all()
   end
@@ -70,7 +82,7 @@ if ARGV[5] == '1' then
 end
 local n_set = tonumber(ARGV[6])
 if not current then
-  if ARGV[5] == 'l' then
+  if mode == 'l' then
     return 2
   end
   if n_set == 0 then
@@ -191,7 +203,7 @@ else
   end
 end
 
-if n <= 0 then
+if n <= 0 and not spent then
   drop_all()
   return 1
 end

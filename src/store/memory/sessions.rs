@@ -27,6 +27,8 @@ struct Record {
     sidecar: String,
     lines: HashMap<String, RecordLine>,
     expires: Instant,
+    /// A spent mark (see [`RecordWrite::spent`]): no write or resume opens it.
+    spent: bool,
 }
 
 /// Every record and attachment of the store.
@@ -72,26 +74,31 @@ impl Sessions {
                     sidecar: write.sidecar.clone(),
                     lines: HashMap::new(),
                     expires: now,
+                    spent: false,
                 },
             );
         }
         let Some(record) = self.records.get_mut(&write.session_id) else {
             return Recorded::Written;
         };
-        if record.secret != write.secret {
+        if record.spent || record.secret != write.secret {
             return Recorded::Foreign;
         }
-        if write.end {
-            self.records.remove(&write.session_id);
-            return Recorded::Written;
+        if !write.end {
+            for (key, line) in &write.set {
+                record.lines.insert(key.clone(), line.clone());
+            }
+            for key in &write.remove {
+                record.lines.remove(key);
+            }
         }
-        for (key, line) in &write.set {
-            record.lines.insert(key.clone(), line.clone());
-        }
-        for key in &write.remove {
-            record.lines.remove(key);
-        }
-        if record.lines.is_empty() {
+        // As in `lua/record.lua`: a resumed session's record leaves a mark no secret
+        // opens when it ends, and stays (empty) when its last line goes.
+        if write.end && write.spent {
+            record.spent = true;
+            record.lines.clear();
+            record.expires = now + write.ttl;
+        } else if write.end || (record.lines.is_empty() && !write.spent) {
             self.records.remove(&write.session_id);
         } else {
             record.expires = now + write.ttl;
@@ -129,7 +136,7 @@ impl MemoryStore {
             let mut sessions = self.sessions();
             let Some(attached) = sessions
                 .live(&claim.session_id, now)
-                .filter(|r| r.secret == claim.secret)
+                .filter(|r| !r.spent && r.secret == claim.secret)
                 .map(|r| r.sidecar.clone())
             else {
                 return Resumption::Refused;

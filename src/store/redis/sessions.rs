@@ -89,10 +89,13 @@ impl RedisStore {
             write.sidecar.as_bytes(),
             write.client_name.as_bytes(),
             ttl.as_bytes(),
-            match (write.end, write.listed) {
-                (true, _) => b"1",
-                (false, true) => b"l",
-                (false, false) => b"0",
+            match (write.end, write.listed, write.spent) {
+                (true, _, false) => b"1",
+                (true, _, true) => b"1s",
+                (false, true, false) => b"l",
+                (false, true, true) => b"ls",
+                (false, false, false) => b"0",
+                (false, false, true) => b"0s",
             },
             n_set.as_bytes(),
         ];

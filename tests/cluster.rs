@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use common::topology::{ClusterSetup, wait_until};
 use common::{LeaseStream, PATIENCE, Sidecar, acquire, handoff, namespace, secs, waiting_for};
+use lockside::engine::EngineConfig;
 use lockside::proto::{self, lease_response::Event};
 use lockside::store::Store;
 use lockside::store::redis::{RedisOptions, RedisStore};
@@ -284,13 +285,59 @@ async fn a_slot_migration_moves_locks_renewals_and_notices() {
 /// `Lost`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_master_puts_only_its_own_locks_in_jeopardy() {
+    frozen_master_costs_only_its_locks(Freeze::AnyMaster).await;
+}
+
+/// Issue 25: the same with the frozen master the one that holds the sidecar's own keys
+/// (its session's record and its attachment): the journal is off the lock path, so
+/// the locks of the healthy masters hear nothing either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_master_holding_the_journal_costs_only_its_own_locks() {
+    frozen_master_costs_only_its_locks(Freeze::TheJournals).await;
+}
+
+/// A sidecar and a session of it whose record and the sidecar's attachment live on
+/// one master (returned). The attachment's key follows from the sidecar's id, here its
+/// instance name; a session id is random, so sessions are opened (holding nothing, they
+/// write no record) until one's record falls on that master.
+async fn journal_on_one_master(cluster: &ClusterSetup, ns: &str) -> (Sidecar, LeaseStream, u16) {
+    let master_of = |key: String| tokio::task::block_in_place(|| cluster.master_of(&key));
+    let master = master_of(format!("{{{ns}:sidecar/i-pod-0}}:a"));
+    let config = EngineConfig {
+        instance: Some("pod-0".into()),
+        ..EngineConfig::default()
+    };
+    let sidecar = Sidecar::start_with(store(&cluster.url(), ns), config).await;
+    let client = sidecar.client().await;
+    loop {
+        let lease = client.lease().await;
+        if master_of(format!("{{{ns}:session/{}}}:s", lease.session_id)) == master {
+            return (sidecar, lease, master);
+        }
+    }
+}
+
+/// Which master a frozen-master test freezes.
+enum Freeze {
+    AnyMaster,
+    /// The master of the session's record, the sidecar's attachment on it too.
+    TheJournals,
+}
+
+async fn frozen_master_costs_only_its_locks(which: Freeze) {
     const PER_MASTER: usize = 8;
     const FROZEN_FOR: Duration = Duration::from_secs(3);
     let mut cluster = tokio::task::block_in_place(|| ClusterSetup::start_with_node_timeout(15_000));
     let ns = namespace();
-    let sidecar = Sidecar::start(store(&cluster.url(), &ns)).await;
-    let mut lease = sidecar.client().await.lease().await;
     let keys = keys_per_master(&cluster, &ns, PER_MASTER);
+    let (sidecar, mut lease, frozen) = match which {
+        Freeze::AnyMaster => {
+            let sidecar = Sidecar::start(store(&cluster.url(), &ns)).await;
+            let lease = sidecar.client().await.lease().await;
+            (sidecar, lease, keys[0].1)
+        }
+        Freeze::TheJournals => journal_on_one_master(&cluster, &ns).await,
+    };
     for (key, _) in &keys {
         let id = lease
             .send_acquire(proto::Acquire {
@@ -306,8 +353,6 @@ async fn a_frozen_master_puts_only_its_own_locks_in_jeopardy() {
         quiet.is_err(),
         "nothing happens before the fault: {quiet:?}"
     );
-
-    let frozen = keys[0].1;
     // `cluster` SIGCONTs every frozen node when dropped, also when an assertion below
     // panics: no node outlives the test stopped.
     cluster.freeze(frozen);

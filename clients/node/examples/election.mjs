@@ -5,7 +5,8 @@
 //   node election.mjs jobs/leader "$(hostname):8080"
 //
 // The leader's work gets the fencing token and an AbortSignal that fires the moment
-// leadership is lost.
+// leadership is suspended or lost.
+import { once } from 'node:events';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Client } from 'lockside';
 
@@ -39,9 +40,18 @@ process.once('SIGINT', async () => {
   await Promise.all([client.close(), watcher.close()]);
   process.exit(0);
 });
-try {
-  while (lead.held) await work(lead.fencingToken, lead.signal); // stops when leadership is lost
-} catch {
+// Work while leading. When the stream to the sidecar breaks, leadership is suspended at
+// once (the signal aborts the work): a live sidecar may already have let the next
+// candidate lead. Wait until it is restored (the resumed session kept it) or lost.
+for (;;) {
+  if (lead.suspended) {
+    console.log('suspended: the stream to the sidecar broke; not working until it is restored or lost');
+    await Promise.race([once(lead, 'restored'), lead.lost]);
+  }
+  if (!lead.held) break;
+  await work(lead.fencingToken, lead.signal).catch(() => {}); // aborted: suspended or lost
+}
+if (lead.lostReason !== undefined) {
   console.log(`leadership lost: ${lead.lostReason}`);
   process.exit(1);
-}
+} // else resigned (SIGINT)

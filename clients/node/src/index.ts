@@ -15,15 +15,17 @@
  *
  * One client is one session (one `Lease` stream) holding any number of locks; the
  * sidecar releases them all when the stream ends, whatever ends it. When the stream
- * breaks because the sidecar died, the client resumes the session on the restarted
- * sidecar and keeps its locks if they are back in time (`{ resume: false }` turns that
- * off).
+ * breaks, every lock is *suspended* at once (`lock.suspended`, a `'suspended'` event,
+ * `lock.signal` aborted): stop using it. The client resumes the session, and each lock
+ * is *restored* (`'restored'`) if the resumed session lists it, *lost* (`'lost'`,
+ * `lock.lost`) otherwise (`{ resume: false }`: lost at once).
  *
  * Leader election: `await client.campaign(key, value)` resolves once this client leads
  * (a `Lock`: `proclaim(value)` changes what followers see, `release()` resigns);
  * followers read `for await (const state of client.watch(key))`, `state.leader` being
  * undefined while nobody leads.
  */
+import { EventEmitter } from 'node:events';
 import * as grpc from '@grpc/grpc-js';
 import * as protoLoader from '@grpc/proto-loader';
 import { descriptor } from './descriptor.generated.js';
@@ -46,9 +48,11 @@ const MAX_SENDABLE_BYTES = 4 * 1024 * 1024 - 1024;
 
 /**
  * HTTP/2 keepalive well below the lock TTL (README, "Client guidance"): a frozen or
- * unreachable sidecar is noticed in about 2 s, the stream fails, and every lock of the
- * session is lost before the store can let it go. The sidecar is local: after a restart,
- * reconnect within a second rather than after gRPC's default backoff.
+ * unreachable sidecar is noticed within about 2 s (a ping a second, a second to answer
+ * it), the stream fails, and every lock of the session is suspended before the store can
+ * let it go (a lock renewed every TTL/3 lives at least TTL × 2/3 after its sidecar froze:
+ * more than 2 s from a TTL of 4 s up). The sidecar is local: after a restart, reconnect
+ * within a second rather than after gRPC's default backoff.
  */
 const CHANNEL_OPTIONS: grpc.ChannelOptions = {
   'grpc.keepalive_time_ms': 1000,
@@ -108,14 +112,31 @@ export class Rejected extends LocksideError {
 }
 
 /**
- * The lock was lost while held (the sidecar sent `Lost`, or the session's stream
- * broke). `release()` rejects with it when the lock was lost before.
+ * The lock was lost while held (the sidecar sent `Lost`, or the session's stream broke
+ * and the lock did not come back). `release()` rejects with it when the lock was lost
+ * before; it is `lock.signal`'s reason once the lock is lost.
  */
 export class LockLost extends LocksideError {
   readonly reason: string;
   readonly fencingToken: bigint;
   constructor(key: string, reason: string, fencingToken: bigint) {
     super(`lock ${shortKey(key)} lost: ${reason}`, key);
+    this.reason = reason;
+    this.fencingToken = fencingToken;
+  }
+}
+
+/**
+ * The lock is suspended: the session's stream broke, and a live sidecar may already have
+ * released the lock and granted it elsewhere. It is `lock.signal`'s reason from that
+ * moment: stop using the resource until `'restored'` (`lock.signal` is then a new signal,
+ * not aborted) or `'lost'`.
+ */
+export class LockSuspended extends LocksideError {
+  readonly reason: string;
+  readonly fencingToken: bigint;
+  constructor(key: string, reason: string, fencingToken: bigint) {
+    super(`lock ${shortKey(key)} suspended: ${reason}`, key);
     this.reason = reason;
     this.fencingToken = fencingToken;
   }
@@ -350,20 +371,42 @@ export interface ClientOptions {
    * opens (one console line says so). Default 0: no sidecar there fails at once with
    * `Unavailable` naming the address and the cause (e.g. connection refused). */
   waitForSidecar?: number;
-  /** Resume the session when its stream breaks as if the sidecar died (default true;
-   * see `Client`). false: any broken stream loses every lock at once. */
+  /** Resume the session when its stream breaks (default true; see `Client`): its locks
+   * are suspended meanwhile, and restored if the resumed session lists them. false: a
+   * broken stream loses every lock at once. */
   resume?: boolean;
-  /** Seconds a sidecar may take to confirm a renewal without saying `Jeopardy`: twice
-   * its `--store-timeout` (default 2). See `safeWindow`. */
-  renewalSlack?: number;
 }
 
-/** What `lock.lost` resolves with. */
+/** What `lock.lost` resolves with, and the `'lost'` event carries. */
 export interface LostInfo {
   key: string;
   reason: string;
   fencingToken: bigint;
 }
+
+/** What the `'suspended'` event carries: `reason` says how the stream broke. */
+export interface SuspendedInfo {
+  key: string;
+  reason: string;
+  fencingToken: bigint;
+}
+
+/** What the `'restored'` event carries: the same fencing token, in the same session. */
+export interface RestoredInfo {
+  key: string;
+  fencingToken: bigint;
+  sessionId: string;
+}
+
+/** The events of a `Lock`, with their arguments. */
+export type LockEvents = {
+  /** The session's stream broke: stop using the lock now (`lock.suspended`). */
+  suspended: [SuspendedInfo];
+  /** The resumed session lists the lock: nobody else held it in between; use it again. */
+  restored: [RestoredInfo];
+  /** The lock is gone: never use it again (`lock.lost` resolves too). */
+  lost: [LostInfo];
+};
 
 /** One holder of a key: a session, or one holder inside a session. */
 export interface Holder {
@@ -440,8 +483,15 @@ function callError(what: string, key: string, err: grpc.ServiceError | undefined
 
 // -- one lock ---------------------------------------------------------------------
 
-/** A held lock, from `client.lock()`. */
-export class Lock {
+/**
+ * A held lock, from `client.lock()`. Use it while `held` is true: from the moment the
+ * session's stream breaks it is *suspended* (`held` false, `suspended` true, `signal`
+ * aborted, a `'suspended'` event), because a live sidecar releases a broken stream's
+ * locks at once and a waiter elsewhere may hold it within milliseconds. It is then
+ * either *restored* (`'restored'`: the resumed session listed it with the same fencing
+ * token, nobody else held it in between) or *lost* (`'lost'`, `lost` resolves).
+ */
+export class Lock extends EventEmitter<LockEvents> {
   /** The lock's name. */
   readonly key: string;
   /** Pass it to the resource you protect; it must reject writes with lower tokens. */
@@ -457,23 +507,25 @@ export class Lock {
    * of its own unless it passed `holder`. */
   readonly holder: string;
   /** Resolves when the lock is lost (the sidecar sent `Lost`, or the session's stream
-   * broke and the lock did not come back): stop using the resource then. Never
+   * broke and the lock did not come back): never use the resource again. Never
    * rejects; never settles after a clean release. */
   readonly lost: Promise<LostInfo>;
-  /** Aborted when the lock is lost: hand it to work that must stop at once. */
-  readonly signal: AbortSignal;
   /** Why the lock was lost, once it is. */
   lostReason?: string;
 
-  /** @internal */ _state: 'held' | 'lost' | 'released' = 'held';
+  /** @internal */ _state: 'held' | 'suspended' | 'lost' | 'released' = 'held';
   /** @internal The TTL (s) the store keeps the lock for without renewals (asked, else
-   * the sidecar's default): what the safe window after a broken stream counts on. */
+   * the sidecar's default): once it has passed since a break, the store has let the
+   * lock go. */
   readonly _ttlAsked: number;
   private readonly session: Session;
-  private readonly onLost: (info: LostInfo) => void;
+  private readonly resolveLost: (info: LostInfo) => void;
+  /** Aborted when the lock is suspended or lost; a new one after each restore. */
+  private controller = new AbortController();
 
   /** @internal */
   constructor(session: Session, key: string, holder: string, granted: GrantedMsg, ttlAsked: number) {
+    super();
     this.session = session;
     this._ttlAsked = ttlAsked;
     this.key = key;
@@ -482,27 +534,71 @@ export class Lock {
     this.ttl = seconds(granted.ttl);
     this.holdCount = granted.holdCount;
     this.sessionId = session.sessionId;
-    const controller = new AbortController();
-    this.signal = controller.signal;
     let resolve!: (info: LostInfo) => void;
     this.lost = new Promise<LostInfo>((r) => (resolve = r));
-    this.onLost = (info) => {
-      resolve(info);
-      controller.abort(new LockLost(info.key, info.reason, info.fencingToken));
-    };
+    this.resolveLost = resolve;
   }
 
-  /** True until the lock is released or lost. */
+  /** True while the lock is held and may be used: false while it is suspended, and
+   * for good once it is released or lost. */
   get held(): boolean {
     return this._state === 'held';
   }
 
+  /** True from the moment the session's stream broke until the lock is restored or
+   * lost: do not use it meanwhile. */
+  get suspended(): boolean {
+    return this._state === 'suspended';
+  }
+
+  /** Hand it to the work that uses the resource: aborted when the lock is suspended
+   * (reason `LockSuspended`) or lost (`LockLost`). A restored lock has a new signal,
+   * not aborted: read `lock.signal` again for work started after `'restored'`. */
+  get signal(): AbortSignal {
+    return this.controller.signal;
+  }
+
+  /** @internal The session's stream broke: stop using the lock. */
+  _suspend(reason: string): void {
+    if (this._state !== 'held') return;
+    this._state = 'suspended';
+    this.controller.abort(new LockSuspended(this.key, reason, this.fencingToken));
+    this.tell('suspended', { key: this.key, reason, fencingToken: this.fencingToken });
+  }
+
+  /** @internal The resumed session listed the lock with its token. */
+  _restore(): void {
+    if (this._state !== 'suspended') return;
+    this._state = 'held';
+    this.controller = new AbortController();
+    this.tell('restored', { key: this.key, fencingToken: this.fencingToken, sessionId: this.sessionId });
+  }
+
   /** @internal */
   _markLost(reason: string): void {
-    if (this._state !== 'held') return;
+    if (this._state !== 'held' && this._state !== 'suspended') return;
     this._state = 'lost';
     this.lostReason = reason;
-    this.onLost({ key: this.key, reason, fencingToken: this.fencingToken });
+    const info = { key: this.key, reason, fencingToken: this.fencingToken };
+    this.resolveLost(info);
+    // (A suspended lock's signal is aborted already: its reason then turns to LockLost
+    // in a new signal.)
+    if (this.controller.signal.aborted) this.controller = new AbortController();
+    this.controller.abort(new LockLost(info.key, info.reason, info.fencingToken));
+    this.tell('lost', info);
+  }
+
+  /** Emits `event`. A listener that throws does so on its own tick (an uncaught
+   * exception, as from any emitter), not inside the session's bookkeeping. */
+  private tell<K extends keyof LockEvents>(event: K, ...args: LockEvents[K]): void {
+    try {
+      // (TypeScript cannot narrow the emitter's conditional argument type for a generic K.)
+      (this.emit as (event: K, ...args: LockEvents[K]) => boolean)(event, ...args);
+    } catch (e) {
+      process.nextTick(() => {
+        throw e;
+      });
+    }
   }
 
   /**
@@ -544,20 +640,6 @@ interface Pending {
   lock?: Lock;
   response?: LeaseResponse;
   settle: (response: LeaseResponse | null, error: Error | null) => void;
-}
-
-/** What the session says about how long a lock stays surely held without its stream. */
-export const DEFAULT_RENEWAL_SLACK_SECONDS = 2;
-
-/**
- * Seconds a lock of TTL `ttl` is surely still held in the store after its stream broke,
- * without an open `Jeopardy` (0 when the TTL is too short to count on): the sidecar
- * renews every TTL/3 and confirms a slow renewal within `renewalSlack` (twice its
- * `--store-timeout`), so the lock lives TTL × 2/3 − slack after the break, less the
- * sidecar's drift margin (1 % of the TTL + 2 ms). The Rust client's rule.
- */
-export function safeWindow(ttl: number, renewalSlack = DEFAULT_RENEWAL_SLACK_SECONDS): number {
-  return Math.max(0, (ttl * 2) / 3 - renewalSlack - (ttl / 100 + 0.002));
 }
 
 /** Stream endings that may mean the sidecar died: the session may be resumed. */
@@ -621,16 +703,20 @@ function statusText(err: grpc.ServiceError): string {
  * are routed by (holder, key), the sidecar's echo of `Acquire.holder`, to every lock of
  * that holder on that key (reentrant grants of one holder share it).
  *
- * When the stream breaks as if the sidecar died (UNAVAILABLE, a reset stream) and the
- * session holds locks, it resumes (DESIGN.md, "Sessions that survive a sidecar
- * restart"): waits in progress fail with `Unavailable` (the sidecar does not resume
- * them), each held key keeps the time it is surely held (`safeWindow` after the break,
- * or what `Jeopardy` said), and new streams with `lockside-resume: <token>` are opened
- * with backoff until one answers; the locks that come back stay held (the same session
- * id, fencing tokens and hold counts), unanswered releases and proclaims are sent
- * again, and a lock is lost only when it comes back `Lost`, does not come back, or its
- * time passes first. Otherwise, when the stream ends, every pending request fails and
- * every held lock is lost; the client opens a new session for the next request.
+ * When the stream breaks (DESIGN.md, "A broken stream"), every held lock is suspended
+ * at once: from the client's side a connection to a live sidecar that broke (a reset,
+ * a stall its keepalive noticed) looks like a sidecar that died, and a live sidecar
+ * releases at once. If the session holds locks and may be resumed (UNAVAILABLE, a
+ * reset stream; a resume token), it resumes (DESIGN.md, "Sessions that survive a
+ * sidecar restart"): waits in progress fail with `Unavailable` (the sidecar does not
+ * resume them), and new streams with `lockside-resume: <token>` are opened with backoff
+ * until one answers; the locks that come back with their fencing tokens are restored
+ * (the same session id, tokens and hold counts), unanswered releases and proclaims are
+ * sent again, and a lock is lost when it comes back `Lost` or does not come back, or
+ * when its TTL has passed since the break (or the time an open `Jeopardy` gave) before
+ * that: the store has let it go by then. Otherwise, when the stream ends, every pending
+ * request fails and every held lock is lost; the client opens a new session for the
+ * next request.
  * @internal
  */
 class Session {
@@ -645,10 +731,13 @@ class Session {
   private readonly held = new Map<string, Lock[]>();
   /** Slots in Jeopardy: when they stop being surely held (performance.now() ms). */
   private readonly jeopardy = new Map<string, number>();
-  /** While resuming: until when each slot is surely held (performance.now() ms). */
-  private readonly safeUntil = new Map<string, number>();
+  /** While resuming: when the store has surely let each slot go (performance.now() ms):
+   * the lock's TTL after the break, or the end of an open Jeopardy. */
+  private readonly goneBy = new Map<string, number>();
   private timers: { cancel(): void }[] = [];
   private brokeReason = '';
+  /** Why the last resume attempt failed, for the reason of a loss. */
+  private resumeFailed = '';
   private attempt?: LeaseCall;
   /** Resolves the wait of callers while the session resumes. */
   private settled: Promise<void> = Promise.resolve();
@@ -661,7 +750,7 @@ class Session {
     private call: LeaseCall,
     private readonly stub: LockServiceClient,
     private readonly metadata: grpc.Metadata,
-    private readonly options: { resume: boolean; renewalSlack: number },
+    private readonly options: { resume: boolean },
   ) {
     this.done = new Promise((r) => (this.markDone = r));
   }
@@ -679,7 +768,7 @@ class Session {
     stub: LockServiceClient,
     metadata: grpc.Metadata,
     timing: { connectTimeout: number; waitForSidecar: number },
-    options: { resume: boolean; renewalSlack: number },
+    options: { resume: boolean },
   ): Promise<Session> {
     const channel = stub.getChannel();
     const waitUntil = performance.now() + timing.waitForSidecar * 1000;
@@ -719,7 +808,7 @@ class Session {
     stub: LockServiceClient,
     metadata: grpc.Metadata,
     timeoutS: number,
-    options: { resume: boolean; renewalSlack: number },
+    options: { resume: boolean },
   ): Promise<Session | { noSidecar: string }> {
     return new Promise((resolve, reject) => {
       let call: LeaseCall;
@@ -893,7 +982,7 @@ class Session {
     this.pending.clear();
     for (const locks of this.held.values()) for (const lock of locks) lock._markLost(reason);
     this.held.clear();
-    this.safeUntil.clear();
+    this.goneBy.clear();
     this.stateChanged();
     this.markDone();
   }
@@ -906,12 +995,18 @@ class Session {
 
   // -- resuming -------------------------------------------------------------------
 
-  /** The stream ended with `code`: resume the session, or end it. */
+  /** The stream ended with `code`: suspend every lock and resume the session, or end
+   * it (every lock lost). */
   private broke(reason: string, code: number | undefined, details: string): void {
     if (this.state === 'ended') return;
     if (this.closing) {
       this.end('client closed', code);
       return;
+    }
+    if (this.held.size > 0 && this.resumeToken === '' && this.options.resume) {
+      // The sidecar's store cannot resume sessions (the embedded memory store: its locks
+      // died with the sidecar, or a live sidecar released them).
+      reason = `${reason}; the sidecar's store cannot resume sessions (no resume token)`;
     }
     const resumable =
       this.options.resume &&
@@ -928,7 +1023,12 @@ class Session {
     }
     this.state = 'resuming';
     this.brokeReason = reason;
+    this.resumeFailed = '';
     this.settled = new Promise((r) => (this.markSettled = r));
+    // First of all, before anything else runs: a live sidecar releases this stream's
+    // locks at once (after its short grace), and a waiter elsewhere may be granted
+    // within milliseconds.
+    for (const locks of this.held.values()) for (const lock of locks) lock._suspend(reason);
     // The sidecar does not resume waits in progress: their callers hear it now.
     for (const [rid, p] of this.pending) {
       if (p.kind !== 'acquire') continue;
@@ -943,8 +1043,8 @@ class Session {
     }
     const now = performance.now();
     for (const [s, locks] of this.held) {
-      const window = Math.min(...locks.map((l) => safeWindow(l._ttlAsked, this.options.renewalSlack)));
-      this.safeUntil.set(s, this.jeopardy.get(s) ?? now + window * 1000);
+      const ttl = Math.min(...locks.map((l) => l._ttlAsked));
+      this.goneBy.set(s, this.jeopardy.get(s) ?? now + ttl * 1000);
     }
     const next = this.expire(now);
     if (next === undefined) return;
@@ -952,14 +1052,15 @@ class Session {
     void this.resume();
   }
 
-  /** While resuming: loses every key whose safe time has passed; the next such time,
+  /** While resuming: loses every key the store has surely let go; the next such time,
    * or undefined when nothing is held any more (the session then ends). */
   private expire(now: number): number | undefined {
     if (this.state !== 'resuming') return undefined;
-    const why = `the stream to the sidecar broke (${this.brokeReason}) and the session was not resumed while the lock was surely held`;
-    for (const [s, until] of this.safeUntil) {
+    const last = this.resumeFailed ? `; the last attempt: ${this.resumeFailed}` : '';
+    const why = `the stream to the sidecar broke (${this.brokeReason}) and the session was not resumed before the lock's TTL passed${last}`;
+    for (const [s, until] of this.goneBy) {
       if (until > now) continue;
-      this.safeUntil.delete(s);
+      this.goneBy.delete(s);
       for (const lock of this.held.get(s) ?? []) lock._markLost(why);
       this.held.delete(s);
     }
@@ -967,11 +1068,11 @@ class Session {
       this.end(why, grpc.status.UNAVAILABLE);
       return undefined;
     }
-    return Math.min(...this.safeUntil.values());
+    return Math.min(...this.goneBy.values());
   }
 
-  /** Loses keys when their safe time passes: one timer, for the next such time (a
-   * timer may fire a little early: it is then armed again). */
+  /** Loses keys when their TTL has passed since the break: one timer, for the next
+   * such time (a timer may fire a little early: it is then armed again). */
   private armExpiry(at: number): void {
     this.timers.push(later(at - performance.now(), () => this.onExpiry()));
   }
@@ -995,6 +1096,7 @@ class Session {
       this.attempt = undefined;
       if (failed === undefined || this.state !== 'resuming') return;
       call.cancel();
+      this.resumeFailed = failed.why;
       if (failed.code !== undefined && FINAL_RESUME_CODES.has(failed.code)) {
         this.end(`${this.brokeReason}; resuming failed: ${failed.why}`, failed.code);
         return;
@@ -1061,6 +1163,8 @@ class Session {
     });
     this.follow(call);
     for (const request of this.resumed(started, events)) call.write(request);
+    // Once what the resume owes the sidecar is on its way: a listener may release.
+    for (const locks of [...this.held.values()]) for (const lock of locks) lock._restore();
   }
 
   /**
@@ -1074,7 +1178,7 @@ class Session {
   private resumed(started: NonNullable<LeaseResponse['started']>, events: LeaseResponse[]): Request[] {
     this.state = 'open';
     this.resumeToken = started.resumeToken ?? '';
-    this.safeUntil.clear();
+    this.goneBy.clear();
     this.jeopardy.clear();
     // Each holder's grant comes back on its own (Granted with request_id 0 and its
     // holder), and is matched with that holder's locks only.
@@ -1330,17 +1434,21 @@ class Session {
  * second `lock()` of a held key waits or is BUSY), share a shared key, and take a
  * semaphore permit each. Reentrancy is asked for explicitly: `{ holder: lock.holder }`.
  *
- * If the stream breaks as if the sidecar died (UNAVAILABLE, a reset stream) while the
- * session holds locks, the client resumes the session with its resume token, on the
- * restarted sidecar or any other of the same store and namespace at `addr`, retrying
- * with backoff: the locks come back with the same session id, fencing tokens and hold
- * counts, and `lost` does not settle. A lock is lost when it comes back `Lost`, does not
- * come back, or is not back while it is surely held: `safeWindow(ttl)` after the break
- * (4.5 s for the default 10 s TTL), or what `Jeopardy` said. Waits in progress when the
- * stream breaks reject with `Unavailable` (the sidecar does not resume them); `lock()`
- * calls made while the session resumes wait for it. A session that cannot be resumed,
- * or ends otherwise, loses every lock, and the next `lock()` opens a new session.
- * `{ resume: false }` turns resuming off.
+ * The moment the stream breaks (a reset, the sidecar dying, a stall the keepalive
+ * notices), every lock of the session is suspended (`Lock`): a live sidecar releases a
+ * broken stream's locks at once, and the client cannot tell it from a dead one. If the
+ * session holds locks, the client resumes it with its resume token, on the restarted
+ * sidecar or any other of the same store and namespace at `addr`, retrying with backoff
+ * (also while the sidecar answers FAILED_PRECONDITION): each lock the resumed session
+ * lists with its fencing token is restored (the same session id, tokens and hold
+ * counts). A lock is lost when it comes back `Lost` or not at all, when resuming is
+ * refused for good, or when its TTL has passed since the break (the store has let it
+ * go); at once when the sidecar's store cannot resume sessions (no resume token: the
+ * embedded memory store). Waits in progress when the stream breaks reject with
+ * `Unavailable` (the sidecar does not resume them); `lock()` calls made while the
+ * session resumes wait for it. A session that cannot be resumed, or ends otherwise,
+ * loses every lock, and the next `lock()` opens a new session. `{ resume: false }`
+ * turns resuming off: a break loses every lock at once.
  */
 export class Client {
   /** The sidecar's address: `host:port` or `unix:/path`. */
@@ -1348,7 +1456,7 @@ export class Client {
   private readonly stub: LockServiceClient;
   private readonly metadata: grpc.Metadata;
   private readonly timing: { connectTimeout: number; waitForSidecar: number };
-  private readonly sessionOptions: { resume: boolean; renewalSlack: number };
+  private readonly sessionOptions: { resume: boolean };
   private session?: Session;
   private opening?: Promise<Session>;
   private closed = false;
@@ -1374,10 +1482,7 @@ export class Client {
         throw new RangeError(`${name} must be a number of seconds >= 0, got ${String(value)}`);
       }
     }
-    this.sessionOptions = {
-      resume: options.resume ?? true,
-      renewalSlack: options.renewalSlack ?? DEFAULT_RENEWAL_SLACK_SECONDS,
-    };
+    this.sessionOptions = { resume: options.resume ?? true };
   }
 
   /** The current session's id (as `describe()` shows it); undefined before the first lock. */

@@ -2,8 +2,9 @@
 # The Go client's checks, as .ci/run calls them:
 #
 #   bash clients/go/ci.sh build     gofmt, go vet, the stubs up to date (when buf is
-#                                   installed), and bin/lockside-example (which
-#                                   tests/languages.rs runs); no sidecar needed.
+#                                   installed), bin/lockside-example (which
+#                                   tests/languages.rs runs) and bin/bench; no
+#                                   sidecar needed.
 #   LOCKSIDE_BIN=$PWD/target/debug/lockside bash clients/go/ci.sh
 #                                   all of the above, then go test against that
 #                                   sidecar binary and redis-server processes the
@@ -51,6 +52,9 @@ else
 fi
 go build -o bin/lockside-example ./cmd/lockside-example
 echo "built $here/bin/lockside-example"
+# The benchmark is a module of its own (go-redis stays out of the library's): kept
+# building, not run.
+(cd cmd/bench && go vet ./... && go build -o ../../bin/bench .)
 
 if [ "$mode" = all ]; then
   go test -count=1 -timeout 3m ./...

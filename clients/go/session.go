@@ -328,8 +328,10 @@ func (s *session) lose(l *Lock, reason string) {
 	delete(s.held, holderKey{l.holder, l.key})
 	l.stopExpiry()
 	l.err = &LostError{Key: l.key, FencingToken: l.token, Reason: reason}
-	s.c.opts.logger.Warn("lockside: lock lost", "key", l.key, "holder", l.holder,
-		"fencing_token", l.token, "reason", reason)
+	if !s.closing { // Close loses every lock on purpose: nothing to warn about
+		s.c.opts.logger.Warn("lockside: lock lost", "key", l.key, "holder", l.holder,
+			"fencing_token", l.token, "reason", reason)
+	}
 	close(l.lost)
 	l.setState(Lost)
 }

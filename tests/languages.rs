@@ -1,5 +1,5 @@
-//! Every language at once: a Rust client, the Python and Node packages (as installed
-//! from `clients/`), the Go example, and two `lockside hold` loops compete for one key
+//! Every language at once: a Rust client, the Python, Node and Go packages (as built
+//! from `clients/`), and two `lockside hold` loops compete for one key
 //! through one sidecar on Redis. Each records its holding intervals (CLOCK_MONOTONIC
 //! ns, one clock for all processes here) and fencing tokens; the checker finds 0
 //! overlaps and strictly increasing tokens.
@@ -8,11 +8,11 @@
 //! key in turn while every language (and `lockside watch`) watches it; leaders never
 //! overlap, tokens increase, and every watcher sees the leaders in order.
 //!
-//! The packages and the Go example must be built and installed first: `bash
-//! clients/prepare.sh` and `bash examples/go/build.sh` (`.ci/run` does both). The
-//! Python and Node programs are `tests/fixtures/clients/{contend,elect}.{py,cjs}`, run
-//! with the venv's Python and with NODE_PATH on the installed tarball; Go's are modes of
-//! `examples/go`'s program.
+//! The packages must be built and installed first: `bash clients/prepare.sh` and `bash
+//! clients/go/ci.sh build` (`.ci/run` does both). The Python and Node programs are
+//! `tests/fixtures/clients/{contend,elect}.{py,cjs}`, run with the venv's Python and
+//! with NODE_PATH on the installed tarball; Go's are modes of the Go package's
+//! `clients/go/cmd/lockside-example`, built into `clients/go/bin`.
 
 mod common;
 
@@ -61,7 +61,7 @@ fn contender(program: &str, args: &[&str], out: &Path, addr: &str) -> Command {
     command
 }
 
-/// The client programs, as `clients/prepare.sh` and `examples/go/build.sh` install
+/// The client programs, as `clients/prepare.sh` and `clients/go/ci.sh build` install
 /// them.
 struct Installed {
     fixtures: PathBuf,
@@ -79,14 +79,14 @@ impl Installed {
             fixtures: root.join("tests/fixtures/clients"),
             venv_python: installed.join("venv/bin/python"),
             node_modules: installed.join("node/node_modules"),
-            go: root.join("examples/go/bin/lockside-example"),
+            go: root.join("clients/go/bin/lockside-example"),
         };
         require(&found.venv_python, "bash clients/prepare.sh");
         require(
             &found.node_modules.join("lockside"),
             "bash clients/prepare.sh",
         );
-        require(&found.go, "bash examples/go/build.sh");
+        require(&found.go, "bash clients/go/ci.sh build");
         found
     }
 }

@@ -1,6 +1,7 @@
-// Command lockside-example takes a Lockside lock from Go.
+// Command lockside-example takes Lockside locks from Go; the cross-language test
+// (tests/languages.rs) runs its modes as client processes.
 //
-//	lockside-example [--addr A] --key K [--hold D] [--wait D]
+//	lockside-example [--addr A] --key K [--hold D] [--wait D] [--ttl D]
 //		take K, print the fencing token, hold it for D, release it.
 //	lockside-example contend [--addr A] --key K --iterations N --out FILE
 //		N times: take K (waiting up to 30 s), hold it 0-2 ms, release it, and
@@ -8,7 +9,7 @@
 //	lockside-example elect [--addr A] --key K --value V [--rounds N] [--hold D] [--out FILE]
 //		leader election: N times (1), campaign for K with value V, printing
 //		who leads while waiting; lead: proclaim "V/ROUND", work for D (stopping
-//		at once if leadership is lost), resign. With --out, append
+//		at once if leadership is suspended or lost), resign. With --out, append
 //		"start_ns end_ns fencing_token" per term to FILE.
 //	lockside-example watch [--addr A] --key K [--until V] [--out FILE]
 //		follow the leader of K: one line per state; with --out, append
@@ -21,7 +22,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"math/rand"
+	"math/rand/v2"
 	"os"
 	"os/signal"
 	"syscall"
@@ -29,9 +30,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"google.golang.org/grpc/metadata"
-
-	"lockside.example/lockside"
+	"github.com/lockside/lockside/clients/go"
 )
 
 const (
@@ -64,22 +63,20 @@ func main() {
 	}
 }
 
-func defaultAddr() string {
-	if a := os.Getenv("LOCKSIDE_ADDR"); a != "" {
-		return a
-	}
-	return "127.0.0.1:7420"
+func connect(ctx context.Context, addr string) (*lockside.Client, error) {
+	return lockside.Connect(ctx, addr, lockside.WithClientName(fmt.Sprintf("lockside-example-go/%d", os.Getpid())))
 }
 
-func withName(ctx context.Context) context.Context {
-	name := fmt.Sprintf("lockside-example-go/%d", os.Getpid())
-	return metadata.AppendToOutgoingContext(ctx, lockside.ClientNameHeader, name)
+// usable reports whether the lock may still be used: held, not suspended or lost.
+func usable(l *lockside.Lock) bool {
+	s := l.State()
+	return s == lockside.Held || s == lockside.InJeopardy
 }
 
 // hold takes the lock once and keeps it for --hold.
 func hold(args []string) error {
 	fs := flag.NewFlagSet("lockside-example", flag.ContinueOnError)
-	addr := fs.String("addr", defaultAddr(), "sidecar address, host:port or unix:/path (env LOCKSIDE_ADDR)")
+	addr := fs.String("addr", "", "sidecar address, host:port or unix:/path (default $LOCKSIDE_ADDR, else 127.0.0.1:7420)")
 	key := fs.String("key", "", "lock name (required)")
 	holdFor := fs.Duration("hold", time.Second, "how long to hold the lock")
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for a busy lock")
@@ -87,42 +84,51 @@ func hold(args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	c, err := lockside.Dial(*addr)
+	c, err := connect(ctx, *addr)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-
-	lock, err := c.Lock(withName(ctx), *key, lockside.LockOptions{Wait: *wait, TTL: *ttl})
+	lock, err := c.Lock(ctx, *key, lockside.WithWait(*wait), lockside.WithTTL(*ttl))
 	if err != nil {
 		return err
 	}
-	fmt.Printf("acquired %q fencing_token=%d ttl=%v\n", lock.Key, lock.Token, lock.TTL)
+	fmt.Printf("acquired %q fencing_token=%d ttl=%v\n", lock.Key(), lock.FencingToken(), lock.TTL())
 
 	timer := time.NewTimer(*holdFor)
 	defer timer.Stop()
-	select {
-	case <-timer.C:
-	case <-ctx.Done():
-		fmt.Println("interrupted, releasing early")
-	case <-lock.Lost():
-		return lock.Err()
+holding:
+	for {
+		changed := lock.Changed() // before State: no change slips in between
+		switch lock.State() {
+		case lockside.Suspended:
+			fmt.Println("suspended: the stream to the sidecar broke; not using the lock until it is restored")
+		case lockside.Lost:
+			return lock.Err()
+		}
+		select {
+		case <-timer.C:
+			break holding
+		case <-ctx.Done():
+			fmt.Println("interrupted, releasing early")
+			break holding
+		case <-changed:
+		}
 	}
-	if err := lock.Release(); err != nil {
+	if err := lock.Unlock(context.Background()); err != nil {
 		return err
 	}
-	fmt.Printf("released %q\n", lock.Key)
+	fmt.Printf("released %q\n", lock.Key())
 	return nil
 }
 
 // contend takes the lock --iterations times and records every hold in --out.
 func contend(args []string) error {
 	fs := flag.NewFlagSet("lockside-example contend", flag.ContinueOnError)
-	addr := fs.String("addr", defaultAddr(), "sidecar address, host:port or unix:/path (env LOCKSIDE_ADDR)")
+	addr := fs.String("addr", "", "sidecar address, host:port or unix:/path (default $LOCKSIDE_ADDR, else 127.0.0.1:7420)")
 	key := fs.String("key", "", "lock name (required)")
 	iterations := fs.Int("iterations", 50, "how many times to take the lock")
 	out := fs.String("out", "", "file to append \"start_ns end_ns fencing_token\" lines to (required)")
@@ -132,7 +138,6 @@ func contend(args []string) error {
 	if *out == "" {
 		return errors.New("--out is required")
 	}
-
 	f, err := appendTo(*out)
 	if err != nil {
 		return err
@@ -141,32 +146,27 @@ func contend(args []string) error {
 
 	ctx, cancel := context.WithTimeout(context.Background(), contendTimeout)
 	defer cancel()
-	ctx = withName(ctx)
-
-	c, err := lockside.Dial(*addr)
+	c, err := connect(ctx, *addr)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 
-	rng := rand.New(rand.NewSource(time.Now().UnixNano()))
 	for i := 0; i < *iterations; i++ {
-		lock, err := c.Lock(ctx, *key, lockside.LockOptions{Wait: contendWait})
+		lock, err := c.Lock(ctx, *key, lockside.WithWait(contendWait))
 		if err != nil {
 			return fmt.Errorf("iteration %d: %w", i, err)
 		}
 		start := monotonicNs()
-		time.Sleep(time.Duration(rng.Int63n(int64(2*time.Millisecond) + 1)))
+		time.Sleep(time.Duration(rand.Int64N(int64(2*time.Millisecond) + 1)))
 		end := monotonicNs()
-		select {
-		case <-lock.Lost():
-			return fmt.Errorf("iteration %d: %w", i, lock.Err())
-		default:
+		if !usable(lock) {
+			return fmt.Errorf("iteration %d: the lock was %s while in use", i, lock.State())
 		}
-		if err := lock.Release(); err != nil {
+		if err := lock.Unlock(ctx); err != nil {
 			return fmt.Errorf("iteration %d: %w", i, err)
 		}
-		if _, err := fmt.Fprintf(f, "%d %d %d\n", start, end, lock.Token); err != nil {
+		if _, err := fmt.Fprintf(f, "%d %d %d\n", start, end, lock.FencingToken()); err != nil {
 			return err
 		}
 	}
@@ -176,7 +176,7 @@ func contend(args []string) error {
 // elect campaigns --rounds times; while waiting it prints who leads.
 func elect(args []string) error {
 	fs := flag.NewFlagSet("lockside-example elect", flag.ContinueOnError)
-	addr := fs.String("addr", defaultAddr(), "sidecar address, host:port or unix:/path (env LOCKSIDE_ADDR)")
+	addr := fs.String("addr", "", "sidecar address, host:port or unix:/path (default $LOCKSIDE_ADDR, else 127.0.0.1:7420)")
 	key := fs.String("key", "", "election key (required)")
 	value := fs.String("value", "", "this candidate's value: its name or address")
 	rounds := fs.Int("rounds", 1, "how many terms to lead")
@@ -188,14 +188,13 @@ func elect(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	ctx = withName(ctx)
 	record, err := appendTo(*out)
 	if err != nil {
 		return err
 	}
 	defer record.Close()
 
-	c, err := lockside.Dial(*addr)
+	c, err := connect(ctx, *addr)
 	if err != nil {
 		return err
 	}
@@ -205,32 +204,38 @@ func elect(args []string) error {
 		// A follower watches who leads until it leads itself.
 		wctx, stopWatching := context.WithCancel(ctx)
 		go printLeaders(wctx, c, *key)
-		lead, err := c.Campaign(ctx, *key, []byte(*value), lockside.LockOptions{TTL: *ttl})
+		lead, err := c.Campaign(ctx, *key, []byte(*value), lockside.WithTTL(*ttl))
 		stopWatching()
 		if err != nil {
 			return fmt.Errorf("term %d: %w", round, err)
 		}
 		start := monotonicNs()
-		fmt.Printf("leading %q as %q, fencing_token=%d\n", *key, *value, lead.Token)
-		if err := lead.Proclaim(ctx, []byte(fmt.Sprintf("%s/%d", *value, round))); err != nil {
+		fmt.Printf("leading %q as %q, fencing_token=%d\n", *key, *value, lead.FencingToken())
+		if err := lead.Proclaim(ctx, fmt.Appendf(nil, "%s/%d", *value, round)); err != nil {
 			return fmt.Errorf("term %d: proclaim: %w", round, err)
+		}
+		changed := lead.Changed()
+		if !usable(lead.Lock) {
+			return fmt.Errorf("term %d: leadership %s", round, lead.State())
 		}
 		timer := time.NewTimer(*holdFor) // the work a leader does
 		select {
 		case <-timer.C:
 		case <-ctx.Done():
 			timer.Stop()
-			return lead.Release()
-		case <-lead.Lost():
+			return lead.Resign(context.Background())
+		case <-changed:
+			// Suspended or lost: stop leading at once (a jeopardy would be
+			// survivable, but this program keeps it simple).
 			timer.Stop()
-			return fmt.Errorf("term %d: %w", round, lead.Err()) // stop leading at once
+			return fmt.Errorf("term %d: leadership %s", round, lead.State())
 		}
 		end := monotonicNs()
-		if err := lead.Release(); err != nil {
+		if err := lead.Resign(ctx); err != nil {
 			return fmt.Errorf("term %d: resign: %w", round, err)
 		}
 		if record != nil {
-			if _, err := fmt.Fprintf(record, "%d %d %d\n", start, end, lead.Token); err != nil {
+			if _, err := fmt.Fprintf(record, "%d %d %d\n", start, end, lead.FencingToken()); err != nil {
 				return err
 			}
 		}
@@ -240,17 +245,13 @@ func elect(args []string) error {
 
 // printLeaders prints each leader of key until ctx ends.
 func printLeaders(ctx context.Context, c *lockside.Client, key string) {
-	w, err := c.Watch(ctx, key)
+	states, err := c.Watch(ctx, key)
 	if err != nil {
 		return
 	}
-	for {
-		state, err := w.Recv()
-		if err != nil {
-			return
-		}
-		if h := lockside.Leader(state); h != nil {
-			fmt.Printf("leader of %q: %q (fencing_token=%d)\n", key, h.GetValue(), h.GetFencingToken())
+	for state := range states {
+		if h, ok := state.Leader(); ok {
+			fmt.Printf("leader of %q: %q (fencing_token=%d)\n", key, h.Value, h.FencingToken)
 		} else {
 			fmt.Printf("no leader of %q\n", key)
 		}
@@ -260,7 +261,7 @@ func printLeaders(ctx context.Context, c *lockside.Client, key string) {
 // watch follows the leader of --key until one whose value is --until.
 func watch(args []string) error {
 	fs := flag.NewFlagSet("lockside-example watch", flag.ContinueOnError)
-	addr := fs.String("addr", defaultAddr(), "sidecar address, host:port or unix:/path (env LOCKSIDE_ADDR)")
+	addr := fs.String("addr", "", "sidecar address, host:port or unix:/path (default $LOCKSIDE_ADDR, else 127.0.0.1:7420)")
 	key := fs.String("key", "", "election key (required)")
 	until := fs.String("until", "", "stop after a leader with this value (empty: until interrupted)")
 	out := fs.String("out", "", "file to append \"mono_ns holders fencing_token value\" lines to")
@@ -269,7 +270,6 @@ func watch(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	ctx = withName(ctx)
 	if *until != "" {
 		// Waiting for a given leader (as tests do): give up after a minute.
 		var cancel context.CancelFunc
@@ -282,39 +282,39 @@ func watch(args []string) error {
 	}
 	defer record.Close()
 
-	c, err := lockside.Dial(*addr)
+	c, err := connect(ctx, *addr)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	w, err := c.Watch(ctx, *key)
+	states, err := c.Watch(ctx, *key)
 	if err != nil {
 		return err
 	}
-	for {
-		state, err := w.Recv()
-		if err != nil {
-			if ctx.Err() != nil && *until == "" {
-				return nil // interrupted
-			}
-			return err
-		}
-		h := lockside.Leader(state)
-		if h == nil {
-			fmt.Printf("no leader of %q\n", *key)
+	for state := range states {
+		h, ok := state.Leader()
+		if ok {
+			fmt.Printf("leader of %q: %q (fencing_token=%d)\n", *key, h.Value, h.FencingToken)
 		} else {
-			fmt.Printf("leader of %q: %q (fencing_token=%d)\n", *key, h.GetValue(), h.GetFencingToken())
+			fmt.Printf("no leader of %q\n", *key)
 		}
 		if record != nil {
-			line := fmt.Sprintf("%d %d %d %s\n", monotonicNs(), len(state.GetHolders()), h.GetFencingToken(), h.GetValue())
+			line := fmt.Sprintf("%d %d %d %s\n", monotonicNs(), len(state.Holders), h.FencingToken, h.Value)
 			if _, err := record.WriteString(line); err != nil {
 				return err
 			}
 		}
-		if h != nil && *until != "" && string(h.GetValue()) == *until {
+		if ok && *until != "" && string(h.Value) == *until {
 			return nil
 		}
 	}
+	if ctx.Err() != nil && *until == "" {
+		return nil // interrupted
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("watch %q: %w", *key, err)
+	}
+	return fmt.Errorf("watch %q: the stream ended", *key)
 }
 
 // appendTo opens the record file path for appending (nil, and no error, for "").

@@ -569,3 +569,49 @@ async fn journaled(redis: &Redis, ns: &str, key: &str) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Issue 24: nothing listens at the address: `hold` fails at once, naming the address
+/// and the cause; with `--wait-for-sidecar` it says once that it waits, and runs CMD
+/// as soon as a sidecar listens there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_sidecar_fails_at_once_unless_asked_to_wait_for_one() {
+    let nowhere = format!("127.0.0.1:{}", common::free_port());
+    let started = Instant::now();
+    let out = hold(&nowhere, &["k", "--", "true"])
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .expect("hold ran");
+    assert!(started.elapsed() < Duration::from_secs(1), "at once");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(&nowhere) && said.contains("connection refused"),
+        "{said}"
+    );
+    let mut child = hold(&nowhere, &["k", "--wait-for-sidecar", "20s", "--", "true"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // Once it says it waits, a sidecar starts on that address: an app that starts
+    // before its sidecar.
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+    let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
+    let mut first = String::new();
+    tokio::time::timeout(PATIENCE, stderr.read_line(&mut first))
+        .await
+        .expect("a line in time")
+        .expect("read");
+    assert!(first.contains("waiting for the sidecar"), "{first}");
+    let _sidecar = common::SidecarProcess::start_at(&nowhere, "memory", &namespace(), &[]);
+    let status = tokio::time::timeout(PATIENCE, child.wait())
+        .await
+        .expect("hold exits in time")
+        .expect("hold ran");
+    let mut rest = String::new();
+    stderr.read_to_string(&mut rest).await.expect("read");
+    assert_eq!(status.code(), Some(0), "{first}{rest}");
+    assert!(
+        !rest.contains("waiting for the sidecar"),
+        "said once: {rest}"
+    );
+}

@@ -53,6 +53,7 @@ async fn no_secret_reaches_the_logs() {
     let options = ConnectOptions {
         auth_token: Some(TOKEN.into()),
         tls: Some(tls.clone()),
+        ..ConnectOptions::default()
     };
     let client = Client::connect_with(&sidecar.addr, &options)
         .await
@@ -64,6 +65,7 @@ async fn no_secret_reaches_the_logs() {
     let wrong = ConnectOptions {
         auth_token: Some("wrong-t0ken".into()),
         tls: Some(tls),
+        ..ConnectOptions::default()
     };
     let intruder = Client::connect_with(&sidecar.addr, &wrong)
         .await

@@ -34,6 +34,7 @@ fn trusting(ca: &Ca) -> ConnectOptions {
             ca_pem: Some(ca.pem.clone().into_bytes()),
             ..ClientTls::default()
         }),
+        ..ConnectOptions::default()
     }
 }
 

@@ -35,6 +35,11 @@ pub struct ConnectArgs {
     /// TLS: the name the sidecar's certificate must carry, if not the address's host.
     #[arg(long, env = "LOCKSIDE_TLS_SERVER_NAME")]
     pub tls_server_name: Option<String>,
+
+    /// Wait this long for a sidecar while nothing listens at the address (a command
+    /// that may start before its sidecar); by default, fail at once.
+    #[arg(long, env = "LOCKSIDE_WAIT_FOR_SIDECAR", value_parser = crate::parse::parse_duration)]
+    pub wait_for_sidecar: Option<std::time::Duration>,
 }
 
 impl ConnectArgs {
@@ -69,7 +74,11 @@ impl ConnectArgs {
         } else {
             None
         };
-        Ok(ConnectOptions { auth_token, tls })
+        Ok(ConnectOptions {
+            auth_token,
+            tls,
+            wait_for_sidecar: self.wait_for_sidecar,
+        })
     }
 }
 

@@ -21,6 +21,10 @@ pub struct ConnectOptions {
     pub auth_token: Option<String>,
     /// TLS to the sidecar; `None`: plaintext (loopback, Unix socket).
     pub tls: Option<ClientTls>,
+    /// How long to wait for a sidecar while nothing listens at the address (an app
+    /// that starts before its sidecar), saying so once in the log. `None`: fail at
+    /// once, naming the address and the cause.
+    pub wait_for_sidecar: Option<Duration>,
 }
 
 impl std::fmt::Debug for ConnectOptions {
@@ -29,6 +33,7 @@ impl std::fmt::Debug for ConnectOptions {
         f.debug_struct("ConnectOptions")
             .field("auth_token", &self.auth_token.as_ref().map(|_| "<set>"))
             .field("tls", &self.tls.is_some())
+            .field("wait_for_sidecar", &self.wait_for_sidecar)
             .finish()
     }
 }

@@ -126,8 +126,30 @@ impl Client {
     }
 
     /// Connects to `HOST:PORT`, `http(s)://HOST:PORT` or `unix:PATH` with a token and
-    /// TLS as `options` say.
+    /// TLS as `options` say. Fails at once when nothing listens there, unless
+    /// `options.wait_for_sidecar` says how long to wait for one.
     pub async fn connect_with(addr: &str, options: &ConnectOptions) -> Result<Self, ClientError> {
+        let Some(wait) = options.wait_for_sidecar else {
+            return Self::connect_once(addr, options).await;
+        };
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut said = false;
+        loop {
+            match Self::connect_once(addr, options).await {
+                Err(ClientError::Unavailable(why)) if tokio::time::Instant::now() < deadline => {
+                    if !said {
+                        said = true;
+                        tracing::warn!(%addr, wait = ?wait, %why, "waiting for the sidecar");
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                done => return done,
+            }
+        }
+    }
+
+    /// One attempt of [`Client::connect_with`].
+    async fn connect_once(addr: &str, options: &ConnectOptions) -> Result<Self, ClientError> {
         let unavailable = |e: tonic::transport::Error| unreachable(addr, &e);
         let scheme = if options.tls.is_some() {
             "https"

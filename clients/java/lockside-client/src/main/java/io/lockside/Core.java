@@ -138,7 +138,7 @@ final class Core {
         while (true) {
             Session s;
             synchronized (mu) {
-                s = openSession();
+                s = openSession(false);
             }
             try {
                 s.started.get(options.connectTimeout().toNanos(), TimeUnit.NANOSECONDS);
@@ -174,15 +174,27 @@ final class Core {
         }
     }
 
-    /** A new session on a new stream (under the monitor). */
-    private Session openSession() {
+    /**
+     * A new session on a new stream (under the monitor). `patient`: not the first
+     * session of the client (see {@link Session#start}).
+     */
+    private Session openSession(boolean patient) {
         if (session != null && session.state != Session.State.ENDED) {
             throw new IllegalStateException("a session is open");
         }
         channel.resetConnectBackoff();
         session = new Session(this);
-        session.start();
+        session.start(patient);
         return session;
+    }
+
+    /**
+     * A call about to go out on a channel whose last connection failed: try to connect
+     * now rather than fail with the old error until the channel's backoff (up to two
+     * minutes) has passed. The sidecar is local: when it is back, it is back at once.
+     */
+    void reconnectNow() {
+        channel.resetConnectBackoff();
     }
 
     /** Why the sidecar could not be reached, from the status the first stream ended with. */
@@ -242,7 +254,7 @@ final class Core {
                         }
                         Session s = session;
                         if (s == null || s.state == Session.State.ENDED) {
-                            s = openSession();
+                            s = openSession(true);
                         }
                         if (s.state == Session.State.RESUMING) {
                             if (!waitOn(deadline, interruptible, interrupted)) {

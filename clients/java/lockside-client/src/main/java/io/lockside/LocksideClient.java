@@ -125,18 +125,33 @@ public final class LocksideClient implements AutoCloseable {
     /** The store's view of `key`: holders, waiters, the fair queue, the last fencing token. */
     public Description describe(String key) {
         Objects.requireNonNull(key, "key");
+        Lockside.DescribeRequest request = Lockside.DescribeRequest.newBuilder().setKey(key).build();
         try {
             return Description.of(LockServiceGrpc.newBlockingStub(core.channel)
                     .withDeadlineAfter(10, TimeUnit.SECONDS)
-                    .describe(Lockside.DescribeRequest.newBuilder().setKey(key).build()));
+                    .describe(request));
         } catch (StatusRuntimeException e) {
-            throw Calls.error(key, Status.fromThrowable(e), core.address);
+            if (e.getStatus().getCode() != Status.Code.UNAVAILABLE) {
+                throw Calls.error(key, e.getStatus(), core.address);
+            }
+        }
+        // The channel's last connection failed (a sidecar restarting, say): connect
+        // now, and give the call a moment to use the new connection.
+        core.reconnectNow();
+        try {
+            return Description.of(LockServiceGrpc.newBlockingStub(core.channel)
+                    .withDeadlineAfter(2, TimeUnit.SECONDS)
+                    .withWaitForReady()
+                    .describe(request));
+        } catch (StatusRuntimeException e) {
+            throw Calls.error(key, e.getStatus(), core.address);
         }
     }
 
     /** Follows `key`: its current state, then each change (see {@link LockWatch}). */
     public LockWatch watch(String key) {
         Objects.requireNonNull(key, "key");
+        core.reconnectNow();
         return new LockWatch(core.stub, key, core.address);
     }
 

@@ -18,6 +18,7 @@ import java.util.TreeMap;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.TimeUnit;
+import lockside.v1.LockServiceGrpc;
 import lockside.v1.Lockside;
 
 /**
@@ -93,6 +94,13 @@ final class Session {
     /** Completes when the session has ended. */
     final CompletableFuture<Void> ended = new CompletableFuture<>();
 
+    /**
+     * Whether a first stream that fails UNAVAILABLE is tried once more, waiting up to
+     * 1 s for the connection: a session opened after an earlier one ended may meet the
+     * channel's memory of a failed connection to a sidecar that is back since.
+     */
+    private boolean patient;
+    private Status firstFailure;
     private String brokeReason = "";
     private String lastAttempt = "";
     private long backoffNanos;
@@ -104,8 +112,9 @@ final class Session {
     }
 
     /** Opens the session's first stream. */
-    void start() {
-        stream = new Stream(false);
+    void start(boolean patient) {
+        this.patient = patient;
+        stream = new Stream(false, false);
         stream.open(null);
     }
 
@@ -282,7 +291,19 @@ final class Session {
         }
         switch (state) {
             case STARTING:
-                end(core.unreachable(status), false);
+                if (patient && firstFailure == null && status.getCode() == Status.Code.UNAVAILABLE && !closing) {
+                    firstFailure = status;
+                    core.channel.resetConnectBackoff();
+                    Stream again = new Stream(false, true);
+                    stream = again;
+                    again.open(null);
+                    again.startTimer = cancelUnlessStarted(again);
+                    for (Pending p : pending.values()) {
+                        send(p.request);
+                    }
+                    break;
+                }
+                end(core.unreachable(firstFailure != null ? firstFailure : status), false);
                 break;
             case OPEN:
                 broke(status);
@@ -356,10 +377,15 @@ final class Session {
         // A sidecar restarted on the same address: reconnect now, not after the
         // channel's own reconnect backoff.
         core.channel.resetConnectBackoff();
-        Stream s = new Stream(true);
+        Stream s = new Stream(true, true);
         stream = s;
         s.open(resumeToken);
-        s.startTimer = core.timers.schedule(() -> {
+        s.startTimer = cancelUnlessStarted(s);
+    }
+
+    /** Cancels a stream that waits for its connection or SessionStarted for over 1 s. */
+    private ScheduledFuture<?> cancelUnlessStarted(Stream s) {
+        return core.timers.schedule(() -> {
             synchronized (core.mu) {
                 if (stream == s && !s.done && s.greetingLeft < 0) {
                     s.cancel("no SessionStarted within 1 s");
@@ -370,6 +396,7 @@ final class Session {
 
     private void attemptFailed(Status status) {
         lastAttempt = describe(status);
+        LOG.log(Level.DEBUG, "lockside: a resume attempt failed: {0}", lastAttempt);
         if (FINAL_RESUME.contains(status.getCode())) {
             end("the stream to the sidecar broke (" + brokeReason + ") and resuming the session failed: "
                     + lastAttempt, true);
@@ -556,6 +583,7 @@ final class Session {
     /** One Lease call: the session's first stream, or one resume attempt. */
     private final class Stream implements ClientResponseObserver<Lockside.LeaseRequest, Lockside.LeaseResponse> {
         final boolean resume;
+        final boolean waitForReady;
         ClientCallStreamObserver<Lockside.LeaseRequest> requests;
         /** -1 until SessionStarted; then how many greeting messages are still to come. */
         int greetingLeft = -1;
@@ -564,8 +592,9 @@ final class Session {
         boolean done;
         ScheduledFuture<?> startTimer;
 
-        Stream(boolean resume) {
+        Stream(boolean resume, boolean waitForReady) {
             this.resume = resume;
+            this.waitForReady = waitForReady;
         }
 
         void open(String token) {
@@ -576,7 +605,14 @@ final class Session {
             if (token != null) {
                 headers.put(RESUME_HEADER, token);
             }
-            core.stub.withInterceptors(MetadataUtils.newAttachHeadersInterceptor(headers)).lease(this);
+            LockServiceGrpc.LockServiceStub stub =
+                    core.stub.withInterceptors(MetadataUtils.newAttachHeadersInterceptor(headers));
+            if (waitForReady) {
+                // Wait for the connection (bounded by a timer) rather than fail at once on
+                // the channel's memory of the last failed connection.
+                stub = stub.withWaitForReady();
+            }
+            stub.lease(this);
         }
 
         void cancel(String why) {

@@ -97,6 +97,15 @@ public final class RedisServer implements AutoCloseable {
         }
     }
 
+    /**
+     * Whether the sidecar's record of session `sessionId` lists `keys` grants: its
+     * journal writes a grant there once it has been held about 50 ms, and only what is
+     * there can be resumed after the sidecar dies.
+     */
+    public boolean recorded(String sessionId, int keys) {
+        return (":" + (3 + keys)).equals(command("HLEN {lockside:session/" + sessionId + "}:s"));
+    }
+
     public Process process() {
         return process;
     }

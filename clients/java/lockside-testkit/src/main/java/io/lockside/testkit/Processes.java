@@ -12,6 +12,23 @@ import java.util.concurrent.TimeUnit;
 final class Processes {
     private Processes() {}
 
+    /** Every process the harness started and has not seen exit. */
+    private static final java.util.Set<Process> LIVE = java.util.concurrent.ConcurrentHashMap.newKeySet();
+
+    static {
+        // A test JVM that exits without closing its servers (a timeout, a crash) leaves
+        // no redis-server or sidecar behind.
+        Runtime.getRuntime().addShutdownHook(new Thread(() -> LIVE.forEach(Process::destroyForcibly)));
+    }
+
+    /** Starts `pb`, remembered until it exits. */
+    static Process start(ProcessBuilder pb) throws IOException {
+        Process p = pb.start();
+        LIVE.add(p);
+        p.onExit().thenRun(() -> LIVE.remove(p));
+        return p;
+    }
+
     /** Sends `signal` (e.g. "STOP", "CONT", "TERM") to the process. */
     static void signal(Process p, String signal) {
         try {

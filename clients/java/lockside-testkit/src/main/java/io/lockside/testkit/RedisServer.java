@@ -33,13 +33,12 @@ public final class RedisServer implements AutoCloseable {
             try {
                 Path dir = Files.createTempDirectory("lockside-redis-");
                 Path log = dir.resolve("redis.log");
-                Process p = new ProcessBuilder(
+                Process p = Processes.start(new ProcessBuilder(
                                 "redis-server", "--port", Integer.toString(port),
                                 "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                                 "--dir", dir.toString())
                         .redirectErrorStream(true)
-                        .redirectOutput(log.toFile())
-                        .start();
+                        .redirectOutput(log.toFile()));
                 RedisServer server = new RedisServer(p, port, dir);
                 long until = System.nanoTime() + 10_000_000_000L;
                 while (System.nanoTime() < until && p.isAlive()) {

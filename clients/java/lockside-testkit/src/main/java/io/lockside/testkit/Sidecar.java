@@ -101,9 +101,8 @@ public final class Sidecar implements AutoCloseable {
             command.addAll(args);
             ProcessBuilder pb = new ProcessBuilder(command);
             pb.environment().putIfAbsent("RUST_LOG", "info");
-            process = pb.redirectErrorStream(true)
-                    .redirectOutput(ProcessBuilder.Redirect.appendTo(log.toFile()))
-                    .start();
+            process = Processes.start(pb.redirectErrorStream(true)
+                    .redirectOutput(ProcessBuilder.Redirect.appendTo(log.toFile())));
             starts++;
             long until = System.nanoTime() + 15_000_000_000L;
             while (System.nanoTime() < until) {

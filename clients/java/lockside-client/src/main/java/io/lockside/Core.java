@@ -75,7 +75,10 @@ final class Core {
             group = new MultiThreadIoEventLoopGroup(1, daemon("lockside-uds"), EpollIoHandler.newFactory());
             builder = NettyChannelBuilder.forAddress(new DomainSocketAddress(path))
                     .eventLoopGroup(group)
-                    .channelType(EpollDomainSocketChannel.class);
+                    .channelType(EpollDomainSocketChannel.class)
+                    // The default authority would be the socket's path, which the
+                    // sidecar's HTTP/2 server refuses as a malformed :authority.
+                    .overrideAuthority("localhost");
         } else {
             group = null;
             String target = address.startsWith("http://") ? address.substring("http://".length()) : address;

@@ -278,6 +278,17 @@ class LockBasicsTest {
     }
 
     @Test
+    void connectsOverAUnixSocket(@org.junit.jupiter.api.io.TempDir java.nio.file.Path dir) {
+        try (Sidecar local = Sidecar.onUnixSocket(dir.resolve("lockside.sock"), "memory");
+                LocksideClient c = LocksideClient.connect(local.address())) {
+            LocksideLock lock = c.lock(key);
+            assertTrue(lock.tryLock());
+            assertEquals(lock.fencingToken(), c.describe(key).holders().get(0).fencingToken());
+            lock.unlock();
+        }
+    }
+
+    @Test
     void connectWaitsForASidecarThatStartsLaterWhenAskedTo() throws Exception {
         int port = Ports.free();
         CompletableFuture<LocksideClient> connecting = CompletableFuture.supplyAsync(() -> LocksideClient.connect(

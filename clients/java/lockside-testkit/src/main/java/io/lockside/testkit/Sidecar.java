@@ -20,6 +20,8 @@ public final class Sidecar implements AutoCloseable {
     private final List<String> args;
     private final int port;
     private final Path log;
+    /** The Unix socket it listens on instead of the port, or null. */
+    private Path socket;
     private Process process;
     private int starts;
 
@@ -93,6 +95,22 @@ public final class Sidecar implements AutoCloseable {
         }
     }
 
+    /** A sidecar on a Unix socket at `socket` (which must not exist yet). */
+    public static Sidecar onUnixSocket(Path socket, String store) {
+        List<String> args = new ArrayList<>(List.of(
+                "serve", "--listen", "unix:" + socket, "--admin-listen", "none", "--store", store));
+        try {
+            Sidecar s = new Sidecar(binary(), args, 0, Files.createTempFile("lockside-sidecar-", ".log"));
+            s.socket = socket;
+            if (!s.launch()) {
+                throw new IllegalStateException("the sidecar did not start on " + socket + ":\n" + s.logTail());
+            }
+            return s;
+        } catch (IOException e) {
+            throw new UncheckedIOException(e);
+        }
+    }
+
     /** Starts the process and waits until it listens; false when it exited first. */
     private boolean launch() {
         try {
@@ -109,7 +127,7 @@ public final class Sidecar implements AutoCloseable {
                 if (!process.isAlive()) {
                     return false;
                 }
-                if (Ports.listening(port)) {
+                if (socket != null ? Files.exists(socket) : Ports.listening(port)) {
                     return true;
                 }
                 Thread.sleep(5); // polling: the process gives no other sign that it listens
@@ -124,9 +142,9 @@ public final class Sidecar implements AutoCloseable {
         }
     }
 
-    /** host:port, as clients take it. */
+    /** host:port (or unix:/path), as clients take it. */
     public String address() {
-        return "127.0.0.1:" + port;
+        return socket != null ? "unix:" + socket : "127.0.0.1:" + port;
     }
 
     public int port() {

@@ -48,10 +48,24 @@ class SessionBreakTest {
         // A short attachment TTL: the restarted sidecar may resume the dead one's
         // sessions soon after it died.
         sidecar = Sidecar.start(redis.url(), "--attachment-ttl", "600ms");
-        try (LocksideClient client = connect(); LocksideClient other = LocksideClient.connect(sidecar.address())) {
+        // A waiter elsewhere, on another sidecar of the same store that stays up.
+        try (Sidecar elsewhere = Sidecar.start(redis.url());
+                LocksideClient client = connect();
+                LocksideClient other = LocksideClient.connect(elsewhere.address())) {
             LocksideLock lock = client.lock("break/restart", LockOptions.defaults().ttl(Duration.ofSeconds(10)));
             lock.lock();
             long token = lock.fencingToken();
+            LocksideLock theirs = other.lock("break/restart");
+            CompletableFuture<Long> waiter = CompletableFuture.supplyAsync(() -> {
+                theirs.lock();
+                try {
+                    return theirs.fencingToken();
+                } finally {
+                    theirs.unlock();
+                }
+            });
+            Await.until("the waiter elsewhere is queued", Duration.ofSeconds(5),
+                    () -> other.describe("break/restart").waiters() == 1);
             // Only what the sidecar's journal has written can be resumed.
             Await.until("the session record lists the lock", Duration.ofSeconds(5),
                     () -> redis.recorded(client.sessionId(), 1));
@@ -67,13 +81,11 @@ class SessionBreakTest {
             assertEquals(token, lock.fencingToken(), "the same grant");
             assertFalse(lock.lost().isDone());
 
-            // Held for real: another client is still excluded, until the unlock.
-            LocksideLock theirs = other.lock("break/restart");
-            assertFalse(theirs.tryLock());
+            // Nobody else held it in between, and the waiter still waits until the unlock.
+            assertFalse(waiter.isDone(), "the waiter elsewhere was not granted meanwhile");
+            assertEquals(token, other.describe("break/restart").holders().get(0).fencingToken());
             lock.unlock();
-            assertTrue(theirs.tryLock(5, TimeUnit.SECONDS));
-            assertTrue(theirs.fencingToken() > token);
-            theirs.unlock();
+            assertTrue(waiter.get(10, TimeUnit.SECONDS) > token);
         }
     }
 
@@ -192,18 +204,34 @@ class SessionBreakTest {
     }
 
     @Test
-    void aFrozenSidecarIsNoticedByKeepaliveAndTheLockIsNotRestoredAfterItReleasedIt() throws Exception {
+    void aFrozenSidecarIsNoticedByKeepaliveBeforeTheStoreLetsTheLockGo() throws Exception {
         sidecar = Sidecar.start(redis.url(), "--attachment-ttl", "600ms");
-        try (LocksideClient client = connect()) {
+        try (Sidecar elsewhere = Sidecar.start(redis.url());
+                LocksideClient client = connect();
+                LocksideClient other = LocksideClient.connect(elsewhere.address())) {
             LocksideLock lock = client.lock("break/frozen", LockOptions.defaults().ttl(Duration.ofSeconds(5)));
             lock.lock();
+            LocksideLock theirs = other.lock("break/frozen");
+            CompletableFuture<Long> grantedAt = CompletableFuture.supplyAsync(() -> {
+                theirs.lock();
+                long at = System.nanoTime();
+                theirs.unlock();
+                return at;
+            });
+            Await.until("the waiter elsewhere is queued", Duration.ofSeconds(5),
+                    () -> other.describe("break/frozen").waiters() == 1);
+
             sidecar.freeze();
             long frozen = System.nanoTime();
             assertEquals("suspended break/frozen", events.next(6000));
-            long ms = (System.nanoTime() - frozen) / 1_000_000;
-            assertTrue(ms < 4000, "suspended " + ms + " ms after the freeze (keepalive 1 s / 1 s)");
-            // Thawed, the sidecar sees the stream gone and releases: the lock must not
-            // come back as held.
+            long suspendedAt = System.nanoTime();
+            assertTrue(suspendedAt - frozen < 4_000_000_000L,
+                    "suspended " + (suspendedAt - frozen) / 1_000_000 + " ms after the freeze (keepalive 1 s / 1 s)");
+            // The frozen sidecar renews nothing: the store lets the lock go after its
+            // TTL, and only then is the waiter elsewhere granted, after the suspension.
+            long granted = grantedAt.get(15, TimeUnit.SECONDS);
+            assertTrue(granted > suspendedAt, "suspended before anybody else was granted");
+            // Thawed, the sidecar finds the stream gone: the lock does not come back.
             sidecar.thaw();
             assertEquals("lost break/frozen", events.next(10_000));
             assertThrows(LockLostException.class, lock::unlock);

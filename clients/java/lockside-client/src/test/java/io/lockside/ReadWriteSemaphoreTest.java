@@ -167,6 +167,7 @@ class ReadWriteSemaphoreTest {
     void aLockAndASemaphoreOfOneKeyDisagreeOnTheLimit() {
         LocksideSemaphore sem = client.semaphore(key, 3);
         try (Permit p = sem.tryAcquire().orElseThrow()) {
+            assertEquals(3, client.describe(p.key()).limit());
             LocksideRejectedException e = assertThrows(LocksideRejectedException.class, () -> client.lock(key).tryLock());
             assertEquals(9, e.code());
         }

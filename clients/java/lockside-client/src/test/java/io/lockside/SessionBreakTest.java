@@ -163,6 +163,9 @@ class SessionBreakTest {
             Await.until("the resumed session gave the lock back", Duration.ofSeconds(10),
                     () -> client.describe("break/unlock-while-suspended").holders().isEmpty());
             assertTrue(events.quiet(), "neither restored nor lost: it was not held any more");
+            LocksideLock theirs = other.lock("break/unlock-while-suspended");
+            assertTrue(theirs.tryLock(), "free for another client");
+            theirs.unlock();
         }
     }
 

@@ -1,0 +1,124 @@
+package io.lockside.bench;
+
+import io.lockside.LocksideClient;
+import io.lockside.LocksideLock;
+import io.lockside.testkit.Await;
+import io.lockside.testkit.RedisServer;
+import io.lockside.testkit.Sidecar;
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.util.Arrays;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.locks.Lock;
+import org.redisson.Redisson;
+import org.redisson.api.RedissonClient;
+import org.redisson.config.Config;
+
+/**
+ * LocksideLock beside Redisson's RLock on the same redis-server:
+ * <ol>
+ *   <li>uncontended lock()+unlock() latency, one thread, p50/p99/max;</li>
+ *   <li>a holder process SIGKILLed while a waiter elsewhere waits: kill to grant.</li>
+ * </ol>
+ * Redisson's watchdog timeout is set to 10 s, the sidecar's default TTL, so that both
+ * keep a lock of a dead holder equally long at most. Not a test: it prints figures.
+ */
+public final class Bench {
+    private static final int WARMUP = 500;
+
+    public static void main(String[] args) throws Exception {
+        int cycles = args.length > 0 ? Integer.parseInt(args[0]) : 5000;
+        try (RedisServer redis = RedisServer.start(); Sidecar sidecar = Sidecar.start(redis.url())) {
+            RedissonClient redisson = redisson(redis.url());
+            try (LocksideClient client = LocksideClient.connect(sidecar.address())) {
+                System.out.printf("uncontended lock()+unlock(), %d cycles after %d warm-up, one thread%n", cycles,
+                        WARMUP);
+                report("LocksideLock (sidecar, Redis)", cycles(client.lock("bench/lockside"), cycles));
+                report("Redisson RLock (Redis)", cycles(redisson.getLock("bench/redisson"), cycles));
+
+                System.out.println("holder SIGKILLed while a waiter elsewhere waits: kill -> next grant");
+                for (int i = 0; i < 3; i++) {
+                    LocksideLock waiter = client.lock("bench/takeover-lockside");
+                    long ms = takeover(new String[] {"lockside", sidecar.address(), "bench/takeover-lockside"},
+                            waiter, () -> client.describe("bench/takeover-lockside").waiters() == 1);
+                    System.out.printf("  %-32s %8d ms%n", "LocksideLock", ms);
+                }
+                long ms = takeover(new String[] {"redisson", redis.url(), "bench/takeover-redisson"},
+                        redisson.getLock("bench/takeover-redisson"), null);
+                System.out.printf("  %-32s %8d ms  (watchdog timeout 10 s)%n", "Redisson RLock", ms);
+            } finally {
+                redisson.shutdown();
+            }
+        }
+    }
+
+    static RedissonClient redisson(String url) {
+        Config config = new Config();
+        config.useSingleServer().setAddress(url);
+        config.setLockWatchdogTimeout(10_000);
+        return Redisson.create(config);
+    }
+
+    static long[] cycles(Lock lock, int cycles) {
+        long[] out = new long[cycles];
+        for (int i = 0; i < WARMUP + cycles; i++) {
+            long start = System.nanoTime();
+            lock.lock();
+            lock.unlock();
+            if (i >= WARMUP) {
+                out[i - WARMUP] = System.nanoTime() - start;
+            }
+        }
+        return out;
+    }
+
+    static void report(String what, long[] nanos) {
+        Arrays.sort(nanos);
+        System.out.printf("  %-32s p50 %7.1f us   p99 %7.1f us   max %8.1f us%n", what,
+                nanos[nanos.length / 2] / 1e3, nanos[(int) (nanos.length * 0.99)] / 1e3,
+                nanos[nanos.length - 1] / 1e3);
+    }
+
+    /**
+     * Starts a holder process, makes `waiter` wait for its lock, SIGKILLs the holder,
+     * and returns the milliseconds from the kill to the waiter's grant.
+     */
+    static long takeover(String[] holderArgs, Lock waiter, java.util.function.BooleanSupplier queued)
+            throws Exception {
+        String[] command = new String[4 + holderArgs.length];
+        command[0] = ProcessHandle.current().info().command().orElse("java");
+        command[1] = "-cp";
+        command[2] = System.getProperty("java.class.path");
+        command[3] = Holder.class.getName();
+        System.arraycopy(holderArgs, 0, command, 4, holderArgs.length);
+        Process holder = new ProcessBuilder(command).redirectErrorStream(true).start();
+        try {
+            BufferedReader out = new BufferedReader(new InputStreamReader(holder.getInputStream(), StandardCharsets.UTF_8));
+            for (String line; (line = out.readLine()) != null; ) {
+                if (line.equals("HELD")) {
+                    break;
+                }
+            }
+            CompletableFuture<Long> granted = CompletableFuture.supplyAsync(() -> {
+                waiter.lock();
+                long at = System.nanoTime();
+                waiter.unlock();
+                return at;
+            });
+            if (queued != null) {
+                Await.until("the waiter is queued", Duration.ofSeconds(10), queued);
+            } else {
+                Thread.sleep(300); // Redisson says nothing about its waiters: give it time to subscribe
+            }
+            long killed = System.nanoTime();
+            holder.destroyForcibly();
+            return TimeUnit.NANOSECONDS.toMillis(granted.get(60, TimeUnit.SECONDS) - killed);
+        } finally {
+            holder.destroyForcibly();
+            holder.waitFor();
+        }
+    }
+}

@@ -1,0 +1,304 @@
+package io.lockside;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.lockside.testkit.Ports;
+import io.lockside.testkit.Sidecar;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.locks.Lock;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.TestInfo;
+
+/** java.util.concurrent.locks.Lock, as one client shared by threads holds it. */
+class LockBasicsTest {
+    static Sidecar sidecar;
+    LocksideClient client;
+    String key;
+
+    @BeforeAll
+    static void startSidecar() {
+        sidecar = Sidecar.memory();
+    }
+
+    @AfterAll
+    static void stopSidecar() {
+        sidecar.close();
+    }
+
+    @BeforeEach
+    void connect(TestInfo info) {
+        client = LocksideClient.connect(sidecar.address());
+        key = "basics/" + info.getTestMethod().orElseThrow().getName();
+    }
+
+    @AfterEach
+    void close() {
+        client.close();
+    }
+
+    /** Runs `task` on a thread of its own and returns its result. */
+    static <T> T onOtherThread(java.util.concurrent.Callable<T> task) throws Exception {
+        ExecutorService ex = Executors.newSingleThreadExecutor();
+        try {
+            return ex.submit(task).get(30, TimeUnit.SECONDS);
+        } finally {
+            ex.shutdownNow();
+        }
+    }
+
+    @Test
+    void lockThenUnlockGivesIncreasingTokens() {
+        LocksideLock lock = client.lock(key);
+        long last = 0;
+        for (int i = 0; i < 5; i++) {
+            lock.lock();
+            try {
+                assertTrue(lock.isHeldByCurrentThread());
+                assertTrue(lock.fencingToken() > last, "tokens increase");
+                last = lock.fencingToken();
+                assertFalse(lock.isSuspended());
+            } finally {
+                lock.unlock();
+            }
+            assertFalse(lock.isHeldByCurrentThread());
+        }
+        assertTrue(client.describe(key).holders().isEmpty());
+    }
+
+    @Test
+    void oneThreadAtATimeAmongEightSharingOneClient() throws Exception {
+        Lock lock = client.lock(key);
+        AtomicInteger inside = new AtomicInteger();
+        AtomicInteger most = new AtomicInteger();
+        AtomicInteger entries = new AtomicInteger();
+        int threads = 8;
+        int rounds = 25;
+        ExecutorService pool = Executors.newFixedThreadPool(threads);
+        CountDownLatch go = new CountDownLatch(1);
+        List<Future<?>> done = new ArrayList<>();
+        for (int t = 0; t < threads; t++) {
+            done.add(pool.submit(() -> {
+                go.await();
+                for (int i = 0; i < rounds; i++) {
+                    lock.lock();
+                    try {
+                        most.accumulateAndGet(inside.incrementAndGet(), Math::max);
+                        entries.incrementAndGet();
+                        Thread.sleep(1); // a little work, to widen any window of overlap
+                        inside.decrementAndGet();
+                    } finally {
+                        lock.unlock();
+                    }
+                }
+                return null;
+            }));
+        }
+        go.countDown();
+        for (Future<?> f : done) {
+            f.get(60, TimeUnit.SECONDS);
+        }
+        pool.shutdown();
+        assertEquals(1, most.get(), "never two threads inside");
+        assertEquals(threads * rounds, entries.get());
+    }
+
+    @Test
+    void aThreadReentersItsOwnLockAndOthersWaitUntilTheLastUnlock() throws Exception {
+        LocksideLock lock = client.lock(key);
+        lock.lock();
+        long token = lock.fencingToken();
+        lock.lock();
+        assertEquals(2, lock.getHoldCount());
+        assertEquals(token, lock.fencingToken(), "a reentrant hold keeps the grant's token");
+        Description d = client.describe(key);
+        assertEquals(1, d.holders().size());
+        assertEquals(LocksideLock.currentHolder(), d.holders().get(0).holder());
+        lock.unlock();
+        boolean other = onOtherThread(lock::tryLock);
+        assertFalse(other, "still held after one of two unlocks");
+        lock.unlock();
+        assertTrue(onOtherThread(() -> {
+            boolean got = lock.tryLock();
+            lock.unlock();
+            return got;
+        }));
+    }
+
+    @Test
+    void unlockByAThreadThatDoesNotHoldItThrows() throws Exception {
+        LocksideLock lock = client.lock(key);
+        assertThrows(IllegalMonitorStateException.class, lock::unlock, "never locked");
+        lock.lock();
+        Throwable thrown = onOtherThread(() -> {
+            try {
+                lock.unlock();
+                return null;
+            } catch (Throwable t) {
+                return t;
+            }
+        });
+        assertTrue(thrown instanceof IllegalMonitorStateException, "got " + thrown);
+        assertTrue(lock.isHeldByCurrentThread(), "the owner still holds it");
+        lock.unlock();
+        assertThrows(IllegalMonitorStateException.class, lock::unlock, "one unlock too many");
+    }
+
+    @Test
+    void tryLockGivesUpAfterRoughlyItsTimeoutWhileAnotherThreadHoldsIt() throws Exception {
+        LocksideLock lock = client.lock(key);
+        lock.lock();
+        try {
+            long[] elapsed = new long[1];
+            boolean got = onOtherThread(() -> {
+                long start = System.nanoTime();
+                boolean g = lock.tryLock(400, TimeUnit.MILLISECONDS);
+                elapsed[0] = (System.nanoTime() - start) / 1_000_000;
+                return g;
+            });
+            assertFalse(got);
+            assertTrue(elapsed[0] >= 380 && elapsed[0] < 1500, "gave up after " + elapsed[0] + " ms");
+            long start = System.nanoTime();
+            boolean other = onOtherThread(lock::tryLock);
+            assertFalse(other);
+            assertTrue((System.nanoTime() - start) / 1_000_000 < 1000, "tryLock() does not wait");
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    @Test
+    void tryLockWithATimeoutGetsTheLockWhenItIsReleasedMeanwhile() throws Exception {
+        LocksideLock lock = client.lock(key);
+        lock.lock();
+        CountDownLatch waiting = new CountDownLatch(1);
+        CompletableFuture<Long> waiter = CompletableFuture.supplyAsync(() -> {
+            waiting.countDown();
+            try {
+                long start = System.nanoTime();
+                boolean got = lock.tryLock(20, TimeUnit.SECONDS);
+                long ms = (System.nanoTime() - start) / 1_000_000;
+                if (got) {
+                    lock.unlock();
+                }
+                return got ? ms : -1L;
+            } catch (InterruptedException e) {
+                throw new IllegalStateException(e);
+            }
+        });
+        waiting.await();
+        // The waiter is queued once Describe counts it.
+        while (client.describe(key).waiters() == 0) {
+            Thread.onSpinWait();
+        }
+        lock.unlock();
+        long ms = waiter.get(30, TimeUnit.SECONDS);
+        assertTrue(ms >= 0 && ms < 10_000, "granted when released, after " + ms + " ms");
+    }
+
+    @Test
+    void anotherClientIsExcludedAndGetsTheLockWhenTheFirstClosesItsClient() throws Exception {
+        try (LocksideClient other = LocksideClient.connect(sidecar.address())) {
+            LocksideLock mine = client.lock(key);
+            LocksideLock theirs = other.lock(key);
+            mine.lock();
+            assertFalse(theirs.tryLock());
+            client.close(); // ends the session: the sidecar releases at once
+            assertTrue(theirs.tryLock(5, TimeUnit.SECONDS));
+            assertTrue(theirs.fencingToken() > 0);
+            theirs.unlock();
+        }
+    }
+
+    @Test
+    void lockInterruptiblyStopsWaitingWhenInterruptedAndLeavesNothingBehind() throws Exception {
+        LocksideLock lock = client.lock(key);
+        lock.lock();
+        CompletableFuture<Throwable> result = new CompletableFuture<>();
+        Thread waiter = new Thread(() -> {
+            try {
+                lock.lockInterruptibly();
+                result.complete(null);
+            } catch (Throwable t) {
+                result.complete(t);
+            }
+        });
+        waiter.start();
+        while (client.describe(key).waiters() == 0) {
+            Thread.onSpinWait();
+        }
+        waiter.interrupt();
+        assertTrue(result.get(10, TimeUnit.SECONDS) instanceof InterruptedException);
+        // The cancelled wait is gone: releasing leaves the key free.
+        lock.unlock();
+        Description d = client.describe(key);
+        assertTrue(d.holders().isEmpty(), "nobody holds it: " + d);
+        assertEquals(0, d.waiters());
+    }
+
+    @Test
+    void aRefusedKeyIsAnErrorAndTheSessionGoesOn() {
+        LocksideRejectedException e = assertThrows(LocksideRejectedException.class, () -> client.lock("").lock());
+        assertEquals("INVALID_ARGUMENT", e.codeName());
+        LocksideLock lock = client.lock(key);
+        assertTrue(lock.tryLock());
+        lock.unlock();
+    }
+
+    @Test
+    void newConditionIsUnsupported() {
+        assertThrows(UnsupportedOperationException.class, () -> client.lock(key).newCondition());
+    }
+
+    @Test
+    void connectFailsAtOnceNamingTheAddressWhenNothingListens() {
+        String address = "127.0.0.1:" + Ports.free();
+        long start = System.nanoTime();
+        LocksideUnavailableException e =
+                assertThrows(LocksideUnavailableException.class, () -> LocksideClient.connect(address));
+        long ms = (System.nanoTime() - start) / 1_000_000;
+        assertTrue(e.getMessage().contains(address), e.getMessage());
+        assertTrue(e.getMessage().contains("connection refused"), e.getMessage());
+        assertTrue(ms < 3000, "failed after " + ms + " ms");
+    }
+
+    @Test
+    void connectsOverAUnixSocket(@org.junit.jupiter.api.io.TempDir java.nio.file.Path dir) {
+        try (Sidecar local = Sidecar.onUnixSocket(dir.resolve("lockside.sock"), "memory");
+                LocksideClient c = LocksideClient.connect(local.address())) {
+            LocksideLock lock = c.lock(key);
+            assertTrue(lock.tryLock());
+            assertEquals(lock.fencingToken(), c.describe(key).holders().get(0).fencingToken());
+            lock.unlock();
+        }
+    }
+
+    @Test
+    void connectWaitsForASidecarThatStartsLaterWhenAskedTo() throws Exception {
+        int port = Ports.free();
+        CompletableFuture<LocksideClient> connecting = CompletableFuture.supplyAsync(() -> LocksideClient.connect(
+                ClientOptions.defaults().address("127.0.0.1:" + port).waitForSidecar(Duration.ofSeconds(20))));
+        try (Sidecar late = Sidecar.onPort(port, "memory");
+                LocksideClient c = connecting.get(30, TimeUnit.SECONDS)) {
+            LocksideLock lock = c.lock(key);
+            assertTrue(lock.tryLock());
+            lock.unlock();
+            assertTrue(late.starts() == 1);
+        }
+    }
+}

@@ -1,0 +1,195 @@
+package io.lockside.spring;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.lockside.LocksideClient;
+import io.lockside.testkit.Sidecar;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.locks.Lock;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.TestInfo;
+import org.springframework.integration.support.locks.LockRegistry;
+
+/** Spring Integration's LockRegistry contract, as its own registries' tests check it. */
+class LocksideLockRegistryTest {
+    static Sidecar sidecar;
+    LocksideClient client;
+    LockRegistry<LocksideDistributedLock> registry;
+    String key;
+    ExecutorService pool;
+
+    @BeforeAll
+    static void startSidecar() {
+        sidecar = Sidecar.memory();
+    }
+
+    @AfterAll
+    static void stopSidecar() {
+        sidecar.close();
+    }
+
+    @BeforeEach
+    void connect(TestInfo info) {
+        client = LocksideClient.connect(sidecar.address());
+        registry = new LocksideLockRegistry(client, "spring:");
+        key = info.getTestMethod().orElseThrow().getName();
+        pool = Executors.newCachedThreadPool();
+    }
+
+    @AfterEach
+    void close() {
+        pool.shutdownNow();
+        client.close();
+    }
+
+    @Test
+    void lockAndUnlock() {
+        Lock lock = registry.obtain(key);
+        lock.lock();
+        try {
+            assertEquals(1, client.describe("spring:" + key).holders().size(), "held under the registry's prefix");
+        } finally {
+            lock.unlock();
+        }
+        assertTrue(client.describe("spring:" + key).holders().isEmpty());
+    }
+
+    @Test
+    void reentrantOnOneThreadThroughAnyObtainedObject() throws Exception {
+        Lock first = registry.obtain(key);
+        Lock second = registry.obtain(key);
+        first.lockInterruptibly();
+        assertTrue(second.tryLock(), "the same lock for the same thread");
+        second.unlock();
+        assertFalse(pool.submit(() -> registry.obtain(key).tryLock()).get(), "still held after one of two unlocks");
+        first.unlock();
+        assertTrue(pool.submit(() -> {
+            Lock l = registry.obtain(key);
+            boolean got = l.tryLock();
+            l.unlock();
+            return got;
+        }).get());
+    }
+
+    @Test
+    void threadsSharingTheRegistryTakeTurns() throws Exception {
+        AtomicInteger inside = new AtomicInteger();
+        AtomicInteger most = new AtomicInteger();
+        CountDownLatch go = new CountDownLatch(1);
+        List<Future<?>> done = new ArrayList<>();
+        for (int t = 0; t < 4; t++) {
+            done.add(pool.submit(() -> {
+                go.await();
+                for (int i = 0; i < 20; i++) {
+                    Lock lock = registry.obtain(key);
+                    lock.lockInterruptibly();
+                    try {
+                        most.accumulateAndGet(inside.incrementAndGet(), Math::max);
+                        Thread.sleep(1); // a little work, to widen any window of overlap
+                        inside.decrementAndGet();
+                    } finally {
+                        lock.unlock();
+                    }
+                }
+                return null;
+            }));
+        }
+        go.countDown();
+        for (Future<?> f : done) {
+            f.get(60, TimeUnit.SECONDS);
+        }
+        assertEquals(1, most.get());
+    }
+
+    @Test
+    void unlockByAnotherThreadThrows() throws Exception {
+        LocksideDistributedLock lock = registry.obtain(key);
+        lock.lock();
+        Future<?> other = pool.submit(() -> registry.obtain(key).unlock());
+        Throwable cause = assertThrows(java.util.concurrent.ExecutionException.class, other::get).getCause();
+        assertTrue(cause instanceof IllegalMonitorStateException, "got " + cause);
+        assertTrue(lock.isHeldByCurrentThread());
+        lock.unlock();
+    }
+
+    @Test
+    void twoRegistriesOnTwoClientsExcludeEachOther() throws Exception {
+        try (LocksideClient otherClient = LocksideClient.connect(sidecar.address())) {
+            LockRegistry<LocksideDistributedLock> other = new LocksideLockRegistry(otherClient, "spring:");
+            Lock mine = registry.obtain(key);
+            Lock theirs = other.obtain(key);
+            mine.lock();
+            assertFalse(theirs.tryLock(100, TimeUnit.MILLISECONDS));
+            Future<Boolean> waiting = pool.submit(() -> {
+                boolean got = theirs.tryLock(10, TimeUnit.SECONDS);
+                theirs.unlock();
+                return got;
+            });
+            mine.unlock();
+            assertTrue(waiting.get(20, TimeUnit.SECONDS));
+        }
+    }
+
+    @Test
+    void executeLockedRunsUnderTheLockAndTimesOutWhenItStaysBusy() throws Exception {
+        String out = registry.executeLocked(key, () -> {
+            assertTrue(registry.obtain(key).isHeldByCurrentThread());
+            return "done";
+        });
+        assertEquals("done", out);
+        assertFalse(registry.obtain(key).isHeldByCurrentThread(), "released after");
+
+        LocksideDistributedLock lock = registry.obtain(key);
+        lock.lock();
+        try {
+            Future<?> busy = pool.submit(() -> {
+                registry.executeLocked(key, Duration.ofMillis(200), () -> {
+                    throw new AssertionError("ran without the lock");
+                });
+                return null;
+            });
+            Throwable cause = assertThrows(java.util.concurrent.ExecutionException.class,
+                    () -> busy.get(10, TimeUnit.SECONDS)).getCause();
+            assertTrue(cause instanceof TimeoutException, "got " + cause);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    @Test
+    void theTtlOfADistributedLockIsTheLocksideTtl() throws Exception {
+        LocksideDistributedLock lock = registry.obtain(key);
+        assertTrue(lock.tryLock(Duration.ofSeconds(1), Duration.ofSeconds(3)));
+        try {
+            Duration left = client.describe("spring:" + key).holders().get(0).ttlRemaining();
+            assertTrue(left.compareTo(Duration.ofSeconds(3)) <= 0 && left.compareTo(Duration.ZERO) > 0, left.toString());
+            assertTrue(lock.fencingToken() > 0);
+            assertFalse(lock.isSuspended());
+        } finally {
+            lock.unlock();
+        }
+        lock.lock(Duration.ofSeconds(2));
+        lock.unlock();
+    }
+
+    @Test
+    void keysAreStrings() {
+        assertThrows(IllegalArgumentException.class, () -> registry.obtain(42));
+    }
+}

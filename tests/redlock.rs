@@ -454,3 +454,52 @@ async fn scenario_9_a_master_restarted_empty_at_once_is_the_documented_hazard() 
     assert!(verdict.intervals > 10, "the workload ran: {verdict:?}");
     assert_eq!(verdict.token_regressions, 0);
 }
+
+/// Issue 25: one master's clock an hour ahead of the others (faked: it keeps a last
+/// token issued by that clock, as if it had issued it). A majority's grant that
+/// includes it carries that large token, written back to the others; after the
+/// grant expired there and that master is gone, a grant of the other two must still
+/// carry a larger token: they keep the written-back token as long as it is ahead of
+/// their own clocks, not only as long as the grant's key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_never_go_back_when_one_masters_clock_ran_ahead() {
+    let mut masters = Masters::start(3);
+    let redlock = masters.redlock();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as u64;
+    let ahead_ms = now_ms + 3_600_000;
+    let big = ahead_ms * lockside::store::FENCE_PER_MS;
+    let lock = format!("{{{}:k}}:h", masters.namespace);
+    let kept = format!("f|{big}|0");
+    masters.redis[0].cli(&["SET", &lock, &kept, "PX", "7200000"]);
+    let short = Claim {
+        ttl: Duration::from_secs(1),
+        ..claim("k", "s1")
+    };
+    let first = match redlock.acquire(&short).await {
+        Ok(Acquired::Granted { fence }) => fence,
+        other => panic!("granted: {other:?}"),
+    };
+    assert!(
+        first > big,
+        "the majority's token is the fast master's: {first}"
+    );
+    // Held in its new form on the other masters: renewed as any grant.
+    let renewal = lockside::store::Renewal {
+        key: "k",
+        owner: "s1",
+        ttl: Duration::from_secs(1),
+    };
+    let renewed = redlock.renew(&[renewal]).await.expect("renewed");
+    assert!(renewed[0].is_extended(), "{renewed:?}");
+    // Not renewed: the grant expires on every master; then the fast master is gone.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    masters.redis[0].kill();
+    let next = match redlock.acquire(&claim("k", "s2")).await {
+        Ok(Acquired::Granted { fence }) => fence,
+        other => panic!("granted by the other two: {other:?}"),
+    };
+    assert!(next > first, "token went back: {next} after {first}");
+}

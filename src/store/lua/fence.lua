@@ -2,7 +2,10 @@
 -- Raises the lock's last token to ARGV[1] when it is lower (Redlock: the token of a
 -- grant made by a majority is written back, so any later majority, which shares a
 -- master with this one, issues a larger one). Where nobody holds the lock, a string
--- keeps the token until this master's clock passes it. Returns the token kept.
+-- keeps the token until this master's clock passes it; where the token would outlive
+-- a held grant's key, the lock becomes a hash that keeps it as long. Returns the token
+-- kept.
+local MAX_KEEP = 86400000
 local h = KEYS[1]
 local want = tonumber(ARGV[1])
 local keep = math.floor(want / 1024) + 1
@@ -13,11 +16,35 @@ if ok then
     return want
   end
   if string.sub(v, 1, 1) == 'x' then
-    local count, fence, tail = parse_single(v)
+    local count, fence, tail, owner = parse_single(v)
     if tonumber(fence) >= want then
       return tonumber(fence)
     end
-    redis.call('SET', h, single(count, ARGV[1], tail), 'KEEPTTL')
+    local expiry = redis.call('PEXPIRETIME', h)
+    if keep <= expiry then
+      redis.call('SET', h, single(count, ARGV[1], tail), 'KEEPTTL')
+      return want
+    end
+    -- The token would outlive the grant's key: it came from a master whose clock is
+    -- ahead of this one's. Forgotten at the grant's expiry, this master would later
+    -- help a majority issue smaller tokens. So the lock is kept as a one-permit hash
+    -- (the semaphore form, 'x1'), the grant inside with its own expiry, 'f' until this
+    -- master's clock passes the token (at most a day: a bound on a wild clock).
+    local len, at = string.match(tail, '^[^|]*|(%d+)|()')
+    local name, value = '', ''
+    if at then
+      len = tonumber(len)
+      name, value = string.sub(tail, at, at + len - 1), string.sub(tail, at + len)
+    end
+    redis.call('DEL', h)
+    redis.call('HSET', h, 'm', 'x1', 'f', ARGV[1], owner, count .. '|' .. ARGV[1] .. '|' .. int(expiry))
+    if name ~= '' then
+      redis.call('HSET', h, 'n:' .. owner, name)
+    end
+    if value ~= '' then
+      redis.call('HSET', h, 'v:' .. owner, value)
+    end
+    redis.call('PEXPIREAT', h, math.min(keep, now_ms() + MAX_KEEP))
     return want
   end
   local fence, delay = string.match(v, '^f|(%d+)|(%d+)')

@@ -809,3 +809,61 @@ async fn a_session_whose_locks_all_expired_is_resumed_and_hears_lost() {
     }
     assert!(resumed.grant("k").await.fencing_token > g.fencing_token);
 }
+
+/// Issue 25's figure: what a sidecar restart in place costs an application now. A
+/// `lockside::client` lock (default TTL) across five SIGKILLs of its sidecar, each
+/// restarted at once on the same address with the same `--instance`: the lock is
+/// suspended from the break until the resumed session lists it again, never lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_suspended_by_a_restart_in_place() {
+    use lockside::client::{Client as Rust, LockState};
+    let redis = Redis::start();
+    let ns = namespace();
+    let dir = common::TempDir::new("in-place");
+    let dir = dir.0.display().to_string();
+    let args = ["--instance", "pod-1", "--instance-dir", &dir];
+    let mut sidecar = SidecarProcess::start(&redis.url(), &ns, &args);
+    let addr = sidecar.addr.clone();
+    let client = Rust::connect(&addr).await.expect("connect");
+    let lock = client.lock("k").await.expect("lock");
+    let token = lock.fencing_token();
+    let mut states = lock.states();
+    let mut suspended = Vec::new();
+    for _ in 0..5 {
+        recorded(&redis, &ns, &lock_session(&redis, &ns).await, 1).await;
+        sidecar.kill();
+        let broke = tokio::time::timeout(PATIENCE, states.wait_for(|s| *s == LockState::Suspended))
+            .await
+            .expect("suspended in time")
+            .is_ok();
+        assert!(broke);
+        let since = Instant::now();
+        sidecar = SidecarProcess::start_at(&addr, &redis.url(), &ns, &args);
+        let back = tokio::time::timeout(PATIENCE, states.wait_for(|s| *s != LockState::Suspended))
+            .await
+            .expect("back in time")
+            .map(|s| s.clone());
+        assert_eq!(back.ok(), Some(LockState::Held), "restored, not lost");
+        suspended.push(since.elapsed());
+    }
+    assert_eq!(lock.fencing_token(), token);
+    suspended.sort();
+    eprintln!(
+        "restart in place (--instance): suspended p50 {:?}, max {:?} (5 kills, from the restart)",
+        suspended[2], suspended[4]
+    );
+}
+
+/// The id of the one session that has a record in namespace `ns`, once it has one.
+async fn lock_session(redis: &Redis, ns: &str) -> String {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let keys = redis.cli(&["--scan", "--pattern", &format!("{{{ns}:session/*")]);
+        if let Some(key) = keys.lines().find(|k| k.ends_with("}:s")) {
+            let start = key.find("session/").expect("session/") + "session/".len();
+            return key[start..start + 16].to_owned();
+        }
+        assert!(Instant::now() < deadline, "a record is written");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -39,7 +39,9 @@ def main() -> int:
     with lockside.Client(client_name=me) as c:
         lead = c.campaign(key, me)  # returns once this copy leads
         try:
-            while not lead.lost.is_set():  # stop at once when leadership is lost
+            # Work while leading: wait_restored() returns at once unless the stream to the
+            # sidecar broke (then it waits for the resume), and False once leadership is lost.
+            while lead.wait_restored():
                 work(lead.fencing_token)
             print(f"leadership lost: {lead.lost_reason}")
             return 1

@@ -40,8 +40,8 @@ class _Loop:
         self.loop.close()
 
 
-class _Lost:
-    """`lock.lost` of an `AsyncLock`, read from another thread."""
+class _Flag:
+    """`lock.lost` or `lock.suspended` of an `AsyncLock`, read from another thread."""
 
     def __init__(self, event: asyncio.Event):
         self._event = event
@@ -60,13 +60,23 @@ class _AsyncLockFace:
     def __init__(self, loop: _Loop, lock: Any):
         self._loop = loop
         self._lock = lock
-        self.lost = _Lost(lock.lost)
+        self.lost = _Flag(lock.lost)
+        self.suspended = _Flag(lock.suspended)
 
     def __getattr__(self, name: str) -> Any:  # key, fencing_token, hold_count, ...
         return getattr(self._lock, name)
 
     def release(self) -> None:
         self._loop.run(self._lock.release())
+
+    def wait_restored(self, timeout: float) -> bool:
+        async def restored() -> bool:
+            try:
+                return await asyncio.wait_for(self._lock.restored_wait(), timeout)
+            except asyncio.TimeoutError:
+                return False
+
+        return self._loop.run(restored())
 
     def proclaim(self, value: Any) -> None:
         self._loop.run(self._lock.proclaim(value))

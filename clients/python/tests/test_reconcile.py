@@ -1,12 +1,17 @@
 """How a resumed session squares what it holds with what the store says came back
 (`SessionBase._resumed`), for the cases a sidecar kill cannot produce on demand: a
 Release the dead sidecar applied but never answered, a grant whose answer was lost, a
-key that came back with another token. No I/O: the greeting is what a resumed stream
-sends (test_resume.py runs the whole thing against real sidecars)."""
+key that came back with another token; and what a broken stream does before that (every
+lock suspended at once, lost when its TTL has passed since the break, or at once
+without a resume token). No I/O: the greeting is what a resumed stream sends
+(test_resume.py and test_broken_stream.py run the whole thing against real sidecars)."""
 
 from __future__ import annotations
 
+import time
 from typing import List
+
+import grpc
 
 from lockside._core import OPEN, LockBase, Pending, SessionBase, release_request
 from lockside._pb import lockside_pb2 as pb
@@ -14,6 +19,9 @@ from lockside._pb import lockside_pb2 as pb
 
 class _Lock(LockBase):
     def _signal_lost(self) -> None:
+        pass
+
+    def _signal_suspended(self, suspended: bool) -> None:
         pass
 
 
@@ -153,3 +161,44 @@ def test_lost_and_jeopardy_events_reach_only_their_holder():
     s._dispatch(lost("k", holder="thread:2"))
     assert a.held and not b.held and "expired" in b.lost_reason
     assert s._jeopardy == {}
+
+
+# -- a broken stream: suspended at once, then restored or lost (no I/O) ------------------
+
+
+def broke(session: _Session) -> bool:
+    return session._broke("UNAVAILABLE: reset", grpc.StatusCode.UNAVAILABLE)
+
+
+def test_a_break_suspends_every_lock_and_the_resume_restores_those_it_lists():
+    s = _Session()
+    kept, gone = grant(s, "kept", 4, 1), grant(s, "gone", 5, 1)
+    assert broke(s) and s.state == "resuming"
+    assert kept._suspended and gone._suspended and kept.held and not kept.lost_reason
+    assert not kept._usable()
+    resume(s, back("kept", 4, 1))
+    assert kept._usable() and not kept._suspended
+    # Lost stays suspended: never usable again.
+    assert gone._suspended and not gone.held and "did not list it" in gone.lost_reason
+
+
+def test_a_lock_not_back_when_its_ttl_has_passed_since_the_break_is_lost():
+    s = _Session()
+    short = grant(s, "short", 1, 1)  # grant() asks a TTL of 10 s
+    short._ttl_asked = 1.0
+    long = grant(s, "long", 2, 1)
+    s._jeopardy[("", "long")] = time.monotonic() + 3.0  # the store lets it go sooner
+    t = time.monotonic()
+    assert broke(s)
+    assert s._expire(t + 0.9) is not None and short.held
+    assert s._expire(t + 1.1) is not None
+    assert not short.held and "TTL passed" in short.lost_reason and long.held
+    assert s._expire(t + 3.1) is None and not long.held and s.state == "ended"
+
+
+def test_without_a_resume_token_a_break_loses_every_lock_at_once():
+    s = _Session()
+    s.resume_token = ""  # the embedded memory store gives none
+    lock = grant(s, "k", 1, 1)
+    assert not broke(s) and s.state == "ended"
+    assert not lock.held and lock._suspended and "cannot resume sessions" in lock.lost_reason

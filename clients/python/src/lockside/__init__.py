@@ -4,15 +4,17 @@
 
     with Client() as c:                                   # $LOCKSIDE_ADDR or 127.0.0.1:7420
         with c.lock("orders", wait=5.0, ttl=10.0) as lock:
-            write(data, fencing_token=lock.fencing_token)
-            if lock.lost.is_set():
-                ...                                       # stop using the resource now
+            for batch in batches:
+                if lock.suspended.is_set() and not lock.wait_restored():
+                    break                                 # lost: stop using the resource
+                write(batch, fencing_token=lock.fencing_token)
 
 `AsyncClient` is the same on asyncio (grpc.aio). One client is one session (one `Lease`
 stream) holding any number of locks; the sidecar releases them all when the stream
-ends, whatever ends it. When the stream breaks because the sidecar died, the client
-resumes the session on the restarted sidecar and keeps its locks if they are back in
-time (`resume=False` turns that off).
+ends, whatever ends it. When the stream breaks (a reset connection, a frozen or dead
+sidecar), every lock is suspended at once (`lock.suspended` set: stop using it) while
+the client resumes the session; a lock the resumed session lists is restored
+(`suspended` cleared), any other is lost (`lock.lost` set).
 
 Leader election: `c.campaign(key, value)` returns once this client leads (a `Lock`:
 `proclaim(value)` changes what followers see, `release()` resigns); followers iterate

@@ -14,7 +14,6 @@ import grpc.aio
 from lockside._aio_stream import _AioStream
 from lockside._core import (
     ANSWER_SLACK,
-    DEFAULT_RENEWAL_SLACK,
     DESCRIBE_METHOD,
     ENDED,
     FINAL_RESUME_CODES,
@@ -55,10 +54,13 @@ class AsyncLock(LockBase):
     """A held lock (from `AsyncClient.lock`); an async context manager that releases
     on exit.
 
-    `lost` is an `asyncio.Event`, set when the sidecar sends `Lost` for the key, or
-    when the session's stream broke and the lock did not come back (see
-    `lockside.Client`); `await lock.lost_wait()` returns then. `release()` (and so leaving the `async with` block without another exception)
-    raises `LockLost` if the lock was lost before it.
+    `suspended` and `lost` are `asyncio.Event`s with the meaning they have on
+    `lockside.Lock`: use the resource only while `suspended` is not set (it is set the
+    moment the session's stream breaks, cleared when the resumed session lists the lock
+    again, and stays set once the lock is lost); `await lock.restored_wait()` waits
+    while it is suspended, `await lock.lost_wait()` until it is lost. `release()` (and
+    so leaving the `async with` block without another exception) raises `LockLost` if
+    the lock was lost before it.
     """
 
     _session: "_AioSession"
@@ -68,9 +70,25 @@ class AsyncLock(LockBase):
     ):
         super().__init__(session, key, holder, granted, ttl_asked)
         self.lost = asyncio.Event()
+        self.suspended = asyncio.Event()
 
     def _signal_lost(self) -> None:
         self.lost.set()
+
+    def _signal_suspended(self, suspended: bool) -> None:
+        if suspended:
+            self.suspended.set()
+        else:
+            self.suspended.clear()
+
+    async def restored_wait(self) -> bool:
+        """Waits while the lock is suspended: True once it may be used (at once when it
+        is not suspended), False when it is lost or released. The outcome comes at the
+        latest when the lock's TTL has passed since the break; bound the wait with
+        `asyncio.wait_for` to give up sooner."""
+        while self._suspended and self._state == "held":
+            await self._session._locks_change()
+        return self._usable()
 
     async def lost_wait(self) -> str:
         """Returns (with the reason) once the lock is lost. Never returns after a clean
@@ -137,7 +155,7 @@ class _AioSession(SessionBase):
     as if the sidecar died (see `SessionBase`)."""
 
     def __init__(self, client: "AsyncClient", call: Any, loop: asyncio.AbstractEventLoop):
-        super().__init__(client.resume, client.renewal_slack)
+        super().__init__(client.resume)
         self._client = client
         self._call = call
         self._stream = _AioStream(call, self._on_message, _fast_streams)
@@ -150,6 +168,8 @@ class _AioSession(SessionBase):
         self._timers: List[asyncio.TimerHandle] = []
         # Gives up on answers that do not come (see `_watch_answers`).
         self._watchdog: Optional[asyncio.TimerHandle] = None
+        # `restored_wait` callers, woken when locks are restored or lost.
+        self._lock_waiters: List[asyncio.Future] = []
 
     @classmethod
     async def open(
@@ -205,11 +225,11 @@ class _AioSession(SessionBase):
         self._dispatch(pb.LeaseResponse.FromString(data))
 
     def _arm_expiry(self) -> None:
-        """Marks keys lost when their safe time passes: one timer, for the next such
-        time (a timer that fires a little early is armed again)."""
-        if not self._safe_until:
+        """Loses locks when their TTL since the break passes: one timer, for the next
+        such time (a timer that fires a little early is armed again)."""
+        if not self._gone_by:
             return
-        at = min(self._safe_until.values())
+        at = min(self._gone_by.values())
         self._timers.append(self._loop.call_later(max(0.0, at - time.monotonic()), self._on_expiry))
 
     def _on_expiry(self) -> None:
@@ -223,6 +243,18 @@ class _AioSession(SessionBase):
         for timer in timers:
             timer.cancel()
         self._settled.set()
+
+    def _locks_changed(self) -> None:
+        waiters, self._lock_waiters = self._lock_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _locks_change(self) -> None:
+        """Returns when locks of the session are next restored or lost."""
+        waiter = self._loop.create_future()
+        self._lock_waiters.append(waiter)
+        await waiter
 
     async def _resume(self) -> Optional[_AioStream]:
         """Resumes the session on new streams until one answers or nothing is held
@@ -528,11 +560,11 @@ class AsyncClient:
 
         async with AsyncClient() as c:
             async with c.lock("orders", wait=5.0) as lock:
-                ...  # lock.fencing_token; await lock.lost_wait() returns when lost
+                ...  # lock.fencing_token; stop while lock.suspended is set
 
     The channel is created on first use, on the running loop; use a client from one
-    event loop only. A session resumes after a sidecar restart as `lockside.Client`'s
-    does; `resume`, `renewal_slack` and `wait_for_sidecar` as there.
+    event loop only. A broken stream suspends every lock and the session resumes as
+    `lockside.Client`'s does; `resume` and `wait_for_sidecar` as there.
     """
 
     def __init__(
@@ -545,13 +577,11 @@ class AsyncClient:
         options: Sequence[Tuple[str, Any]] = (),
         connect_timeout: float = 10.0,
         resume: bool = True,
-        renewal_slack: float = DEFAULT_RENEWAL_SLACK,
         wait_for_sidecar: float = 0.0,
     ):
         self.addr = addr or default_addr()
         self.connect_timeout = connect_timeout
         self.resume = resume
-        self.renewal_slack = renewal_slack
         self.wait_for_sidecar = wait_for_sidecar
         self._pid = os.getpid()
         self._credentials = credentials

@@ -30,6 +30,14 @@ from lockside._describe import Holder as Holder
 from lockside._describe import QueueEntry as QueueEntry
 from lockside._describe import description as description
 from lockside._describe import seconds
+from lockside._errors import LocksideError as LocksideError
+from lockside._errors import LockLost as LockLost
+from lockside._errors import NotAcquired as NotAcquired
+from lockside._errors import Rejected as Rejected
+from lockside._errors import Unavailable as Unavailable
+from lockside._errors import call_error as call_error
+from lockside._errors import rpc_error_text as rpc_error_text
+from lockside._errors import status_code as status_code
 from lockside._wire import proclaim_request as proclaim_request
 from lockside._wire import release_request as release_request
 from lockside._wire import value_bytes as value_bytes
@@ -53,9 +61,10 @@ WATCH_METHOD = "/lockside.v1.LockService/Watch"
 MAX_VALUE_BYTES = 4096
 
 #: HTTP/2 keepalive well below the lock TTL (README, "Client guidance"): a frozen or
-#: unreachable sidecar is noticed in about 2 s and the stream fails, which marks every
-#: lock of the session lost before the store can let it go (TTL >= 1 s, renewed at
-#: TTL/3).
+#: unreachable sidecar is noticed in about 2 s and the stream fails, which suspends
+#: every lock of the session before the store lets it go, for a TTL of 3 s or more (a
+#: frozen sidecar renews nothing: its locks expire 2/3 of a TTL after it froze at the
+#: earliest).
 KEEPALIVE_OPTIONS: List[Tuple[str, Any]] = [
     ("grpc.keepalive_time_ms", 1000),
     ("grpc.keepalive_timeout_ms", 1000),
@@ -74,17 +83,14 @@ KEEPALIVE_OPTIONS: List[Tuple[str, Any]] = [
 ]
 
 
-#: How late a sidecar may confirm a renewal without sending `Jeopardy`: twice its
-#: `--store-timeout` (1 s by default). See `safe_window`.
-DEFAULT_RENEWAL_SLACK = 2.0
-
 #: First pause between resume attempts, doubled up to `MAX_RESUME_BACKOFF` (as the
 #: Rust client: the sidecar is local and comes back within seconds, or not in time).
 FIRST_RESUME_BACKOFF = 0.05
 MAX_RESUME_BACKOFF = 0.5
 
-#: Stream endings that may mean the sidecar died (a crash, SIGKILL, OOM kill, a
-#: frozen sidecar noticed by keepalive): the session may be resumed. Anything else
+#: Stream endings that may mean the sidecar died or the connection to it broke (a
+#: crash, SIGKILL, OOM kill, a reset connection, a frozen sidecar noticed by
+#: keepalive): the locks are suspended and the session may be resumed. Anything else
 #: (RESOURCE_EXHAUSTED for unread answers, FAILED_PRECONDITION, an authentication
 #: error, a clean end) was the sidecar's decision: it released everything.
 RESUMABLE_CODES = frozenset(
@@ -98,8 +104,10 @@ RESUMABLE_CODES = frozenset(
 
 #: Resume attempts that end with these codes will not succeed by retrying: the sidecar
 #: cannot resume (Redlock: UNIMPLEMENTED) or refuses this client. FAILED_PRECONDITION
-#: is retried: the restarted sidecar refuses while the dead one's attachment lives
-#: (up to `--attachment-ttl`, 3 s), and says the same for a token it does not know.
+#: is retried until the lock's TTL has passed since the break: the restarted sidecar
+#: refuses while the dead one's attachment lives (up to `--attachment-ttl`, 3 s), and
+#: says the same for a token it does not know (a live sidecar that released the
+#: session when its stream broke): the two cannot be told apart.
 FINAL_RESUME_CODES = frozenset(
     {
         grpc.StatusCode.UNIMPLEMENTED,
@@ -108,20 +116,6 @@ FINAL_RESUME_CODES = frozenset(
         grpc.StatusCode.INVALID_ARGUMENT,
     }
 )
-
-
-def safe_window(ttl: float, renewal_slack: float = DEFAULT_RENEWAL_SLACK) -> float:
-    """Seconds a lock of TTL `ttl` is surely still held in the store after its stream
-    broke, without an open `Jeopardy` (0 when the TTL is too short to count on).
-
-    The sidecar renews every TTL/3 and says `Jeopardy` when a renewal fails; a renewal
-    that is only slow is confirmed within `renewal_slack`. So the last renewal was at
-    most TTL/3 + slack before the break, and the lock lives TTL × 2/3 − slack after
-    it, less the sidecar's drift margin (1 % of the TTL + 2 ms). The same rule as the
-    Rust client's `safe_window` and the README's client guidance.
-    """
-    margin = ttl / 100 + 0.002
-    return max(0.0, ttl * 2 / 3 - renewal_slack - margin)
 
 
 def default_addr() -> str:
@@ -135,100 +129,6 @@ def channel_target(addr: str) -> str:
     if addr.startswith("http://"):
         return addr[len("http://") :].rstrip("/")
     return addr
-
-
-# -- errors -------------------------------------------------------------------
-
-
-class LocksideError(Exception):
-    """Base class of every error this package raises."""
-
-
-def _short(key: str) -> str:
-    """A key as messages show it: a bad 100 KB key is not repeated in full."""
-    return repr(key) if len(key) <= 80 else f"{key[:60]!r}... ({len(key)} characters)"
-
-
-class NotAcquired(LocksideError):
-    """The lock was not acquired: `reason` is "BUSY" (held and `wait=0`), "TIMEOUT"
-    (still held when `wait` ran out) or "CANCELLED"."""
-
-    def __init__(self, key: str, reason: str):
-        super().__init__(f"lock {_short(key)} not acquired: {reason}")
-        self.key = key
-        self.reason = reason
-
-
-class Rejected(LocksideError):
-    """The sidecar refused a request: a bad value (`code` 3 INVALID_ARGUMENT), a limit
-    reached (8 RESOURCE_EXHAUSTED), a conflicting mode or limit (9 FAILED_PRECONDITION),
-    or a store it cannot reach (14 UNAVAILABLE). The session and its other locks go on.
-    """
-
-    def __init__(self, key: str, code: int, message: str):
-        self.key = key
-        self.code = code
-        self.code_name = _code_name(code)
-        self.message = message
-        super().__init__(f"request for {_short(key)} rejected: {self.code_name} ({code}): {message}")
-
-
-class LockLost(LocksideError):
-    """The lock was lost while held: the sidecar sent `Lost` (renewals failed) or the
-    session's stream broke. Raised by `release()` (so by leaving a `with` block) when
-    the lock was lost before it: the work done under it may have overlapped with
-    another holder; the fencing token is what protects the resource then."""
-
-    def __init__(self, key: str, reason: str, fencing_token: int):
-        super().__init__(f"lock {_short(key)} lost: {reason}")
-        self.key = key
-        self.reason = reason
-        self.fencing_token = fencing_token
-
-
-class Unavailable(LocksideError):
-    """The sidecar could not be reached, or the session's stream broke before it
-    answered (a wait in progress when the stream breaks fails with it: the sidecar
-    does not resume waits). `code` is the gRPC status of the stream when there was
-    one."""
-
-    def __init__(self, message: str, code: Optional[grpc.StatusCode] = None):
-        super().__init__(message)
-        self.code = code
-
-
-_STATUS_CODES = {s.value[0]: s for s in grpc.StatusCode}
-
-
-def _code_name(code: int) -> str:
-    status = _STATUS_CODES.get(code)
-    return status.name if status is not None else "UNKNOWN_CODE"
-
-
-def rpc_error_text(e: BaseException) -> Tuple[str, Optional[grpc.StatusCode]]:
-    """A short description of a failed stream or call, and its status code."""
-    if isinstance(e, grpc.RpcError) and hasattr(e, "code"):
-        code = e.code()
-        details = e.details() if hasattr(e, "details") else ""
-        return f"{code.name}: {details}", code
-    return f"{type(e).__name__}: {e}", None
-
-
-def status_code(number: int) -> Optional[grpc.StatusCode]:
-    """The `grpc.StatusCode` of a status number (None for an unknown one)."""
-    return _STATUS_CODES.get(number)
-
-
-def call_error(key: str, e: grpc.RpcError) -> LocksideError:
-    """A failed unary call (Describe) as this package's error."""
-    text, code = rpc_error_text(e)
-    if code is None or code in (
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.CANCELLED,
-    ):
-        return Unavailable(text, code)
-    return Rejected(key, code.value[0], e.details() or "")
 
 
 # -- requests (encoded in _wire.py) ---------------------------------------------
@@ -385,8 +285,8 @@ def wait_after_refusal(
 
 
 class LockBase:
-    """A granted lock; the sync and asyncio `Lock` add how `lost` is signalled and how
-    `release()` waits.
+    """A granted lock; the sync and asyncio `Lock` add how `suspended` and `lost` are
+    signalled and how `release()` waits.
 
     Attributes:
       key            the lock's name.
@@ -399,8 +299,16 @@ class LockBase:
       hold_count     how many times the holder held the key after this grant
                      (reentrancy: each grant is released on its own).
       session_id     the session shown by `describe()`; it stays the same when the
-                     session is resumed after a sidecar restart.
+                     session is resumed after a broken stream.
       lost_reason    why the lock was lost, once it is.
+
+    A lock is usable while neither `suspended` nor `lost` is set. `suspended` is set
+    the moment the session's stream breaks (DESIGN.md, "A broken stream": a live
+    sidecar releases at once, so somebody else may hold the key within milliseconds),
+    and cleared when the resumed session lists the lock again with its token. It is
+    never cleared once the lock is lost: a lost lock (whether its stream broke or the
+    sidecar sent `Lost`) has both set, so `suspended` alone says "stop using it now"
+    and `lost` says "for good".
     """
 
     def __init__(
@@ -415,20 +323,41 @@ class LockBase:
         self.session_id: str = session.session_id
         self.lost_reason: Optional[str] = None
         # The TTL the store keeps the lock for without renewals (asked, else the
-        # sidecar's default): what the safe window after a broken stream counts on.
+        # sidecar's default): after a broken stream, the store has surely let the lock
+        # go once this has passed, so resuming stops then.
         self._ttl_asked = ttl_asked
         # held -> released | lost; a lost lock raises LockLost once, on release. A lock
         # let go on purpose (its client closed) is "released" with `lost` set.
         self._state = "held"
+        self._suspended = False  # what `suspended` says, readable from any thread
 
     @property
     def held(self) -> bool:
-        """True until the lock is released or lost (also while the session resumes
-        after a sidecar restart: the lock is surely held until then)."""
+        """True until the lock is released or lost. A suspended lock is still held (it
+        may come back): whether it may be used is `suspended`."""
         return self._state == "held"
 
     def _signal_lost(self) -> None:
         raise NotImplementedError
+
+    def _signal_suspended(self, suspended: bool) -> None:
+        raise NotImplementedError
+
+    def _usable(self) -> bool:
+        """Held and not suspended: what `wait_restored` / `restored_wait` wait for."""
+        return self._state == "held" and not self._suspended
+
+    def _suspend(self) -> None:
+        """The stream broke: stop using the lock (mutex held / on the loop)."""
+        if self._state == "held":
+            self._suspended = True
+            self._signal_suspended(True)
+
+    def _restore(self) -> None:
+        """The resumed session listed the lock with its token: usable again."""
+        if self._state == "held" and self._suspended:
+            self._suspended = False
+            self._signal_suspended(False)
 
     def _mark_lost(self, reason: str, quiet: bool = False) -> None:
         """Called with the session's mutex held (sync) or on the loop (asyncio)."""
@@ -438,13 +367,17 @@ class LockBase:
             log.warning("lock %r lost: %s", self.key, reason)
         self._state = "lost"
         self.lost_reason = reason
+        self._suspended = True
+        self._signal_suspended(True)
         self._signal_lost()
 
     def _let_go(self, reason: str) -> None:
-        """The lock was let go on purpose (its client closed): `lost` is set, so work
-        under it stops, but `release()` has nothing to report."""
+        """The lock was let go on purpose (its client closed): `lost` (and `suspended`)
+        is set, so work under it stops, but `release()` has nothing to report."""
         if self._state == "held":
             self.lost_reason = reason
+            self._suspended = True
+            self._signal_suspended(True)
             self._signal_lost()
         self._state = "released"
 
@@ -453,9 +386,10 @@ class LockBase:
 
     def __repr__(self) -> str:
         who = f" holder={self.holder!r}" if self.holder else ""
+        state = "suspended" if self._state == "held" and self._suspended else self._state
         return (
             f"<{type(self).__name__} {self.key!r}{who} token={self.fencing_token} "
-            f"state={self._state}>"
+            f"state={state}>"
         )
 
 
@@ -524,24 +458,27 @@ class SessionBase:
     `Client` and the tasks of an `AsyncClient`: they exclude each other as sessions
     would, and each holder's grants are its own.
 
-    When the stream breaks as if the sidecar died (`RESUMABLE_CODES`) and the session
-    holds locks, it resumes (DESIGN.md, "Sessions that survive a sidecar restart"):
-    `_broke` fails the waits in progress (the sidecar does not resume them) and gives
-    each held lock the time it is surely still held (`safe_window` after the break, or
-    what `Jeopardy` said); the client's I/O layer then opens new streams with the
-    resume token, with backoff, until one answers (`_resumed` reconciles the locks,
-    holder by holder, and says what to send again) or every lock's time has passed
-    (`_expire` marks them lost when it does). A lock is lost only when it does not come
-    back. Otherwise, when the stream ends, every pending request fails and every held
-    lock is lost, and the client opens a new session for the next request.
+    When the stream breaks (`RESUMABLE_CODES`: a reset, a keepalive that fired, a
+    sidecar that died) every held lock is suspended at once (DESIGN.md, "A broken
+    stream": a live sidecar releases a broken stream's locks within milliseconds, and
+    from here that looks like a dead one). `_broke` suspends them, fails the waits in
+    progress (the sidecar does not resume them) and notes when the store has surely let
+    each lock go (its TTL after the break, or what `Jeopardy` said); the client's I/O
+    layer then opens new streams with the resume token (DESIGN.md, "Sessions that
+    survive a sidecar restart"), with backoff, until one answers (`_resumed` restores
+    the locks it lists with their tokens, holder by holder, loses the others, and says
+    what to send again) or every lock's time has passed (`_expire` loses them). A
+    session without a resume token (a store that cannot resume: the embedded memory
+    store) loses every lock at the break. Otherwise, when the stream ends, every pending
+    request fails and every held lock is lost, and the client opens a new session for
+    the next request.
     """
 
-    def __init__(self, resume: bool = True, renewal_slack: float = DEFAULT_RENEWAL_SLACK) -> None:
+    def __init__(self, resume: bool = True) -> None:
         self.session_id = ""
         self.default_ttl = 0.0
         self.resume_token = ""
         self.resume = resume
-        self.renewal_slack = renewal_slack
         self.state = OPEN
         self.ended: Optional[str] = None  # why the session ended, once it has
         # The process the session belongs to: a forked child has its own (`_inherited`).
@@ -550,11 +487,13 @@ class SessionBase:
         self._ids = itertools.count(1)
         self._pending: Dict[int, Pending] = {}
         self._held: Dict[HolderKey, List[LockBase]] = {}
-        # Locks in Jeopardy: when they stop being surely held (time.monotonic()).
+        # Locks in Jeopardy: when the store lets them go unless a renewal succeeds
+        # (time.monotonic()).
         self._jeopardy: Dict[HolderKey, float] = {}
-        # While resuming: why the stream broke, and until when each lock is surely held.
+        # While resuming: why the stream broke, and when the store has surely let each
+        # lock go (its TTL after the break): resuming it stops being worth it then.
         self._broke_reason = ""
-        self._safe_until: Dict[HolderKey, float] = {}
+        self._gone_by: Dict[HolderKey, float] = {}
         # The sidecar answered a holder's grant without its holder: it predates holders
         # and grants to the session, so every lock is the session's ("" holder).
         self._legacy = False
@@ -570,6 +509,9 @@ class SessionBase:
 
     def _state_changed(self) -> None:
         pass
+
+    def _locks_changed(self) -> None:
+        """Locks were restored or lost: wake `wait_restored` / `restored_wait`."""
 
     def _started(self, resp: Any) -> None:
         if resp.WhichOneof("event") != "started":
@@ -699,7 +641,8 @@ class SessionBase:
             for lock in locks:
                 lock._mark_lost(reason, quiet=True)
             _log_lost(locks, reason)
-        self._safe_until.clear()
+        self._gone_by.clear()
+        self._locks_changed()
         self._state_changed()
 
     def _inherited(self) -> None:
@@ -713,25 +656,37 @@ class SessionBase:
         for grants in held.values():
             for lock in grants:
                 lock._let_go(f"held by process {self.pid}, the parent of this forked process")
-        self._safe_until.clear()
+        self._gone_by.clear()
         self._jeopardy.clear()
 
     # -- resuming -------------------------------------------------------------
 
     def _broke(self, reason: str, code: Optional[grpc.StatusCode], details: str = "") -> bool:
         """The stream ended with `code` (None: without a status). Either ends the
-        session or starts resuming it; True when the caller is to resume it."""
+        session or suspends its locks and starts resuming it; True when the caller is
+        to resume it."""
         if self.state is ENDED:
             return False
         if self._closing:
             self._end("client closed", code)
             return False
-        if not self._resumable(code, details):
-            self._end(reason, code)
+        why_not = self._not_resumable(code, details)
+        if why_not is not None:
+            self._end(f"{reason}{why_not}", code)
             return False
+        # First of all: a live sidecar releases these locks within milliseconds of
+        # seeing the stream end (its --broken-grace), and a waiter elsewhere is granted.
+        for locks in self._held.values():
+            for lock in locks:
+                lock._suspend()
         self.state = RESUMING
         self._broke_reason = reason
-        log.warning("lease stream broke (%s): resuming session %s", reason, self.session_id)
+        log.warning(
+            "lease stream broke (%s): %d lock(s) suspended; resuming session %s",
+            reason,
+            sum(len(locks) for locks in self._held.values()),
+            self.session_id,
+        )
         # The sidecar does not resume waits in progress: their callers hear it now.
         for rid, p in list(self._pending.items()):
             if p.kind == "acquire":
@@ -743,38 +698,51 @@ class SessionBase:
                         code,
                     )
                 )
+        # The store keeps a lock at most its TTL after the last renewal, which came
+        # before the break (or until the time an open Jeopardy gave): after that no
+        # resume can bring it back.
         now = time.monotonic()
         for hk, locks in self._held.items():
             until = self._jeopardy.get(hk)
             if until is None:
-                window = min(safe_window(lock._ttl_asked, self.renewal_slack) for lock in locks)
-                until = now + window
-            self._safe_until[hk] = until
+                until = now + max(lock._ttl_asked for lock in locks)
+            self._gone_by[hk] = until
         return self._expire(now) is not None
 
-    def _resumable(self, code: Optional[grpc.StatusCode], details: str) -> bool:
-        if not (self.resume and self.resume_token and self._held):
-            return False
+    def _not_resumable(self, code: Optional[grpc.StatusCode], details: str) -> Optional[str]:
+        """Why the session cannot be resumed after its stream ended with `code` (a
+        suffix for the reason its locks are lost), or None when it can be."""
+        if not self._held:
+            return ""  # nothing to resume: the next lock() opens a new session
         if code not in RESUMABLE_CODES:
-            return False
+            return ""  # the sidecar ended the stream on purpose: it released everything
         # A sidecar stopping cleanly (SIGTERM) sends `Lost` for every lock, releases,
         # then ends its streams UNAVAILABLE saying so: nothing is left to resume.
-        return "shutting down" not in details
+        if "shutting down" in details:
+            return ""
+        if not self.resume:
+            return " (resume=False)"
+        if not self.resume_token:
+            return (
+                "; the sidecar's store cannot resume sessions (it gave no resume token: "
+                "the embedded memory store), so its locks are gone"
+            )
+        return None
 
     def _expire(self, now: float) -> Optional[float]:
-        """While resuming: marks lost every lock whose safe time has passed; returns the
-        next time one will, or None when nothing is held any more (the session then
-        ends)."""
+        """While resuming: loses every lock whose TTL has passed since the break (the
+        store has let it go); returns the next time one will, or None when nothing is
+        held any more (the session then ends)."""
         if self.state is not RESUMING:
             return None
         why = (
             f"the stream to the sidecar broke ({self._broke_reason}) and the session was "
-            "not resumed while the lock was surely held"
+            "not resumed before the lock's TTL passed (the store has let it go)"
         )
         expired: List[LockBase] = []
-        for hk, until in list(self._safe_until.items()):
+        for hk, until in list(self._gone_by.items()):
             if until <= now:
-                del self._safe_until[hk]
+                del self._gone_by[hk]
                 expired.extend(self._held.pop(hk, ()))
         for lock in expired:
             lock._mark_lost(why, quiet=True)
@@ -782,11 +750,9 @@ class SessionBase:
         if not self._held:
             self._end(why, grpc.StatusCode.UNAVAILABLE)
             return None
-        return min(self._safe_until.values())
-
-    def _resume_deadline(self) -> float:
-        """While resuming: when the last held lock stops being surely held."""
-        return max(self._safe_until.values(), default=0.0)
+        if expired:
+            self._locks_changed()
+        return min(self._gone_by.values())
 
     def _resumed(self, started: Any, greeting: Sequence[Any]) -> List[bytes]:
         """A resume attempt was answered: `started` (the new `SessionStarted`), then
@@ -803,7 +769,7 @@ class SessionBase:
         """
         self.state = OPEN
         self.resume_token = started.resume_token
-        self._safe_until.clear()
+        self._gone_by.clear()
         self._jeopardy.clear()
         granted: Dict[HolderKey, Any] = {}
         lost: Dict[HolderKey, str] = {}
@@ -871,12 +837,17 @@ class SessionBase:
                 p.resolve(error=Unavailable("the session was resumed: ask again"))
             else:
                 p.resolve(error=Unavailable("the lock was lost while the sidecar was away"))
+        # Listed with their tokens: nobody else can have held them in between.
+        for locks in self._held.values():
+            for lock in locks:
+                lock._restore()
         log.warning(
-            "session %s resumed: %d lock(s) held, %d request(s) sent again",
+            "session %s resumed: %d lock(s) restored, %d request(s) sent again",
             self.session_id,
-            len(self._held),
+            sum(len(locks) for locks in self._held.values()),
             len(out),
         )
+        self._locks_changed()
         self._state_changed()
         return out
 

@@ -15,7 +15,6 @@ import grpc
 
 from lockside._core import (
     ANSWER_SLACK,
-    DEFAULT_RENEWAL_SLACK,
     DESCRIBE_METHOD,
     ENDED,
     FINAL_RESUME_CODES,
@@ -61,10 +60,17 @@ from lockside._stream import (
 class Lock(LockBase):
     """A held lock (from `Client.lock`); a context manager that releases on exit.
 
-    `lost` is a `threading.Event`, set when the sidecar sends `Lost` for the key, or
-    when the session's stream broke and the lock did not come back (see `Client`):
-    stop using the resource then. `release()` (and so leaving the `with` block without
-    another exception) raises `LockLost` if the lock was lost before it.
+    Use the resource only while `suspended` is not set:
+
+    - `suspended` (a `threading.Event`) is set the moment the session's stream breaks
+      (a live sidecar releases the lock within milliseconds then, and another holder
+      may have it), and cleared when the resumed session lists the lock again with its
+      token; `wait_restored(timeout)` waits for that. It stays set once the lock is
+      lost.
+    - `lost` (a `threading.Event`) is set, with `suspended`, when the lock is gone for
+      good: the sidecar sent `Lost` for the key, or the stream broke and the lock did
+      not come back (see `Client`). `release()` (and so leaving the `with` block
+      without another exception) then raises `LockLost`.
     """
 
     _session: "_Session"
@@ -74,12 +80,29 @@ class Lock(LockBase):
     ):
         super().__init__(session, key, holder, granted, ttl_asked)
         self.lost = threading.Event()
+        self.suspended = threading.Event()
         # The client, kept alive while its lock is (`Client.lock` sets it): a lock in
         # hand is held, even when the client itself is no longer referenced.
         self._client: Optional["Client"] = None
 
     def _signal_lost(self) -> None:
         self.lost.set()
+
+    def _signal_suspended(self, suspended: bool) -> None:
+        if suspended:
+            self.suspended.set()
+        else:
+            self.suspended.clear()
+
+    def wait_restored(self, timeout: Optional[float] = None) -> bool:
+        """Waits while the lock is suspended: True once it may be used (at once when it
+        is not suspended), False when it is lost or released, or still suspended after
+        `timeout` seconds (None: wait for the outcome; it comes at the latest when the
+        lock's TTL has passed since the break)."""
+        changed = self._session._changed
+        with changed:
+            changed.wait_for(lambda: not self._suspended or self._state != "held", timeout)
+            return self._usable()
 
     def proclaim(self, value: "bytes | str") -> None:
         """Replaces the lock's value (what `describe()` and `watch()` show of this
@@ -344,7 +367,7 @@ class _Session(SessionBase):
         wait_for_ready: bool,
         timeout: float,
     ):
-        super().__init__(client.resume, client.renewal_slack)
+        super().__init__(client.resume)
         self._conn = conn
         self._metadata = client._metadata
         self._mu = threading.Lock()
@@ -400,11 +423,11 @@ class _Session(SessionBase):
         return f"{code.name}: {details}"
 
     def _arm_expiry(self) -> None:
-        """Marks keys lost when their safe time passes: one timer, for the next such
-        time (mutex held; a timer that fires a little early is armed again)."""
-        if not self._safe_until:
+        """Loses locks when their TTL since the break passes: one timer, for the next
+        such time (mutex held; a timer that fires a little early is armed again)."""
+        if not self._gone_by:
             return
-        at = min(self._safe_until.values())
+        at = min(self._gone_by.values())
         timer = threading.Timer(max(0.0, at - time.monotonic()), self._on_expiry)
         timer.daemon = True
         timer.start()
@@ -421,6 +444,9 @@ class _Session(SessionBase):
         timers, self._timers = self._timers, []
         for timer in timers:
             timer.cancel()
+        self._changed.notify_all()
+
+    def _locks_changed(self) -> None:
         self._changed.notify_all()
 
     def _resume(self) -> Optional[_Stream]:
@@ -505,11 +531,12 @@ class _Session(SessionBase):
         for grants in self._held.values():
             for lock in grants:
                 assert isinstance(lock, Lock)
-                reinit = getattr(lock.lost, "_at_fork_reinit", None)
-                if reinit is not None:
-                    reinit()
-                else:  # pragma: no cover - CPython has it since 3.9
-                    lock.lost = threading.Event()
+                for name in ("lost", "suspended"):
+                    reinit = getattr(getattr(lock, name), "_at_fork_reinit", None)
+                    if reinit is not None:
+                        reinit()
+                    else:  # pragma: no cover - CPython has it since 3.9
+                        setattr(lock, name, threading.Event())
         super()._inherited()
 
     def _ready(self) -> None:
@@ -667,24 +694,26 @@ class Client:
     A client garbage-collected without `close()` ends its session (releasing its locks)
     with a `ResourceWarning`; a lock in hand keeps its client alive.
 
-    If the stream breaks as if the sidecar died (UNAVAILABLE, a reset connection) while
-    the session holds locks, the client resumes the session with its resume token, on
-    the restarted sidecar or any other of the same store and namespace at `addr`,
-    retrying with backoff: the locks come back with the same session id, fencing tokens
-    and hold counts, and `lost` is not set. A lock is lost when it comes back `Lost`, does
-    not come back, or is not back while it is surely held: `TTL × 2/3 − renewal_slack −
-    TTL/100` after the break (4.5 s for the default 10 s TTL), or what `Jeopardy` said.
-    Waits in progress when the stream breaks fail with `Unavailable` (the sidecar does
-    not resume them); `lock()` calls made while the session resumes wait for it. A
-    session that cannot be resumed, or ends otherwise, loses every lock, and the next
-    `lock()` opens a new session.
+    If the stream breaks (UNAVAILABLE: a reset connection, a keepalive that fired, a
+    sidecar that died) while the session holds locks, every lock is suspended at once
+    (`lock.suspended` set: stop using it; a live sidecar releases it within
+    milliseconds), and the client resumes the session with its resume token, on the
+    restarted sidecar or any other of the same store and namespace at `addr`, retrying
+    with backoff. A lock the resumed session lists with its token is restored
+    (`suspended` cleared; the same session id, fencing token and hold count); one it
+    does not list, or lists `Lost`, is lost, and so is every lock still suspended when
+    its TTL has passed since the break (or the time `Jeopardy` gave), the store having
+    let it go. A store that cannot resume sessions (the embedded memory store: no resume
+    token) makes a break lose every lock at once. Waits in progress when the stream
+    breaks fail with `Unavailable` (the sidecar does not resume them); `lock()` calls
+    made while the session resumes wait for it. A session that cannot be resumed, or
+    ends otherwise, loses every lock, and the next `lock()` opens a new session.
 
     Options: `client_name` (shown by `describe()`), `auth_token` (the sidecar's
     `--auth-token-file`), `credentials` (`grpc.ssl_channel_credentials(...)` for a TLS
     sidecar), `options` (extra gRPC channel options), `connect_timeout` (seconds to
     wait for a new session), `resume` (False: any broken stream loses every lock at
-    once), `renewal_slack` (seconds; twice the sidecar's `--store-timeout`),
-    `wait_for_sidecar` (seconds a new session waits for a sidecar that is not there
+    once), `wait_for_sidecar` (seconds a new session waits for a sidecar that is not there
     yet, logging one line; 0, the default: nothing listening at `addr` fails at once).
     """
 
@@ -698,13 +727,11 @@ class Client:
         options: Sequence[Tuple[str, Any]] = (),
         connect_timeout: float = 10.0,
         resume: bool = True,
-        renewal_slack: float = DEFAULT_RENEWAL_SLACK,
         wait_for_sidecar: float = 0.0,
     ):
         self.addr = addr or default_addr()
         self.connect_timeout = connect_timeout
         self.resume = resume
-        self.renewal_slack = renewal_slack
         self.wait_for_sidecar = wait_for_sidecar
         self._credentials = credentials
         self._options = KEEPALIVE_OPTIONS + list(options)
@@ -856,8 +883,9 @@ class Client:
         return description(resp)
 
     def close(self) -> None:
-        """Ends the session (the sidecar releases every lock it holds; their `lost` is
-        set, and `release()` of them does nothing) and closes the channel. Idempotent."""
+        """Ends the session (the sidecar releases every lock it holds; their `lost` and
+        `suspended` are set, and `release()` of them does nothing) and closes the
+        channel. Idempotent."""
         with self._mu:
             if self._closed:
                 return

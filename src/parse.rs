@@ -7,6 +7,9 @@ use std::time::Duration;
 /// Parses `250ms`, `10s`, `5m`, `1h` (a bare number is seconds).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
+    if s.starts_with('-') {
+        return Err(format!("{s:?}: a duration cannot be negative"));
+    }
     let split = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(s.len());

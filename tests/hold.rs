@@ -615,3 +615,38 @@ async fn no_sidecar_fails_at_once_unless_asked_to_wait_for_one() {
         "said once: {rest}"
     );
 }
+
+/// Issue 28: the CLI explains itself. `--help` lists the exit statuses; a negative
+/// wait is refused as such (clap would suggest `-- -1s`); the command may follow the
+/// key without `--`; `--client-name` names the holder in `describe`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_explains_itself() {
+    let (sidecar, client) = memory_sidecar().await;
+    let (code, help, _) = words(&sidecar.addr, &["hold", "--help"]).await;
+    assert_eq!(code, 0);
+    assert!(
+        help.contains("Exit statuses") && help.contains("77"),
+        "{help}"
+    );
+    let (code, _, said) = words(&sidecar.addr, &["hold", "x", "--wait", "-1s", "--", "true"]).await;
+    assert_eq!(code, 64);
+    assert!(
+        said.contains("cannot be negative") && !said.contains("-- -1"),
+        "{said}"
+    );
+    assert_eq!(
+        run(&sidecar.addr, &["k1", "true"]).await,
+        0,
+        "no `--` needed"
+    );
+    let child = hold(
+        &sidecar.addr,
+        &["k2", "--client-name", "web-1", "--", "sleep", "30"],
+    )
+    .spawn()
+    .expect("spawn");
+    held(&client, "k2").await;
+    let state = client.describe("k2").await.expect("describe");
+    assert_eq!(state.holders[0].client_name, "web-1");
+    drop(child);
+}

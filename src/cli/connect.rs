@@ -40,6 +40,10 @@ pub struct ConnectArgs {
     /// that may start before its sidecar); by default, fail at once.
     #[arg(long, env = "LOCKSIDE_WAIT_FOR_SIDECAR", value_parser = crate::parse::parse_duration)]
     pub wait_for_sidecar: Option<std::time::Duration>,
+
+    /// This client's name, shown by `describe` and `watch` beside its session.
+    #[arg(long, env = "LOCKSIDE_CLIENT_NAME")]
+    pub client_name: Option<String>,
 }
 
 impl ConnectArgs {
@@ -78,6 +82,7 @@ impl ConnectArgs {
             auth_token,
             tls,
             wait_for_sidecar: self.wait_for_sidecar,
+            client_name: self.client_name.clone(),
         })
     }
 }

@@ -36,7 +36,7 @@ pub struct ElectArgs {
 
     /// The TTL of leadership (default: the sidecar's): if this candidate's sidecar
     /// dies, the next leader takes over after at most this long.
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = parse_duration, allow_hyphen_values = true)]
     pub ttl: Option<Duration>,
 
     /// The command, and how it is stopped.

@@ -49,13 +49,31 @@ pub enum ModeArg {
 #[derive(Debug, Args)]
 pub struct CommandArgs {
     /// After the lock is lost, how long CMD has to stop after SIGTERM before SIGKILL.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub kill_grace: Duration,
 
-    /// The command to run while holding the lock.
-    #[arg(last = true, required = true)]
+    /// The command to run while holding the lock, after `--` (or after the key, when
+    /// it takes no flag of its own).
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
     pub command: Vec<String>,
 }
+
+/// The exit statuses of `hold` and `elect`, for their `--help`.
+pub const EXIT_STATUSES: &str = "\
+Exit statuses:
+  CMD's own      CMD ran and exited (128 + N if signal N ended it); the lock was then released
+  75             the lock was not acquired within --wait
+  77             the lock was lost while CMD ran: CMD got SIGTERM, then SIGKILL after --kill-grace
+                 (while the stream to the sidecar is broken, CMD is stopped with SIGSTOP, and
+                 goes on with SIGCONT if the session comes back with the lock)
+  69             the sidecar could not be reached or refused the request
+  127            CMD could not be started
+  64             bad flags";
 
 /// Flags of `lockside hold`.
 #[derive(Debug, Args)]
@@ -68,11 +86,11 @@ pub struct HoldArgs {
     pub connect: ConnectArgs,
 
     /// How long to wait for the lock (default: as long as the sidecar allows, 24 h).
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = parse_duration, allow_hyphen_values = true)]
     pub wait: Option<Duration>,
 
     /// The lock's TTL (default: the sidecar's).
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = parse_duration, allow_hyphen_values = true)]
     pub ttl: Option<Duration>,
 
     /// Exclusive or shared.

@@ -57,10 +57,12 @@ pub struct Cli {
 pub enum CliCommand {
     /// Run the sidecar.
     Serve(Box<ServeArgs>),
-    /// Run a command while holding a lock, like `etcdctl lock` (exit statuses: README).
+    /// Run a command while holding a lock, like `etcdctl lock`.
+    #[command(after_help = hold::EXIT_STATUSES)]
     Hold(HoldArgs),
     /// Run a command while leading an election: campaign in turn, run CMD as leader,
-    /// like `hold` (exit statuses: README).
+    /// like `hold`.
+    #[command(after_help = hold::EXIT_STATUSES)]
     Elect(ElectArgs),
     /// Print the value of an election's leader (exit 3 when nobody leads).
     Leader(LeaderArgs),

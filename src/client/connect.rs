@@ -25,6 +25,9 @@ pub struct ConnectOptions {
     /// that starts before its sidecar), saying so once in the log. `None`: fail at
     /// once, naming the address and the cause.
     pub wait_for_sidecar: Option<Duration>,
+    /// This client's name, shown by `Describe` and `Watch` beside its session (the
+    /// `lockside-client-name` header; ASCII).
+    pub client_name: Option<String>,
 }
 
 impl std::fmt::Debug for ConnectOptions {
@@ -49,19 +52,27 @@ pub struct ClientTls {
     pub server_name: Option<String>,
 }
 
-/// Adds the bearer token, if any, to every call.
+/// Adds the bearer token and the client's name, if any, to every call.
 #[derive(Clone, Debug)]
-pub struct Bearer(pub(super) Option<MetadataValue<Ascii>>);
+pub struct Bearer {
+    pub(super) token: Option<MetadataValue<Ascii>>,
+    pub(super) client_name: Option<MetadataValue<Ascii>>,
+}
 
 impl Interceptor for Bearer {
     fn call(
         &mut self,
         mut request: tonic::Request<()>,
     ) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(token) = &self.0 {
+        if let Some(token) = &self.token {
             request
                 .metadata_mut()
                 .insert("authorization", token.clone());
+        }
+        if let Some(name) = &self.client_name {
+            request
+                .metadata_mut()
+                .insert(crate::proto::limits::CLIENT_NAME_HEADER, name.clone());
         }
         Ok(request)
     }

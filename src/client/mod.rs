@@ -186,8 +186,15 @@ impl Client {
                     .map_err(|_| ClientError::Settings("the token is not ASCII".into()))?,
             ),
         };
+        let client_name = match &options.client_name {
+            None => None,
+            Some(name) => Some(name.parse().map_err(|_| {
+                ClientError::Settings("the client name is not printable ASCII".into())
+            })?),
+        };
+        let interceptor = Bearer { token, client_name };
         Ok(Self {
-            grpc: LockServiceClient::with_interceptor(channel.clone(), Bearer(token)),
+            grpc: LockServiceClient::with_interceptor(channel.clone(), interceptor),
             channel,
         })
     }

@@ -28,7 +28,19 @@
 import { EventEmitter } from 'node:events';
 import * as grpc from '@grpc/grpc-js';
 import * as protoLoader from '@grpc/proto-loader';
-import { descriptor } from './descriptor.generated.js';
+import { descriptor } from './gen/descriptor.js';
+import type { ProtoGrpcType } from './gen/lockside.js';
+import type { Duration__Output } from './gen/google/protobuf/Duration.js';
+import type { Acquire } from './gen/lockside/v1/Acquire.js';
+import type { DescribeResponse__Output } from './gen/lockside/v1/DescribeResponse.js';
+import type { Granted__Output } from './gen/lockside/v1/Granted.js';
+import type { LeaseRequest } from './gen/lockside/v1/LeaseRequest.js';
+import type { LeaseResponse__Output } from './gen/lockside/v1/LeaseResponse.js';
+import type { LockServiceClient } from './gen/lockside/v1/LockService.js';
+import type { NotAcquired__Output } from './gen/lockside/v1/NotAcquired.js';
+import type { Proclaimed__Output } from './gen/lockside/v1/Proclaimed.js';
+import type { Rejected__Output } from './gen/lockside/v1/Rejected.js';
+import type { Released__Output } from './gen/lockside/v1/Released.js';
 
 /** Where clients find the sidecar unless told otherwise. */
 export const DEFAULT_ADDR = '127.0.0.1:7420';
@@ -194,60 +206,16 @@ function checkSize(key: string, holder: string, value: Buffer): void {
   }
 }
 
-// -- wire types (as @grpc/proto-loader decodes them: longs as strings) -----------
+// -- wire types: generated into src/gen/ by scripts/build.mjs ------------------------
+// (`__Output`: as @grpc/proto-loader decodes a message with the options below; the
+// plain name: what grpc-js accepts to encode.)
 
-interface Duration {
-  seconds: string;
-  nanos: number;
-}
-interface GrantedMsg {
-  requestId: string;
-  key: string;
-  fencingToken: string;
-  ttl: Duration | null;
-  holdCount: number;
-  holder: string;
-}
-interface AnswerMsg {
-  requestId: string;
-  key: string;
-  holder?: string;
-  value?: Buffer;
-  reason?: string;
-  code?: number;
-  message?: string;
-  holdCount?: number;
-}
-interface LeaseResponse {
-  event?: string;
-  started?: { sessionId: string; defaultTtl: Duration | null; resumeToken?: string; resumedLocks?: number };
-  granted?: GrantedMsg;
-  waiting?: AnswerMsg & { position: number };
-  notAcquired?: AnswerMsg;
-  released?: AnswerMsg;
-  rejected?: AnswerMsg;
-  proclaimed?: AnswerMsg;
-  lost?: { key: string; reason: string; fencingToken: string; holder: string };
-  jeopardy?: { key: string; ttlRemaining: Duration | null; holder: string };
-  restored?: { key: string; ttl: Duration | null; holder: string };
-}
-interface DescribeResponseMsg {
-  key: string;
-  mode: string;
-  limit: number;
-  holders: {
-    sessionId: string;
-    holdCount: number;
-    ttlRemaining: Duration | null;
-    clientName: string;
-    value: Buffer;
-    fencingToken: string;
-    holder: string;
-  }[];
-  waiters: number;
-  fencingToken: string;
-  queue: { sessionId: string; clientName: string; mode: string; position: number; holder: string }[];
-}
+type Duration = Duration__Output;
+type GrantedMsg = Granted__Output;
+type LeaseResponse = LeaseResponse__Output;
+type DescribeResponseMsg = DescribeResponse__Output;
+/** A final answer to a request, matched to it by `requestId`. */
+type AnswerMsg = Granted__Output | NotAcquired__Output | Released__Output | Rejected__Output | Proclaimed__Output;
 
 /** The longest delay a Node timer takes: a longer one fires at once, with a
  * TimeoutOverflowWarning. */
@@ -278,25 +246,12 @@ function duration(name: string, value: number): { seconds: number; nanos: number
   return { seconds: whole, nanos: Math.round((value - whole) * 1e9) };
 }
 
-type LeaseCall = grpc.ClientDuplexStream<Record<string, unknown>, LeaseResponse>;
-type WatchCall = grpc.ClientReadableStream<{ state: DescribeResponseMsg | null }>;
-interface LockServiceClient extends grpc.Client {
-  Lease(metadata: grpc.Metadata, options?: grpc.CallOptions): LeaseCall;
-  Watch(request: { key: string }, metadata: grpc.Metadata, options?: grpc.CallOptions): WatchCall;
-  Describe(
-    request: { key: string },
-    metadata: grpc.Metadata,
-    options: grpc.CallOptions,
-    callback: (err: grpc.ServiceError | null, res?: DescribeResponseMsg) => void,
-  ): grpc.ClientUnaryCall;
-}
-type LockServiceCtor = new (
-  address: string,
-  credentials: grpc.ChannelCredentials,
-  options?: grpc.ChannelOptions,
-) => LockServiceClient;
+type LeaseCall = grpc.ClientDuplexStream<LeaseRequest, LeaseResponse>;
+type LockServiceCtor = ProtoGrpcType['lockside']['v1']['LockService'];
 
 let serviceCtor: LockServiceCtor | undefined;
+/** The generated client's constructor. The options are those scripts/build.mjs
+ * generates the wire types with: the types say what this decodes. */
 function lockService(): LockServiceCtor {
   if (!serviceCtor) {
     const definition = protoLoader.fromJSON(descriptor, {
@@ -305,9 +260,7 @@ function lockService(): LockServiceCtor {
       defaults: true,
       oneofs: true, // `event` names the field that is set
     });
-    const pkg = grpc.loadPackageDefinition(definition) as unknown as {
-      lockside: { v1: { LockService: LockServiceCtor } };
-    };
+    const pkg = grpc.loadPackageDefinition(definition) as unknown as ProtoGrpcType;
     serviceCtor = pkg.lockside.v1.LockService;
   }
   return serviceCtor;
@@ -622,8 +575,8 @@ export class Lock extends EventEmitter<LockEvents> {
 
 // -- one session ------------------------------------------------------------------
 
-/** A request sent on the stream, as grpc-js encodes it. */
-type Request = Record<string, unknown>;
+/** A request sent on the stream. */
+type Request = LeaseRequest;
 
 interface Pending {
   kind: 'acquire' | 'release' | 'proclaim';
@@ -1220,7 +1173,9 @@ class Session {
       for (const rid of unanswered.slice(0, applied)) {
         const done = this.pending.get(rid)!;
         this.pending.delete(rid);
-        done.settle({ event: 'released', released: { requestId: rid, key: back.key, holder: done.holder } }, null);
+        // (Holds left: the store's count, which counts these releases as applied.)
+        const released = { requestId: rid, key: back.key, holdCount: back.holdCount, holder: done.holder };
+        done.settle({ event: 'released', released }, null);
       }
       const surplus = back.holdCount + applied - locks.length;
       if (surplus < 0) {
@@ -1310,7 +1265,7 @@ class Session {
     const wait = opts.wait ?? MAX_WAIT_SECONDS;
     const value = toValue('value', opts.value);
     checkSize(key, holder, value);
-    const acquire: Record<string, unknown> = {
+    const acquire: Acquire = {
       key,
       mode: opts.shared ? 'LOCK_MODE_SHARED' : 'LOCK_MODE_EXCLUSIVE',
       limit,

@@ -1,7 +1,7 @@
 // Opening a session: finding a sidecar at the address (or waiting for one to start, if
 // the caller allows), and telling "nobody listens there" from a sidecar that is slow.
 import * as grpc from '@grpc/grpc-js';
-import { Unavailable } from './errors.js';
+import { Unavailable, causedBy } from './errors.js';
 import { Session } from './session.js';
 import { MAX_TIMER_MS, later } from './timers.js';
 import type { LeaseCall, LockServiceClient } from './wire.js';
@@ -79,25 +79,25 @@ export async function openSession(
       if (await readyWithin(stub, RECONNECT_GRACE_MS)) continue;
     }
     const hint = timing.waitForSidecar > 0 ? ` (waited ${timing.waitForSidecar} s)` : '; to wait for one, pass { waitForSidecar: seconds }';
-    throw new Unavailable(`no sidecar at ${addr}: ${opened.noSidecar}${hint}`, grpc.status.UNAVAILABLE);
+    throw new Unavailable(`no sidecar at ${addr}: ${opened.noSidecar}${hint}`, grpc.status.UNAVAILABLE, causedBy(opened.status));
   }
 }
 
-/** One Lease stream: the session once it starts; `noSidecar` (why) when the stream
- * failed UNAVAILABLE before any sidecar answered; rejects otherwise. */
+/** One Lease stream: the session once it starts; `noSidecar` (why, from `status`) when
+ * the stream failed UNAVAILABLE before any sidecar answered; rejects otherwise. */
 function attempt(
   addr: string,
   stub: LockServiceClient,
   metadata: grpc.Metadata,
   timeoutS: number,
   options: { resume: boolean },
-): Promise<Session | { noSidecar: string }> {
+): Promise<Session | { noSidecar: string; status: grpc.ServiceError }> {
   return new Promise((resolve, reject) => {
     let call: LeaseCall;
     try {
       call = stub.Lease(metadata);
     } catch (e) {
-      reject(new Unavailable(`cannot open a session: ${(e as Error).message}`)); // the channel is closed
+      reject(new Unavailable(`cannot open a session: ${(e as Error).message}`, undefined, causedBy(e))); // the channel is closed
       return;
     }
     let answered = false; // response headers came: a sidecar is there
@@ -110,7 +110,7 @@ function attempt(
     session.start((err, status) => {
       timer.cancel();
       if (!err) resolve(session);
-      else if (status?.code === grpc.status.UNAVAILABLE && !answered) resolve({ noSidecar: connectError(status) });
+      else if (status?.code === grpc.status.UNAVAILABLE && !answered) resolve({ noSidecar: connectError(status), status });
       else reject(err);
     });
   });

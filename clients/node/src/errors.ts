@@ -1,14 +1,18 @@
-// The errors this package throws, and the one place where a gRPC status becomes one of
-// them (`callError`, `statusText`). Expected outcomes the sidecar answers on the stream
-// (NotAcquired, Rejected, Lost) are errors here too: a caller awaits a lock or a throw.
+// The errors this package throws, and how a gRPC status becomes one of them
+// (`callError`, `statusText`, `causedBy`). Expected outcomes the sidecar answers on the
+// stream (NotAcquired, Rejected, Lost) are errors here too: a caller awaits a lock or a
+// throw. An error made from a gRPC status (a failed call, a stream that ended) keeps
+// that status as its `cause` (the grpc-js `ServiceError`: `code`, `details`,
+// `metadata`), as an error made from another error keeps that one.
 import * as grpc from '@grpc/grpc-js';
 
 /** Base class of every error this package throws. */
 export class LocksideError extends Error {
   /** The key the failed request was about, when there is one. */
   readonly key?: string;
-  constructor(message: string, key?: string) {
-    super(message);
+  /** `options.cause`: the error this one was made from (ES2022 `Error` cause). */
+  constructor(message: string, key?: string, options?: ErrorOptions) {
+    super(message, options);
     this.name = new.target.name;
     this.key = key;
   }
@@ -41,9 +45,9 @@ export class Rejected extends LocksideError {
   readonly codeName: string;
   /** The sidecar's explanation. */
   readonly details: string;
-  constructor(key: string, code: number, details: string) {
+  constructor(key: string, code: number, details: string, options?: ErrorOptions) {
     const codeName = (grpc.status as unknown as Record<number, string>)[code] ?? 'UNKNOWN_CODE';
-    super(`request for ${shortKey(key)} rejected: ${codeName} (${code}): ${details}`, key);
+    super(`request for ${shortKey(key)} rejected: ${codeName} (${code}): ${details}`, key, options);
     this.code = code;
     this.codeName = codeName;
     this.details = details;
@@ -58,8 +62,8 @@ export class Rejected extends LocksideError {
 export class LockLost extends LocksideError {
   readonly reason: string;
   readonly fencingToken: bigint;
-  constructor(key: string, reason: string, fencingToken: bigint) {
-    super(`lock ${shortKey(key)} lost: ${reason}`, key);
+  constructor(key: string, reason: string, fencingToken: bigint, options?: ErrorOptions) {
+    super(`lock ${shortKey(key)} lost: ${reason}`, key, options);
     this.reason = reason;
     this.fencingToken = fencingToken;
   }
@@ -85,8 +89,8 @@ export class LockSuspended extends LocksideError {
 export class Unavailable extends LocksideError {
   /** The gRPC status code of the stream or call, when there was one. */
   readonly code?: number;
-  constructor(message: string, code?: number) {
-    super(message);
+  constructor(message: string, code?: number, options?: ErrorOptions) {
+    super(message, undefined, options);
     this.code = code;
   }
 }
@@ -96,13 +100,19 @@ export function shortKey(key: string): string {
   return key.length <= 80 ? JSON.stringify(key) : `${JSON.stringify(key.slice(0, 60))}... (${key.length} characters)`;
 }
 
+/** `{ cause }` for an error made from `err`, when there is one (no `cause` property
+ * at all otherwise). */
+export function causedBy(err: unknown): ErrorOptions | undefined {
+  return err === undefined || err === null ? undefined : { cause: err };
+}
+
 /** A failed unary or server-streaming call as this package's error. */
 export function callError(what: string, key: string, err: grpc.ServiceError | undefined): LocksideError {
   const code = err?.code;
   if (code === undefined || [grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED, grpc.status.CANCELLED].includes(code)) {
-    return new Unavailable(`${what} ${shortKey(key)}: ${err?.details ?? 'no answer'}`, code);
+    return new Unavailable(`${what} ${shortKey(key)}: ${err?.details ?? 'no answer'}`, code, causedBy(err));
   }
-  return new Rejected(key, code, err!.details);
+  return new Rejected(key, code, err!.details, causedBy(err));
 }
 
 /** A gRPC status as error messages and loss reasons show it: `CODE: details`. */

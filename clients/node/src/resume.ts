@@ -37,6 +37,13 @@ export function resumable(code: number | undefined, details: string): boolean {
   );
 }
 
+/** Why a resume attempt failed: its status, when it ended with one. */
+interface Failed {
+  why: string;
+  code?: number;
+  status?: grpc.ServiceError;
+}
+
 /**
  * The resume of one session after one break, from the moment its locks are suspended
  * until it is open again (`takeOver`) or ended (a lock lost per TTL passed, resuming
@@ -52,10 +59,11 @@ export class Resume {
   /** The resume attempt in flight. */
   private attempt?: LeaseCall;
 
-  /** `brokeReason`: how the stream broke. */
+  /** `brokeReason`: how the stream broke; `brokeBy`: its status. */
   constructor(
     private readonly session: Session,
     private readonly brokeReason: string,
+    private readonly brokeBy?: grpc.ServiceError,
   ) {}
 
   /** Starts the clock on every held lock and the attempts. */
@@ -96,7 +104,7 @@ export class Resume {
       this.session.held.delete(s);
     }
     if (this.session.held.size === 0) {
-      this.session.end(why, grpc.status.UNAVAILABLE);
+      this.session.end(why, grpc.status.UNAVAILABLE, this.brokeBy);
       return undefined;
     }
     return Math.min(...this.goneBy.values());
@@ -129,7 +137,7 @@ export class Resume {
       call.cancel();
       this.resumeFailed = failed.why;
       if (failed.code !== undefined && FINAL_RESUME_CODES.has(failed.code)) {
-        this.session.end(`${this.brokeReason}; resuming failed: ${failed.why}`, failed.code);
+        this.session.end(`${this.brokeReason}; resuming failed: ${failed.why}`, failed.code, failed.status);
         return;
       }
       let timer: NodeJS.Timeout | undefined;
@@ -142,12 +150,12 @@ export class Resume {
   /** Reads a resume attempt's SessionStarted and the Granted/Lost events that follow,
    * and then makes the stream the session's, in the same tick (so that no message
    * after them goes unrouted). Resolves undefined then, else why it failed. */
-  private greeting(call: LeaseCall): Promise<{ why: string; code?: number } | undefined> {
+  private greeting(call: LeaseCall): Promise<Failed | undefined> {
     return new Promise((resolve) => {
       let started: StartedMsg | undefined;
       const events: LeaseResponse[] = [];
       let over = false;
-      const finish = (failed: { why: string; code?: number } | undefined) => {
+      const finish = (failed: Failed | undefined) => {
         if (over) return;
         over = true;
         call.removeListener('data', onData);
@@ -170,7 +178,7 @@ export class Resume {
         this.takeOver(call, started, events);
       };
       call.on('data', onData);
-      call.on('error', (err: grpc.ServiceError) => finish({ why: statusText(err), code: err.code }));
+      call.on('error', (err: grpc.ServiceError) => finish({ why: statusText(err), code: err.code, status: err }));
       call.on('status', (status: grpc.StatusObject) =>
         finish({ why: `${grpc.status[status.code] ?? status.code}: ${status.details}`, code: status.code }),
       );

@@ -7,6 +7,7 @@ import {
   type NotAcquiredReason,
   Rejected,
   Unavailable,
+  causedBy,
   shortKey,
   statusText,
 } from './errors.js';
@@ -58,6 +59,8 @@ const ANSWERS = new Set(['granted', 'notAcquired', 'rejected', 'released', 'proc
 export class Session {
   sessionId = '';
   ended?: string;
+  /** The status the stream ended with, when that ended the session. */
+  private endedBy?: Error;
   state: 'open' | 'resuming' | 'ended' = 'open';
   private defaultTtl = 0;
   private nextId = 1;
@@ -116,8 +119,8 @@ export class Session {
     const fail = (reason: string, code?: number, status?: grpc.ServiceError) => {
       if (!first) return;
       first = false;
-      opened(new Unavailable(`cannot open a session: ${reason}`, code), status);
-      this.end(reason, code);
+      opened(new Unavailable(`cannot open a session: ${reason}`, code, causedBy(status)), status);
+      this.end(reason, code, status);
     };
     call.on('error', (err: grpc.ServiceError) => fail(statusText(err), err.code, err));
     call.on('status', () => fail('the stream ended'));
@@ -132,7 +135,7 @@ export class Session {
   /** Follows the end of `call`, the session's stream (once it has started). */
   private follow(call: LeaseCall): void {
     let over = false;
-    const ended = (code: number | undefined, details: string) => {
+    const ended = (code: number | undefined, details: string, cause?: grpc.ServiceError) => {
       if (over) return;
       over = true;
       if (call !== this.call) return; // an old stream
@@ -141,10 +144,10 @@ export class Session {
         : code === undefined || code === grpc.status.OK
           ? 'closed by the sidecar'
           : `${grpc.status[code] ?? code}: ${details}`;
-      this.broke(reason, code, details);
+      this.broke(reason, code, details, cause);
     };
     // An 'error' (a status other than OK) comes before 'status', which always comes.
-    call.on('error', (err: grpc.ServiceError) => ended(err.code, String(err.details ?? err.message)));
+    call.on('error', (err: grpc.ServiceError) => ended(err.code, String(err.details ?? err.message), err));
     call.on('status', (status: grpc.StatusObject) => ended(status.code, status.details));
   }
 
@@ -244,13 +247,15 @@ export class Session {
     }
   }
 
-  /** The session is over: fail what waits, lose what is held. */
-  end(reason: string, code?: number): void {
+  /** The session is over: fail what waits, lose what is held. `cause`: the status the
+   * stream ended with, if that ended it. */
+  end(reason: string, code?: number, cause?: Error): void {
     if (this.state === 'ended') return;
     this.state = 'ended';
     this.ended = reason;
+    this.endedBy = cause;
     for (const pending of this.pending.values()) {
-      pending.settle(null, new Unavailable(`lease stream ended: ${reason}`, code));
+      pending.settle(null, new Unavailable(`lease stream ended: ${reason}`, code, causedBy(cause)));
     }
     this.pending.clear();
     for (const locks of this.held.values()) for (const lock of locks) lock._markLost(reason);
@@ -266,12 +271,12 @@ export class Session {
     this.markSettled();
   }
 
-  /** The stream ended with `code`: suspend every lock and resume the session, or end
-   * it (every lock lost). */
-  private broke(reason: string, code: number | undefined, details: string): void {
+  /** The stream ended with `code` (`cause`: its status, unless OK): suspend every lock
+   * and resume the session, or end it (every lock lost). */
+  private broke(reason: string, code: number | undefined, details: string, cause?: grpc.ServiceError): void {
     if (this.state === 'ended') return;
     if (this.closing) {
-      this.end('client closed', code);
+      this.end('client closed', code, cause);
       return;
     }
     if (this.held.size > 0 && this.resumeToken === '' && this.options.resume) {
@@ -280,7 +285,7 @@ export class Session {
       reason = `${reason}; the sidecar's store cannot resume sessions (no resume token)`;
     }
     if (!(this.options.resume && this.resumeToken !== '' && this.held.size > 0 && resumable(code, details))) {
-      this.end(reason, code);
+      this.end(reason, code, cause);
       return;
     }
     this.state = 'resuming';
@@ -298,10 +303,11 @@ export class Session {
         new Unavailable(
           `the stream to the sidecar broke while waiting (${reason}); the sidecar does not resume waits in progress: ask again`,
           code,
+          causedBy(cause),
         ),
       );
     }
-    this.resume = new Resume(this, reason);
+    this.resume = new Resume(this, reason, cause);
     this.resume.start();
   }
 
@@ -310,7 +316,7 @@ export class Session {
   /** Waits while the session resumes; throws if it ended. */
   private async ready(): Promise<void> {
     while (this.state === 'resuming') await this.settled;
-    if (this.state === 'ended') throw new Unavailable(`lease stream ended: ${this.ended}`);
+    if (this.state === 'ended') throw new Unavailable(`lease stream ended: ${this.ended}`, undefined, causedBy(this.endedBy));
   }
 
   private request(
@@ -423,7 +429,7 @@ export class Session {
       if (lock.lostReason === undefined) lock.lostReason = error?.message ?? 'lost';
       lock._state = 'released';
       this.forget(lock);
-      throw new LockLost(lock.key, lock.lostReason, lock.fencingToken);
+      throw new LockLost(lock.key, lock.lostReason, lock.fencingToken, causedBy(error));
     }
     if (error) throw error;
     const r = resp!.rejected!;
@@ -435,7 +441,7 @@ export class Session {
     checkSize(lock.key, lock.holder, bytes);
     if (lock._state === 'lost') throw new LockLost(lock.key, lock.lostReason ?? 'lost', lock.fencingToken);
     if (lock._state === 'released') throw new LocksideError(`lock ${shortKey(lock.key)} was released`, lock.key);
-    if (this.state === 'ended') throw new Unavailable(`lease stream ended: ${this.ended}`);
+    if (this.state === 'ended') throw new Unavailable(`lease stream ended: ${this.ended}`, undefined, causedBy(this.endedBy));
     const rid = this.newId();
     const message = { proclaim: { requestId: rid, key: lock.key, value: bytes, holder: lock.holder } };
     const resp = (await this.request('proclaim', lock.key, lock.holder, message, rid, ANSWER_SLACK_SECONDS)).response!;

@@ -6,7 +6,6 @@ import io.grpc.stub.ClientCallStreamObserver;
 import io.grpc.stub.ClientResponseObserver;
 import io.grpc.stub.MetadataUtils;
 import java.lang.System.Logger.Level;
-import java.net.ConnectException;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.EnumSet;
@@ -293,7 +292,7 @@ final class Session {
             case STARTING:
                 if (patient && firstFailure == null && status.getCode() == Status.Code.UNAVAILABLE && !closing) {
                     firstFailure = status;
-                    core.channel.resetConnectBackoff();
+                    core.reconnectNow();
                     Stream again = new Stream(false, true);
                     stream = again;
                     again.open(null);
@@ -303,7 +302,7 @@ final class Session {
                     }
                     break;
                 }
-                end(core.unreachable(firstFailure != null ? firstFailure : status), false);
+                end(Calls.unreachable(core.address, firstFailure != null ? firstFailure : status), false);
                 break;
             case OPEN:
                 broke(status);
@@ -319,7 +318,7 @@ final class Session {
     // -- breaking and resuming -------------------------------------------------
 
     private void broke(Status status) {
-        String reason = describe(status);
+        String reason = Calls.describe(status);
         if (closing) {
             end("the client closed", false);
             return;
@@ -352,7 +351,7 @@ final class Session {
             g.suspended = true;
             g.deadlineNanos = now + g.ttl.toNanos();
             LockEvent e = g.event();
-            core.fire(l -> l.onSuspended(e));
+            core.events.fire(l -> l.onSuspended(e));
         }
         LOG.log(Level.WARNING, "lockside: the stream of session {0} broke ({1}): {2} lock(s) suspended, resuming",
                 sessionId, reason, held.size());
@@ -376,7 +375,7 @@ final class Session {
         }
         // A sidecar restarted on the same address: reconnect now, not after the
         // channel's own reconnect backoff.
-        core.channel.resetConnectBackoff();
+        core.reconnectNow();
         Stream s = new Stream(true, true);
         stream = s;
         s.open(resumeToken);
@@ -395,7 +394,7 @@ final class Session {
     }
 
     private void attemptFailed(Status status) {
-        lastAttempt = describe(status);
+        lastAttempt = Calls.describe(status);
         LOG.log(Level.DEBUG, "lockside: a resume attempt failed: {0}", lastAttempt);
         if (FINAL_RESUME.contains(status.getCode())) {
             end("the stream to the sidecar broke (" + brokeReason + ") and resuming the session failed: "
@@ -485,7 +484,7 @@ final class Session {
             restored++;
             g.suspended = false;
             LockEvent e = g.event();
-            core.fire(l -> l.onRestored(e));
+            core.events.fire(l -> l.onRestored(e));
             if (b.getHoldCount() > 1) {
                 giveBack(g.slot, b.getHoldCount() - 1);
             }
@@ -562,22 +561,6 @@ final class Session {
         core.mu.notifyAll();
     }
 
-    /** A stream ending in words: its status and what caused it. */
-    static String describe(Status status) {
-        StringBuilder b = new StringBuilder(status.getCode().name());
-        if (status.getDescription() != null) {
-            b.append(": ").append(status.getDescription());
-        }
-        for (Throwable c = status.getCause(); c != null; c = c.getCause()) {
-            if (c instanceof ConnectException || c.getCause() == null) {
-                b.append(" (").append(c.getMessage() != null ? c.getMessage() : c.getClass().getSimpleName())
-                        .append(')');
-                break;
-            }
-        }
-        return b.toString();
-    }
-
     // -- one gRPC call ---------------------------------------------------------
 
     /** One Lease call: the session's first stream, or one resume attempt. */
@@ -606,7 +589,7 @@ final class Session {
                 headers.put(RESUME_HEADER, token);
             }
             LockServiceGrpc.LockServiceStub stub =
-                    core.stub.withInterceptors(MetadataUtils.newAttachHeadersInterceptor(headers));
+                    core.transport.stub.withInterceptors(MetadataUtils.newAttachHeadersInterceptor(headers));
             if (waitForReady) {
                 // Wait for the connection (bounded by a timer) rather than fail at once on
                 // the channel's memory of the last failed connection.

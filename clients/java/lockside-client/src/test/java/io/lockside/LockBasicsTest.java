@@ -7,6 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.lockside.testkit.Ports;
 import io.lockside.testkit.Sidecar;
+import io.lockside.testkit.SidecarExtension;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
@@ -18,38 +19,21 @@ import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.locks.Lock;
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.AfterEach;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
-import org.junit.jupiter.api.TestInfo;
+import org.junit.jupiter.api.extension.RegisterExtension;
 
 /** java.util.concurrent.locks.Lock, as one client shared by threads holds it. */
 class LockBasicsTest {
-    static Sidecar sidecar;
+    @RegisterExtension
+    static final SidecarExtension<LocksideClient> sidecar = SidecarExtension.connecting(LocksideClient::connect);
     LocksideClient client;
     String key;
 
-    @BeforeAll
-    static void startSidecar() {
-        sidecar = Sidecar.memory();
-    }
-
-    @AfterAll
-    static void stopSidecar() {
-        sidecar.close();
-    }
-
     @BeforeEach
-    void connect(TestInfo info) {
-        client = LocksideClient.connect(sidecar.address());
-        key = "basics/" + info.getTestMethod().orElseThrow().getName();
-    }
-
-    @AfterEach
-    void close() {
-        client.close();
+    void connect() {
+        client = sidecar.client();
+        key = "basics/" + sidecar.testName();
     }
 
     /** Runs `task` on a thread of its own and returns its result. */

@@ -6,52 +6,33 @@ import static org.junit.jupiter.api.Assertions.assertNotEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import io.lockside.testkit.Sidecar;
+import io.lockside.testkit.SidecarExtension;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Optional;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.CyclicBarrier;
 import java.util.concurrent.ExecutorService;
-import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.AfterEach;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
-import org.junit.jupiter.api.TestInfo;
+import org.junit.jupiter.api.extension.RegisterExtension;
 
 /** ReadWriteLock and the counting semaphore, with one client shared by threads. */
 class ReadWriteSemaphoreTest {
-    static Sidecar sidecar;
+    @RegisterExtension
+    static final SidecarExtension<LocksideClient> sidecar = SidecarExtension.connecting(LocksideClient::connect);
     LocksideClient client;
     String key;
     ExecutorService pool;
 
-    @BeforeAll
-    static void startSidecar() {
-        sidecar = Sidecar.memory();
-    }
-
-    @AfterAll
-    static void stopSidecar() {
-        sidecar.close();
-    }
-
     @BeforeEach
-    void connect(TestInfo info) {
-        client = LocksideClient.connect(sidecar.address());
-        key = "rw/" + info.getTestMethod().orElseThrow().getName();
-        pool = Executors.newCachedThreadPool();
-    }
-
-    @AfterEach
-    void close() {
-        pool.shutdownNow();
-        client.close();
+    void connect() {
+        client = sidecar.client();
+        key = "rw/" + sidecar.testName();
+        pool = sidecar.pool();
     }
 
     @Test

@@ -7,7 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.lockside.LocksideClient;
 import io.lockside.testkit.Await;
-import io.lockside.testkit.Sidecar;
+import io.lockside.testkit.SidecarExtension;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
@@ -24,12 +24,9 @@ import net.javacrumbs.shedlock.core.LockAssert;
 import net.javacrumbs.shedlock.core.LockConfiguration;
 import net.javacrumbs.shedlock.core.LockProvider;
 import net.javacrumbs.shedlock.core.SimpleLock;
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.AfterEach;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
-import org.junit.jupiter.api.TestInfo;
+import org.junit.jupiter.api.extension.RegisterExtension;
 
 /**
  * ShedLock's provider cases (its AbstractLockProviderIntegrationTest and
@@ -40,31 +37,17 @@ import org.junit.jupiter.api.TestInfo;
 class LocksideLockProviderTest {
     static final Duration LOCK_AT_MOST_FOR = Duration.ofSeconds(60);
 
-    static Sidecar sidecar;
+    @RegisterExtension
+    static final SidecarExtension<LocksideClient> sidecar = SidecarExtension.connecting(LocksideClient::connect);
     LocksideClient client;
     LockProvider provider;
     String name;
 
-    @BeforeAll
-    static void startSidecar() {
-        sidecar = Sidecar.memory();
-    }
-
-    @AfterAll
-    static void stopSidecar() {
-        sidecar.close();
-    }
-
     @BeforeEach
-    void connect(TestInfo info) {
-        client = LocksideClient.connect(sidecar.address());
+    void connect() {
+        client = sidecar.client();
         provider = new LocksideLockProvider(client, "shedlock:");
-        name = info.getTestMethod().orElseThrow().getName();
-    }
-
-    @AfterEach
-    void close() {
-        client.close();
+        name = sidecar.testName();
     }
 
     static LockConfiguration config(String name, Duration atMost, Duration atLeast) {

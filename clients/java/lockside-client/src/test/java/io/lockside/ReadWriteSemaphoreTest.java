@@ -6,6 +6,7 @@ import static org.junit.jupiter.api.Assertions.assertNotEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import io.lockside.testkit.Contention;
 import io.lockside.testkit.SidecarExtension;
 import java.util.ArrayList;
 import java.util.List;
@@ -15,7 +16,6 @@ import java.util.concurrent.CyclicBarrier;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
-import java.util.concurrent.atomic.AtomicInteger;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.extension.RegisterExtension;
@@ -95,32 +95,17 @@ class ReadWriteSemaphoreTest {
     @Test
     void aSemaphoreOfTwoLetsTwoOfFourThreadsInAtOnceNeverThree() throws Exception {
         LocksideSemaphore sem = client.semaphore(key, 2);
-        AtomicInteger inside = new AtomicInteger();
-        AtomicInteger most = new AtomicInteger();
         List<Long> tokens = java.util.Collections.synchronizedList(new ArrayList<>());
         int threads = 4;
         int rounds = 15;
-        CountDownLatch go = new CountDownLatch(1);
-        List<Future<?>> done = new ArrayList<>();
-        for (int t = 0; t < threads; t++) {
-            done.add(pool.submit(() -> {
-                go.await();
-                for (int i = 0; i < rounds; i++) {
-                    try (Permit p = sem.acquire()) {
-                        tokens.add(p.fencingToken());
-                        most.accumulateAndGet(inside.incrementAndGet(), Math::max);
-                        Thread.sleep(2); // a little work, so that permits overlap
-                        inside.decrementAndGet();
-                    }
-                }
-                return null;
-            }));
-        }
-        go.countDown();
-        for (Future<?> f : done) {
-            f.get(60, TimeUnit.SECONDS);
-        }
-        assertEquals(2, most.get(), "two at once, never three");
+        // 2 ms inside: long enough that permits overlap.
+        int most = Contention.mostInside(threads, rounds, 2, inside -> {
+            try (Permit p = sem.acquire()) {
+                tokens.add(p.fencingToken());
+                inside.run();
+            }
+        });
+        assertEquals(2, most, "two at once, never three");
         assertEquals(threads * rounds, tokens.size());
         assertEquals(tokens.size(), tokens.stream().distinct().count(), "each permit has a token of its own");
     }

@@ -7,16 +7,10 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.lockside.LocksideClient;
 import io.lockside.testkit.Await;
+import io.lockside.testkit.Contention;
 import io.lockside.testkit.SidecarExtension;
 import java.time.Duration;
-import java.util.ArrayList;
-import java.util.List;
 import java.util.Optional;
-import java.util.concurrent.CountDownLatch;
-import java.util.concurrent.ExecutorService;
-import java.util.concurrent.Executors;
-import java.util.concurrent.Future;
-import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import net.javacrumbs.shedlock.core.ClockProvider;
 import net.javacrumbs.shedlock.core.DefaultLockingTaskExecutor;
@@ -160,34 +154,17 @@ class LocksideLockProviderTest {
 
     @Test
     void fuzzFourThreadsNeverTwoInside() throws Exception {
-        ExecutorService pool = Executors.newFixedThreadPool(4);
-        AtomicInteger inside = new AtomicInteger();
-        AtomicInteger most = new AtomicInteger();
         AtomicInteger ran = new AtomicInteger();
-        CountDownLatch go = new CountDownLatch(1);
-        List<Future<?>> done = new ArrayList<>();
-        for (int t = 0; t < 4; t++) {
-            done.add(pool.submit(() -> {
-                go.await();
-                for (int i = 0; i < 50; i++) {
-                    Optional<SimpleLock> lock = lock(name);
-                    if (lock.isPresent()) {
-                        most.accumulateAndGet(inside.incrementAndGet(), Math::max);
-                        ran.incrementAndGet();
-                        Thread.sleep(1); // the task
-                        inside.decrementAndGet();
-                        lock.get().unlock();
-                    }
-                }
-                return null;
-            }));
-        }
-        go.countDown();
-        for (Future<?> f : done) {
-            f.get(60, TimeUnit.SECONDS);
-        }
-        pool.shutdown();
-        assertEquals(1, most.get());
+        // 1 ms inside: the task.
+        int most = Contention.mostInside(4, 50, 1, inside -> {
+            Optional<SimpleLock> lock = lock(name);
+            if (lock.isPresent()) {
+                ran.incrementAndGet();
+                inside.run();
+                lock.get().unlock();
+            }
+        });
+        assertEquals(1, most);
         assertTrue(ran.get() > 0);
     }
 

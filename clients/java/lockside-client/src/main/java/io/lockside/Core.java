@@ -1,62 +1,39 @@
 package io.lockside;
 
-import io.grpc.ManagedChannel;
-import io.grpc.Status;
-import io.grpc.netty.shaded.io.grpc.netty.NettyChannelBuilder;
-import io.grpc.netty.shaded.io.netty.channel.EventLoopGroup;
-import io.grpc.netty.shaded.io.netty.channel.epoll.EpollDomainSocketChannel;
-import io.grpc.netty.shaded.io.netty.channel.MultiThreadIoEventLoopGroup;
-import io.grpc.netty.shaded.io.netty.channel.epoll.EpollIoHandler;
-import io.grpc.netty.shaded.io.netty.channel.unix.DomainSocketAddress;
 import java.lang.System.Logger.Level;
-import java.lang.reflect.Field;
 import java.time.Duration;
 import java.util.HashMap;
 import java.util.Map;
 import java.util.concurrent.ExecutionException;
-import java.util.concurrent.ExecutorService;
-import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
-import java.util.function.Consumer;
-import lockside.v1.LockServiceGrpc;
 import lockside.v1.Lockside;
 
 /**
- * What a {@link LocksideClient} shares among its locks: the channel, the current
- * session, and every grant not yet given back, by (holder, key). One monitor ({@link
- * #mu}) guards all of it; callers block on their own request's answer outside it.
+ * What a {@link LocksideClient} shares among its locks, and what a holder does with a
+ * lock: the current session, every grant not yet given back, by (holder, key), and the
+ * transitions of a grant (acquired, held again, suspended, released, lost). One monitor
+ * ({@link #mu}) guards all of it; callers wait for their own request's answer outside
+ * it ({@link Answers}).
  */
 final class Core {
     private static final System.Logger LOG = System.getLogger("io.lockside");
 
     /** A wait "for as long as it takes". */
     static final long FOREVER = -1;
-    /**
-     * How long past its own wait an answer may take before the client gives up on it:
-     * the sidecar answers every request, so only a broken sidecar or network hits this.
-     */
-    private static final long ANSWER_SLACK_NANOS = TimeUnit.SECONDS.toNanos(10);
     /** About 146 years: "no deadline" without overflowing nanoTime arithmetic. */
     private static final long FAR_NANOS = Long.MAX_VALUE / 2;
-    /**
-     * HTTP/2 keepalive well below the shortest TTL (1 s): a frozen sidecar or a dead
-     * connection is noticed in about 2 s, and every lock is suspended before the store
-     * can let it go (DESIGN.md, "Client guidance").
-     */
-    private static final long KEEPALIVE_NANOS = TimeUnit.SECONDS.toNanos(1);
 
     final Object mu = new Object();
     final ClientOptions options;
     final String address;
-    final ManagedChannel channel;
-    final LockServiceGrpc.LockServiceStub stub;
+    final Transport transport;
     final ScheduledExecutorService timers;
     /** Where listeners and lost futures are called: never under the monitor. */
-    private final ExecutorService events;
-    private final EventLoopGroup group;
+    final Events events;
+    private final Answers answers = new Answers(this);
     /** Every grant not yet given back (lost ones too, until their holder unlocks). */
     final Map<Slot, Grant> grants = new HashMap<>();
     private Session session;
@@ -66,63 +43,11 @@ final class Core {
     Core(ClientOptions options) {
         this.options = options;
         this.address = options.address();
-        NettyChannelBuilder builder;
-        if (address.startsWith("unix:")) {
-            String path = address.substring("unix:".length());
-            while (path.startsWith("//")) {
-                path = path.substring(1);
-            }
-            group = new MultiThreadIoEventLoopGroup(1, daemon("lockside-uds"), EpollIoHandler.newFactory());
-            builder = NettyChannelBuilder.forAddress(new DomainSocketAddress(path))
-                    .eventLoopGroup(group)
-                    .channelType(EpollDomainSocketChannel.class)
-                    // The default authority would be the socket's path, which the
-                    // sidecar's HTTP/2 server refuses as a malformed :authority.
-                    .overrideAuthority("localhost");
-        } else {
-            group = null;
-            String target = address.startsWith("http://") ? address.substring("http://".length()) : address;
-            while (target.endsWith("/")) {
-                target = target.substring(0, target.length() - 1);
-            }
-            builder = NettyChannelBuilder.forTarget(target);
-        }
-        builder.usePlaintext()
-                .keepAliveTime(KEEPALIVE_NANOS, TimeUnit.NANOSECONDS)
-                .keepAliveTimeout(KEEPALIVE_NANOS, TimeUnit.NANOSECONDS)
-                .keepAliveWithoutCalls(true);
-        forceKeepAlive(builder);
-        channel = builder.build();
-        stub = LockServiceGrpc.newStub(channel);
-        ScheduledThreadPoolExecutor t = new ScheduledThreadPoolExecutor(1, daemon("lockside-timers"));
+        transport = new Transport(address);
+        ScheduledThreadPoolExecutor t = new ScheduledThreadPoolExecutor(1, Transport.daemon("lockside-timers"));
         t.setRemoveOnCancelPolicy(true);
         timers = t;
-        events = Executors.newSingleThreadExecutor(daemon("lockside-events"));
-    }
-
-    /**
-     * grpc-java raises any keepalive time below 10 s to 10 s (a guard for servers it
-     * does not know). Ten seconds would leave a lock of the default 10 s TTL in use after
-     * a frozen sidecar's store let it go, so the builder's field is set to 1 s directly;
-     * the sidecar (hyper) accepts pings at any rate.
-     */
-    private static void forceKeepAlive(NettyChannelBuilder builder) {
-        try {
-            Field f = NettyChannelBuilder.class.getDeclaredField("keepAliveTimeNanos");
-            f.setAccessible(true);
-            f.setLong(builder, KEEPALIVE_NANOS);
-        } catch (ReflectiveOperationException | RuntimeException e) {
-            LOG.log(Level.WARNING, "lockside: cannot set HTTP/2 keepalive below 10 s on this grpc-java ({0}): "
-                    + "a frozen sidecar is noticed later", e.toString());
-        }
-    }
-
-    private static java.util.concurrent.ThreadFactory daemon(String name) {
-        return r -> {
-            Thread t = new Thread(r, name);
-            t.setDaemon(true);
-            return t;
-        };
+        events = new Events(options.listener());
     }
 
     long nextId() {
@@ -173,7 +98,7 @@ final class Core {
                 throw new LocksideUnavailableException("interrupted while waiting for the sidecar at " + address);
             }
             backoff = Math.min(backoff * 2, TimeUnit.MILLISECONDS.toNanos(500));
-            channel.resetConnectBackoff();
+            transport.reconnectNow();
         }
     }
 
@@ -185,32 +110,15 @@ final class Core {
         if (session != null && session.state != Session.State.ENDED) {
             throw new IllegalStateException("a session is open");
         }
-        channel.resetConnectBackoff();
+        transport.reconnectNow();
         session = new Session(this);
         session.start(patient);
         return session;
     }
 
-    /**
-     * A call about to go out on a channel whose last connection failed: try to connect
-     * now rather than fail with the old error until the channel's backoff (up to two
-     * minutes) has passed. The sidecar is local: when it is back, it is back at once.
-     */
+    /** See {@link Transport#reconnectNow}. */
     void reconnectNow() {
-        channel.resetConnectBackoff();
-    }
-
-    /** Why the sidecar could not be reached, from the status the first stream ended with. */
-    String unreachable(Status status) {
-        if (status.getCode() == Status.Code.UNAVAILABLE) {
-            String why = Session.describe(status);
-            if (why.contains("Connection refused")) {
-                why = "connection refused: nothing listens there";
-            }
-            return "no Lockside sidecar at " + address + " (" + why + "); start the sidecar, set "
-                    + ClientOptions.ADDRESS_ENV + ", or wait for it with ClientOptions.waitForSidecar";
-        }
-        return "the sidecar at " + address + " ended the session before it started: " + Session.describe(status);
+        transport.reconnectNow();
     }
 
     String sessionId() {
@@ -270,24 +178,15 @@ final class Core {
                         break;
                     }
                 }
-                long answerWait = (forever ? Wire.MAX_WAIT.toNanos() : Math.max(0, deadline - System.nanoTime()))
-                        + ANSWER_SLACK_NANOS;
+                long answerWait = forever ? Wire.MAX_WAIT.toNanos() : Math.max(0, deadline - System.nanoTime());
                 Lockside.LeaseResponse r;
                 try {
-                    r = p.await(answerWait, interruptible);
-                } catch (InterruptedException e) {
-                    abandon(p);
-                    throw e;
+                    r = answers.acquire(p, answerWait, interruptible);
                 } catch (Pending.Broken b) {
                     if (b.retry && (forever || deadline - System.nanoTime() > 0)) {
                         continue; // on the resumed session, or a new one
                     }
                     throw b.unavailable();
-                }
-                if (r == null) {
-                    abandon(p);
-                    throw new LocksideUnavailableException("the sidecar at " + address + " did not answer an acquire of "
-                            + Keys.show(spec.key()) + " in time");
                 }
                 switch (r.getEventCase()) {
                     case GRANTED:
@@ -343,30 +242,6 @@ final class Core {
         return true;
     }
 
-    /** The caller stopped waiting for `p` (interrupted, or no answer in time). */
-    private void abandon(Pending p) {
-        synchronized (mu) {
-            Session s = p.session;
-            if (p.answer.isDone()) {
-                Grant g = p.grant;
-                if (g != null && !g.lost && grants.get(g.slot) == g) {
-                    // Granted as the caller gave up: nobody will use it.
-                    grants.remove(g.slot);
-                    s.held.remove(g.slot);
-                    if (s.state == Session.State.OPEN) {
-                        s.giveBack(g.slot, 1);
-                    }
-                }
-                return;
-            }
-            s.pending.remove(p.id);
-            if (s.state == Session.State.OPEN) {
-                // Cancels the wait; if the grant crossed it, gives the grant back.
-                s.giveBack(p.slot, 1);
-            }
-        }
-    }
-
     // -- releasing -------------------------------------------------------------------
 
     /**
@@ -402,30 +277,7 @@ final class Core {
             }
             p = s.release(slot);
         }
-        for (int attempt = 1; ; attempt++) {
-            Lockside.LeaseResponse r = awaitAnswer(p);
-            if (r == null || r.getEventCase() != Lockside.LeaseResponse.EventCase.REJECTED) {
-                return; // released; or the stream broke (the session gives it back or ends)
-            }
-            Lockside.Rejected rej = r.getRejected();
-            if (rej.getCode() != Status.Code.UNAVAILABLE.value() || attempt == 5) {
-                // FAILED_PRECONDITION: a Lost crossed the Release, the key is not held.
-                if (rej.getCode() != Status.Code.FAILED_PRECONDITION.value()) {
-                    LOG.log(Level.WARNING, "lockside: release of {0} refused: {1}", Keys.show(slot.key()),
-                            rej.getMessage());
-                }
-                return;
-            }
-            // The store did not answer; no hold was given back, and asking again is safe.
-            sleepUninterruptibly(TimeUnit.MILLISECONDS.toNanos(100L << attempt));
-            synchronized (mu) {
-                Session s = p.session;
-                if (s.state != Session.State.OPEN) {
-                    return;
-                }
-                p = s.release(slot);
-            }
-        }
+        answers.release(p);
     }
 
     /** Gives back a grant held once by its own holder (a permit, a leadership). */
@@ -458,7 +310,7 @@ final class Core {
         }
         Lockside.LeaseResponse r;
         try {
-            r = awaitAnswer(p);
+            r = answers.await(p);
         } catch (Pending.Broken b) {
             if (g.lost) {
                 throw g.lostException();
@@ -473,62 +325,6 @@ final class Core {
                 throw g.lostException();
             }
             throw new LocksideRejectedException(g.slot.key(), r.getRejected().getCode(), r.getRejected().getMessage());
-        }
-    }
-
-    /**
-     * A release's or proclaim's answer, waited for uninterruptibly; null when none came
-     * within 10 s of the session being open (a resume in between does not count).
-     * Throws Broken when the session ended first (only for proclaims: a release whose
-     * stream broke counts as done).
-     */
-    private Lockside.LeaseResponse awaitAnswer(Pending p) {
-        long slice = TimeUnit.MILLISECONDS.toNanos(200);
-        long openWaited = 0;
-        while (true) {
-            Lockside.LeaseResponse r;
-            try {
-                r = p.await(slice, false);
-            } catch (Pending.Broken b) {
-                if (p.kind == Pending.Kind.RELEASE) {
-                    return null;
-                }
-                throw b;
-            } catch (InterruptedException e) {
-                throw new AssertionError(e); // not interruptible
-            }
-            if (r != null) {
-                return r;
-            }
-            synchronized (mu) {
-                if (p.session.state == Session.State.OPEN) {
-                    openWaited += slice;
-                }
-            }
-            if (openWaited >= ANSWER_SLACK_NANOS) {
-                LOG.log(Level.WARNING, "lockside: no answer from the sidecar at {0} to a {1} of {2}", address,
-                        p.kind, Keys.show(p.slot.key()));
-                return null;
-            }
-        }
-    }
-
-    private static void sleepUninterruptibly(long nanos) {
-        long until = System.nanoTime() + nanos;
-        boolean interrupted = false;
-        while (true) {
-            long left = until - System.nanoTime();
-            if (left <= 0) {
-                break;
-            }
-            try {
-                TimeUnit.NANOSECONDS.sleep(left);
-            } catch (InterruptedException e) {
-                interrupted = true;
-            }
-        }
-        if (interrupted) {
-            Thread.currentThread().interrupt();
         }
     }
 
@@ -551,33 +347,9 @@ final class Core {
         g.suspended = false;
         LockEvent e = g.event();
         LOG.log(Level.WARNING, "lockside: lock {0} of {1} lost: {2}", Keys.show(e.key()), e.holder(), reason);
-        execute(() -> g.lostFuture.complete(null));
-        fire(l -> l.onLost(e, reason));
+        events.execute(() -> g.lostFuture.complete(null));
+        events.fire(l -> l.onLost(e, reason));
         mu.notifyAll();
-    }
-
-    /** Calls the listener, if any, on the events thread. */
-    void fire(Consumer<LockListener> call) {
-        LockListener l = options.listener();
-        if (l == null) {
-            return;
-        }
-        execute(() -> {
-            try {
-                call.accept(l);
-            } catch (RuntimeException e) {
-                LOG.log(Level.WARNING, "lockside: a LockListener threw", e);
-            }
-        });
-    }
-
-    /** Runs `task` on the events thread; after close, here and now. */
-    private void execute(Runnable task) {
-        try {
-            events.execute(task);
-        } catch (java.util.concurrent.RejectedExecutionException e) {
-            task.run();
-        }
     }
 
     // -- closing ---------------------------------------------------------------------
@@ -611,20 +383,9 @@ final class Core {
                 s.end("the client closed", false);
             }
         }
-        channel.shutdown();
-        try {
-            if (!channel.awaitTermination(2, TimeUnit.SECONDS)) {
-                channel.shutdownNow();
-            }
-        } catch (InterruptedException e) {
-            channel.shutdownNow();
-            Thread.currentThread().interrupt();
-        }
+        transport.close();
         timers.shutdownNow();
-        events.shutdown();
-        if (group != null) {
-            group.shutdownGracefully(0, 1, TimeUnit.SECONDS);
-        }
+        events.close();
     }
 
     boolean isClosed() {

@@ -127,7 +127,7 @@ public final class LocksideClient implements AutoCloseable {
         Objects.requireNonNull(key, "key");
         Lockside.DescribeRequest request = Lockside.DescribeRequest.newBuilder().setKey(key).build();
         try {
-            return Description.of(LockServiceGrpc.newBlockingStub(core.channel)
+            return Description.of(LockServiceGrpc.newBlockingStub(core.transport.channel)
                     .withDeadlineAfter(10, TimeUnit.SECONDS)
                     .describe(request));
         } catch (StatusRuntimeException e) {
@@ -139,7 +139,7 @@ public final class LocksideClient implements AutoCloseable {
         // now, and give the call a moment to use the new connection.
         core.reconnectNow();
         try {
-            return Description.of(LockServiceGrpc.newBlockingStub(core.channel)
+            return Description.of(LockServiceGrpc.newBlockingStub(core.transport.channel)
                     .withDeadlineAfter(2, TimeUnit.SECONDS)
                     .withWaitForReady()
                     .describe(request));
@@ -152,7 +152,7 @@ public final class LocksideClient implements AutoCloseable {
     public LockWatch watch(String key) {
         Objects.requireNonNull(key, "key");
         core.reconnectNow();
-        return new LockWatch(core.stub, key, core.address);
+        return new LockWatch(core.transport.stub, key, core.address);
     }
 
     /** The sidecar's address, as given. */

@@ -3,28 +3,18 @@ package io.lockside;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import io.lockside.testkit.Sidecar;
+import io.lockside.testkit.SidecarExtension;
 import java.time.Duration;
 import java.util.Optional;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.extension.RegisterExtension;
 
 /** campaign, proclaim, describe and watch: leader election as followers see it. */
 class ElectionTest {
-    static Sidecar sidecar;
-
-    @BeforeAll
-    static void startSidecar() {
-        sidecar = Sidecar.memory();
-    }
-
-    @AfterAll
-    static void stopSidecar() {
-        sidecar.close();
-    }
+    @RegisterExtension
+    static final SidecarExtension<LocksideClient> sidecar = SidecarExtension.connecting(LocksideClient::connect);
 
     /** The next state whose leader differs from `value` (watch may send others between). */
     static Description leaderBecomes(LockWatch w, String value) throws InterruptedException {

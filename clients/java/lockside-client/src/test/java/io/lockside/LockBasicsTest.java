@@ -5,51 +5,33 @@ import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import io.lockside.testkit.Contention;
 import io.lockside.testkit.Ports;
 import io.lockside.testkit.Sidecar;
+import io.lockside.testkit.SidecarExtension;
 import java.time.Duration;
-import java.util.ArrayList;
-import java.util.List;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
-import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.locks.Lock;
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.AfterEach;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
-import org.junit.jupiter.api.TestInfo;
+import org.junit.jupiter.api.extension.RegisterExtension;
 
 /** java.util.concurrent.locks.Lock, as one client shared by threads holds it. */
 class LockBasicsTest {
-    static Sidecar sidecar;
+    @RegisterExtension
+    static final SidecarExtension<LocksideClient> sidecar = SidecarExtension.connecting(LocksideClient::connect);
     LocksideClient client;
     String key;
 
-    @BeforeAll
-    static void startSidecar() {
-        sidecar = Sidecar.memory();
-    }
-
-    @AfterAll
-    static void stopSidecar() {
-        sidecar.close();
-    }
-
     @BeforeEach
-    void connect(TestInfo info) {
-        client = LocksideClient.connect(sidecar.address());
-        key = "basics/" + info.getTestMethod().orElseThrow().getName();
-    }
-
-    @AfterEach
-    void close() {
-        client.close();
+    void connect() {
+        client = sidecar.client();
+        key = "basics/" + sidecar.testName();
     }
 
     /** Runs `task` on a thread of its own and returns its result. */
@@ -84,37 +66,19 @@ class LockBasicsTest {
     @Test
     void oneThreadAtATimeAmongEightSharingOneClient() throws Exception {
         Lock lock = client.lock(key);
-        AtomicInteger inside = new AtomicInteger();
-        AtomicInteger most = new AtomicInteger();
         AtomicInteger entries = new AtomicInteger();
         int threads = 8;
         int rounds = 25;
-        ExecutorService pool = Executors.newFixedThreadPool(threads);
-        CountDownLatch go = new CountDownLatch(1);
-        List<Future<?>> done = new ArrayList<>();
-        for (int t = 0; t < threads; t++) {
-            done.add(pool.submit(() -> {
-                go.await();
-                for (int i = 0; i < rounds; i++) {
-                    lock.lock();
-                    try {
-                        most.accumulateAndGet(inside.incrementAndGet(), Math::max);
-                        entries.incrementAndGet();
-                        Thread.sleep(1); // a little work, to widen any window of overlap
-                        inside.decrementAndGet();
-                    } finally {
-                        lock.unlock();
-                    }
-                }
-                return null;
-            }));
-        }
-        go.countDown();
-        for (Future<?> f : done) {
-            f.get(60, TimeUnit.SECONDS);
-        }
-        pool.shutdown();
-        assertEquals(1, most.get(), "never two threads inside");
+        int most = Contention.mostInside(threads, rounds, 1, inside -> {
+            lock.lock();
+            try {
+                entries.incrementAndGet();
+                inside.run();
+            } finally {
+                lock.unlock();
+            }
+        });
+        assertEquals(1, most, "never two threads inside");
         assertEquals(threads * rounds, entries.get());
     }
 

@@ -6,52 +6,33 @@ import static org.junit.jupiter.api.Assertions.assertNotEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import io.lockside.testkit.Sidecar;
+import io.lockside.testkit.Contention;
+import io.lockside.testkit.SidecarExtension;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Optional;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.CyclicBarrier;
 import java.util.concurrent.ExecutorService;
-import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
-import java.util.concurrent.atomic.AtomicInteger;
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.AfterEach;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
-import org.junit.jupiter.api.TestInfo;
+import org.junit.jupiter.api.extension.RegisterExtension;
 
 /** ReadWriteLock and the counting semaphore, with one client shared by threads. */
 class ReadWriteSemaphoreTest {
-    static Sidecar sidecar;
+    @RegisterExtension
+    static final SidecarExtension<LocksideClient> sidecar = SidecarExtension.connecting(LocksideClient::connect);
     LocksideClient client;
     String key;
     ExecutorService pool;
 
-    @BeforeAll
-    static void startSidecar() {
-        sidecar = Sidecar.memory();
-    }
-
-    @AfterAll
-    static void stopSidecar() {
-        sidecar.close();
-    }
-
     @BeforeEach
-    void connect(TestInfo info) {
-        client = LocksideClient.connect(sidecar.address());
-        key = "rw/" + info.getTestMethod().orElseThrow().getName();
-        pool = Executors.newCachedThreadPool();
-    }
-
-    @AfterEach
-    void close() {
-        pool.shutdownNow();
-        client.close();
+    void connect() {
+        client = sidecar.client();
+        key = "rw/" + sidecar.testName();
+        pool = sidecar.pool();
     }
 
     @Test
@@ -114,32 +95,17 @@ class ReadWriteSemaphoreTest {
     @Test
     void aSemaphoreOfTwoLetsTwoOfFourThreadsInAtOnceNeverThree() throws Exception {
         LocksideSemaphore sem = client.semaphore(key, 2);
-        AtomicInteger inside = new AtomicInteger();
-        AtomicInteger most = new AtomicInteger();
         List<Long> tokens = java.util.Collections.synchronizedList(new ArrayList<>());
         int threads = 4;
         int rounds = 15;
-        CountDownLatch go = new CountDownLatch(1);
-        List<Future<?>> done = new ArrayList<>();
-        for (int t = 0; t < threads; t++) {
-            done.add(pool.submit(() -> {
-                go.await();
-                for (int i = 0; i < rounds; i++) {
-                    try (Permit p = sem.acquire()) {
-                        tokens.add(p.fencingToken());
-                        most.accumulateAndGet(inside.incrementAndGet(), Math::max);
-                        Thread.sleep(2); // a little work, so that permits overlap
-                        inside.decrementAndGet();
-                    }
-                }
-                return null;
-            }));
-        }
-        go.countDown();
-        for (Future<?> f : done) {
-            f.get(60, TimeUnit.SECONDS);
-        }
-        assertEquals(2, most.get(), "two at once, never three");
+        // 2 ms inside: long enough that permits overlap.
+        int most = Contention.mostInside(threads, rounds, 2, inside -> {
+            try (Permit p = sem.acquire()) {
+                tokens.add(p.fencingToken());
+                inside.run();
+            }
+        });
+        assertEquals(2, most, "two at once, never three");
         assertEquals(threads * rounds, tokens.size());
         assertEquals(tokens.size(), tokens.stream().distinct().count(), "each permit has a token of its own");
     }

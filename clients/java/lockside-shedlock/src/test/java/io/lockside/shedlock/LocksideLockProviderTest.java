@@ -7,16 +7,10 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.lockside.LocksideClient;
 import io.lockside.testkit.Await;
-import io.lockside.testkit.Sidecar;
+import io.lockside.testkit.Contention;
+import io.lockside.testkit.SidecarExtension;
 import java.time.Duration;
-import java.util.ArrayList;
-import java.util.List;
 import java.util.Optional;
-import java.util.concurrent.CountDownLatch;
-import java.util.concurrent.ExecutorService;
-import java.util.concurrent.Executors;
-import java.util.concurrent.Future;
-import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import net.javacrumbs.shedlock.core.ClockProvider;
 import net.javacrumbs.shedlock.core.DefaultLockingTaskExecutor;
@@ -24,12 +18,9 @@ import net.javacrumbs.shedlock.core.LockAssert;
 import net.javacrumbs.shedlock.core.LockConfiguration;
 import net.javacrumbs.shedlock.core.LockProvider;
 import net.javacrumbs.shedlock.core.SimpleLock;
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.AfterEach;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
-import org.junit.jupiter.api.TestInfo;
+import org.junit.jupiter.api.extension.RegisterExtension;
 
 /**
  * ShedLock's provider cases (its AbstractLockProviderIntegrationTest and
@@ -40,31 +31,17 @@ import org.junit.jupiter.api.TestInfo;
 class LocksideLockProviderTest {
     static final Duration LOCK_AT_MOST_FOR = Duration.ofSeconds(60);
 
-    static Sidecar sidecar;
+    @RegisterExtension
+    static final SidecarExtension<LocksideClient> sidecar = SidecarExtension.connecting(LocksideClient::connect);
     LocksideClient client;
     LockProvider provider;
     String name;
 
-    @BeforeAll
-    static void startSidecar() {
-        sidecar = Sidecar.memory();
-    }
-
-    @AfterAll
-    static void stopSidecar() {
-        sidecar.close();
-    }
-
     @BeforeEach
-    void connect(TestInfo info) {
-        client = LocksideClient.connect(sidecar.address());
+    void connect() {
+        client = sidecar.client();
         provider = new LocksideLockProvider(client, "shedlock:");
-        name = info.getTestMethod().orElseThrow().getName();
-    }
-
-    @AfterEach
-    void close() {
-        client.close();
+        name = sidecar.testName();
     }
 
     static LockConfiguration config(String name, Duration atMost, Duration atLeast) {
@@ -177,34 +154,17 @@ class LocksideLockProviderTest {
 
     @Test
     void fuzzFourThreadsNeverTwoInside() throws Exception {
-        ExecutorService pool = Executors.newFixedThreadPool(4);
-        AtomicInteger inside = new AtomicInteger();
-        AtomicInteger most = new AtomicInteger();
         AtomicInteger ran = new AtomicInteger();
-        CountDownLatch go = new CountDownLatch(1);
-        List<Future<?>> done = new ArrayList<>();
-        for (int t = 0; t < 4; t++) {
-            done.add(pool.submit(() -> {
-                go.await();
-                for (int i = 0; i < 50; i++) {
-                    Optional<SimpleLock> lock = lock(name);
-                    if (lock.isPresent()) {
-                        most.accumulateAndGet(inside.incrementAndGet(), Math::max);
-                        ran.incrementAndGet();
-                        Thread.sleep(1); // the task
-                        inside.decrementAndGet();
-                        lock.get().unlock();
-                    }
-                }
-                return null;
-            }));
-        }
-        go.countDown();
-        for (Future<?> f : done) {
-            f.get(60, TimeUnit.SECONDS);
-        }
-        pool.shutdown();
-        assertEquals(1, most.get());
+        // 1 ms inside: the task.
+        int most = Contention.mostInside(4, 50, 1, inside -> {
+            Optional<SimpleLock> lock = lock(name);
+            if (lock.isPresent()) {
+                ran.incrementAndGet();
+                inside.run();
+                lock.get().unlock();
+            }
+        });
+        assertEquals(1, most);
         assertTrue(ran.get() > 0);
     }
 

@@ -6,56 +6,34 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.lockside.LocksideClient;
-import io.lockside.testkit.Sidecar;
+import io.lockside.testkit.Contention;
+import io.lockside.testkit.SidecarExtension;
 import java.time.Duration;
-import java.util.ArrayList;
-import java.util.List;
-import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.ExecutorService;
-import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
-import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.locks.Lock;
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.AfterEach;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
-import org.junit.jupiter.api.TestInfo;
+import org.junit.jupiter.api.extension.RegisterExtension;
 import org.springframework.integration.support.locks.LockRegistry;
 
 /** Spring Integration's LockRegistry contract, as its own registries' tests check it. */
 class LocksideLockRegistryTest {
-    static Sidecar sidecar;
+    @RegisterExtension
+    static final SidecarExtension<LocksideClient> sidecar = SidecarExtension.connecting(LocksideClient::connect);
     LocksideClient client;
     LockRegistry<LocksideDistributedLock> registry;
     String key;
     ExecutorService pool;
 
-    @BeforeAll
-    static void startSidecar() {
-        sidecar = Sidecar.memory();
-    }
-
-    @AfterAll
-    static void stopSidecar() {
-        sidecar.close();
-    }
-
     @BeforeEach
-    void connect(TestInfo info) {
-        client = LocksideClient.connect(sidecar.address());
+    void connect() {
+        client = sidecar.client();
         registry = new LocksideLockRegistry(client, "spring:");
-        key = info.getTestMethod().orElseThrow().getName();
-        pool = Executors.newCachedThreadPool();
-    }
-
-    @AfterEach
-    void close() {
-        pool.shutdownNow();
-        client.close();
+        key = sidecar.testName();
+        pool = sidecar.pool();
     }
 
     @Test
@@ -89,32 +67,16 @@ class LocksideLockRegistryTest {
 
     @Test
     void threadsSharingTheRegistryTakeTurns() throws Exception {
-        AtomicInteger inside = new AtomicInteger();
-        AtomicInteger most = new AtomicInteger();
-        CountDownLatch go = new CountDownLatch(1);
-        List<Future<?>> done = new ArrayList<>();
-        for (int t = 0; t < 4; t++) {
-            done.add(pool.submit(() -> {
-                go.await();
-                for (int i = 0; i < 20; i++) {
-                    Lock lock = registry.obtain(key);
-                    lock.lockInterruptibly();
-                    try {
-                        most.accumulateAndGet(inside.incrementAndGet(), Math::max);
-                        Thread.sleep(1); // a little work, to widen any window of overlap
-                        inside.decrementAndGet();
-                    } finally {
-                        lock.unlock();
-                    }
-                }
-                return null;
-            }));
-        }
-        go.countDown();
-        for (Future<?> f : done) {
-            f.get(60, TimeUnit.SECONDS);
-        }
-        assertEquals(1, most.get());
+        int most = Contention.mostInside(4, 20, 1, inside -> {
+            Lock lock = registry.obtain(key);
+            lock.lockInterruptibly();
+            try {
+                inside.run();
+            } finally {
+                lock.unlock();
+            }
+        });
+        assertEquals(1, most);
     }
 
     @Test

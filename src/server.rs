@@ -41,6 +41,10 @@ impl Interceptor for BearerAuth {
         if constant_time_eq(given, expected.as_bytes()) {
             Ok(request)
         } else {
+            // Who, and whether a token came at all; never what it was.
+            let token = if given.is_empty() { "none" } else { "wrong" };
+            let peer = crate::api::peer(&request);
+            tracing::warn!(%peer, token, "refused a call without a valid bearer token");
             Err(tonic::Status::unauthenticated(
                 "a valid bearer token is required (authorization: Bearer <token>)",
             ))

@@ -42,6 +42,16 @@ fn counters<const N: usize>(
     values.map(|value| family.get_or_create_owned(&[(key, value)]))
 }
 
+/// The bounds of `lockside_renewal_seconds`: 100 µs to ~14 min, doubling. A quantile
+/// never exceeds the largest finite bound (a batch slower than it counts as that
+/// bound), so the buckets must reach past the largest threshold the alert rules compare
+/// with: `LocksideRenewalsSlow` fires above half the renewal period, TTL/6 of
+/// `--default-ttl`, which is 1.67 s at the default 10 s and 600 s at the longest TTL
+/// (1 h). (They stopped at 1.6 s, and that alert could never fire.)
+pub(crate) fn renewal_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.0001, 2.0, 24)
+}
+
 /// Handles of the store-call metrics, shared by [`store::MeteredStore`].
 #[derive(Clone, Debug)]
 pub(crate) struct StoreCalls {
@@ -189,8 +199,11 @@ impl Metrics {
             "Acquires waiting for their lock now (sent Waiting, not yet answered)",
             acquires_waiting.clone(),
         );
-        // 100 µs to ~26 s: from an uncontended grant to a long wait.
-        let acquire_wait = Histogram::new(exponential_buckets(0.0001, 4.0, 10));
+        // 100 µs to ~1.9 h: from an uncontended grant to the longest wait a client may
+        // ask for (24 h) but for its last hours, so that a p99 of long waits (which
+        // LocksideAcquireWaitsGrowing compares with an hour earlier) is not cut at the
+        // top bucket: a quantile never exceeds the largest finite bound.
+        let acquire_wait = Histogram::new(exponential_buckets(0.0001, 4.0, 14));
         r.register_with_unit(
             "acquire_wait",
             "Time from an Acquire to its grant",
@@ -215,8 +228,7 @@ impl Metrics {
         let family = Family::<Labels<1>, Counter>::default();
         let renewals = counters(&family, "result", Renewed::LABELS);
         r.register("renewals", "Grant renewals by result", family);
-        // 100 µs to ~1.6 s: one pipelined batch.
-        let renewal_time = Histogram::new(exponential_buckets(0.0001, 2.0, 15));
+        let renewal_time = Histogram::new(renewal_buckets());
         r.register_with_unit(
             "renewal",
             "Duration of one renewal batch (one store round trip)",

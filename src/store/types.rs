@@ -16,6 +16,10 @@ pub enum StoreError {
     /// The store answered something this sidecar does not understand.
     #[error("unexpected store reply: {0}")]
     Protocol(String),
+    /// The store refused a write for lack of memory (Redis `-OOM` over `maxmemory`
+    /// with `noeviction`): it answers, but takes no new lock until memory is freed.
+    #[error("store out of memory: {0}")]
+    OutOfMemory(String),
 }
 
 /// How a grant shares its lock.
@@ -44,6 +48,7 @@ impl StoreError {
             Self::Unavailable(_) => "unavailable",
             Self::Config(_) => "config",
             Self::Protocol(_) => "protocol",
+            Self::OutOfMemory(_) => "out_of_memory",
         }
     }
 }

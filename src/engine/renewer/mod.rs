@@ -382,7 +382,8 @@ impl Task {
     /// Releases a grant whose renewal landed after its session dropped it, so the
     /// store does not keep it for a whole TTL.
     fn undo(&self, entry: &Entry) {
-        super::release_in_background(&self.store, entry.key().to_owned(), entry.owner.to_string());
+        let (key, owner) = (entry.key().to_owned(), entry.owner.to_string());
+        super::release_in_background(&self.store, key, owner, entry.ttl);
     }
 }
 

@@ -12,8 +12,14 @@ use super::scripts::Lua;
 use super::{LOCK_PARTS, RedisStore};
 use crate::store::StoreError;
 
-fn unavailable(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(e.to_string())
+/// The store error of a failed Redis call: out of memory (a write refused over
+/// `maxmemory`, by the command or inside a script), or unavailable.
+pub(super) fn store_error(e: &redis::RedisError) -> StoreError {
+    if e.code() == Some("OOM") {
+        StoreError::OutOfMemory(e.to_string())
+    } else {
+        StoreError::Unavailable(e.to_string())
+    }
 }
 
 impl RedisStore {
@@ -51,7 +57,7 @@ impl RedisStore {
                 if forget_on_timeout || !e.is_timeout() {
                     self.link.failed(id, &e);
                 }
-                unavailable(e)
+                store_error(&e)
             })
         };
         match tokio::time::timeout(self.timeout, attempt).await {

@@ -163,6 +163,8 @@ pub struct ServerConfig {
     /// TLS on the gRPC listener (with a client CA: mutual TLS). Off by default: on
     /// loopback or a Unix socket inside a pod, TLS adds nothing but cost.
     pub tls: Option<ServerTlsConfig>,
+    /// Ready although the store may evict held locks (`--allow-evicting-store`).
+    pub allow_evicting_store: bool,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -174,6 +176,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("drain_timeout", &self.drain_timeout)
             .field("auth_token", &self.auth_token.as_ref().map(|_| "<set>"))
             .field("tls", &self.tls.is_some())
+            .field("allow_evicting_store", &self.allow_evicting_store)
             .finish()
     }
 }
@@ -188,6 +191,9 @@ impl Default for ServerConfig {
             drain_timeout: Duration::from_secs(10),
             auth_token: None,
             tls: None,
+            // An evicting store can drop a held lock: refuse to be ready on one unless
+            // the operator says they know.
+            allow_evicting_store: false,
         }
     }
 }
@@ -216,6 +222,7 @@ pub async fn run(
         engine.clone(),
         reporter,
         readiness.clone(),
+        config.allow_evicting_store,
         stop.clone(),
     ));
     if let Some(admin_listener) = admin_listener {

@@ -155,7 +155,7 @@ async fn a_lost_lock_moves_the_series_and_fires_the_alert() {
         .flatten()
         .flat_map(|g| g["rules"].as_array().into_iter().flatten())
         .collect();
-    assert_eq!(rules.len(), 7, "{groups}");
+    assert_eq!(rules.len(), 9, "{groups}");
     for rule in rules {
         assert_eq!(rule["health"], "ok", "{rule}");
     }

@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::Metrics;
 use crate::metrics::store::MeteredStore;
 use crate::proto::limits::{MAX_HOLDER_BYTES, MAX_KEY_BYTES};
-use crate::store::Store;
+use crate::store::{Store, StoreCheck};
 pub use config::EngineConfig;
 use journal::Journal;
 use notices::dispatch_notices;
@@ -313,6 +313,11 @@ impl Engine {
     /// Checks that the store answers.
     pub async fn ping(&self) -> Result<(), EngineError> {
         Ok(self.shared.store.ping().await?)
+    }
+
+    /// What the store allows this sidecar and whether it may evict its keys.
+    pub async fn check_store(&self) -> Result<StoreCheck, EngineError> {
+        Ok(self.shared.store.check().await?)
     }
 
     /// Tells every session to release its locks and end; refuses new sessions.

@@ -28,6 +28,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 use tokio::sync::Semaphore;
 
+use crate::store::StoreCheck;
+
 /// A label set of `N` fixed labels; keys and values are static strings, so a handle is
 /// looked up once and never allocates.
 type Labels<const N: usize> = [(&'static str, &'static str); N];
@@ -114,6 +116,9 @@ pub struct Metrics {
     store_calls_in_flight: Gauge,
     notices: [Counter; Heard::LABELS.len()],
     ready: Gauge,
+    /// What the store's last check found (`Store::check`).
+    store_evicting: Gauge,
+    store_denied: Gauge,
     /// The engine's limit on concurrent store calls and its semaphore, read at scrape
     /// time (a gauge kept up to date on every call would cost every call).
     store_calls_source: std::sync::OnceLock<(Arc<Semaphore>, usize)>,
@@ -158,7 +163,8 @@ impl Metrics {
         let ready = Gauge::default();
         r.register(
             "ready",
-            "1 while /readyz answers 200: the store answered the last health check (every second)",
+            "1 while /readyz answers 200: the store answered the last health check (every second), \
+             allows every command Lockside needs, and does not evict (or --allow-evicting-store)",
             ready.clone(),
         );
         let default_ttl = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
@@ -288,6 +294,19 @@ impl Metrics {
              notices only to sidecars that wait on or watch it",
             family,
         );
+        let store_evicting = Gauge::default();
+        r.register(
+            "store_evicting",
+            "1 while the store's eviction policy may evict held locks (Redis maxmemory-policy \
+             allkeys-* or volatile-*)",
+            store_evicting.clone(),
+        );
+        let store_denied = Gauge::default();
+        r.register(
+            "store_commands_denied",
+            "Commands Lockside needs that the store refuses this sidecar's user (/readyz names them)",
+            store_denied.clone(),
+        );
         Self {
             registry,
             sessions,
@@ -305,6 +324,8 @@ impl Metrics {
             store_calls_in_flight,
             notices,
             ready,
+            store_evicting,
+            store_denied,
             store_calls_source: std::sync::OnceLock::new(),
         }
     }
@@ -333,6 +354,12 @@ impl Metrics {
     /// Counts a notice received from the store.
     pub fn heard(&self, kind: Heard) {
         self.notices[kind as usize].inc();
+    }
+
+    /// Shows what the store's last check found.
+    pub fn store_checked(&self, check: &StoreCheck) {
+        self.store_evicting.set(i64::from(check.evicting.is_some()));
+        (self.store_denied).set(i64::try_from(check.denied.len()).unwrap_or(i64::MAX));
     }
 
     /// The handles [`store::MeteredStore`] records with.

@@ -257,3 +257,17 @@ impl Notice {
         }
     }
 }
+
+/// What a store's own check found ([`Store::check`]): what it refuses this sidecar,
+/// and whether it may drop Lockside's keys before their time.
+///
+/// [`Store::check`]: super::Store::check
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoreCheck {
+    /// The commands Lockside needs that the store refuses this sidecar's user (or does
+    /// not know), by name (`HSET`, `SCRIPT LOAD`), each once.
+    pub denied: Vec<String>,
+    /// The store's eviction policy, when it may evict Lockside's keys (Redis
+    /// `maxmemory-policy` `allkeys-*`, or `volatile-*`: every lock key has a TTL).
+    pub evicting: Option<String>,
+}

@@ -12,11 +12,18 @@ use super::scripts::Lua;
 use super::{LOCK_PARTS, RedisStore};
 use crate::store::StoreError;
 
+/// How a command the store's ACL refused this sidecar's user (`NOPERM`) begins its
+/// error: unavailable as far as a lock is concerned, told apart by the store's check.
+pub(super) const REFUSED: &str = "refused by the store's ACL";
+
 /// The store error of a failed Redis call: out of memory (a write refused over
-/// `maxmemory`, by the command or inside a script), or unavailable.
+/// `maxmemory`, by the command or inside a script), or unavailable (refused by the
+/// ACL, or any other failure).
 pub(super) fn store_error(e: &redis::RedisError) -> StoreError {
     if e.code() == Some("OOM") {
         StoreError::OutOfMemory(e.to_string())
+    } else if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) {
+        StoreError::Unavailable(format!("{REFUSED}: {e}"))
     } else {
         StoreError::Unavailable(e.to_string())
     }

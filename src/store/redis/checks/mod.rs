@@ -64,9 +64,13 @@ const SCRIPT_COMMANDS: [&str; 24] = [
     "ZSCORE",
 ];
 
-/// The last check and the connection it was made on.
+/// The last check and the connection it was made on; whether the log was told that
+/// the server cannot check permissions (once, not at every check).
 #[derive(Default)]
-pub(super) struct Checked(Mutex<Option<(u64, Instant, StoreCheck)>>);
+pub(super) struct Checked(
+    Mutex<Option<(u64, Instant, StoreCheck)>>,
+    std::sync::atomic::AtomicBool,
+);
 
 /// Where the store runs, for which commands it needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,13 +116,14 @@ pub(super) fn needed(namespace: &str, needs: Needs) -> Vec<(&'static str, Vec<St
     for command in SCRIPT_COMMANDS {
         let args: &[&str] = match command {
             "TIME" => &[],
-            "HSET" | "HDEL" | "HGET" | "HMGET" => &["f", "v"],
+            "HSET" => &["f", "v"],
+            "HDEL" | "HGET" | "HMGET" => &["f"],
             "ZADD" => &["1", "m"],
             "PEXPIRE" | "PEXPIREAT" => &["1"],
             "ZCOUNT" | "ZRANGE" | "ZRANGEBYSCORE" | "ZREMRANGEBYSCORE" => &["0", "1"],
             "SET" => &["v"],
             "ZRANK" | "ZREM" | "ZSCORE" => &["m"],
-            _ => &[""][..0],
+            _ => &[],
         };
         let mut call = vec![command.to_owned()];
         if command != "TIME" {
@@ -214,9 +219,15 @@ impl RedisStore {
             .await;
         let mut denied = match answer {
             Ok(Value::Int(_)) => {
-                tracing::info!(
-                    "this Redis cannot check its user's permissions (before 7.0); not checked"
-                );
+                if !self
+                    .checked
+                    .1
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    tracing::info!(
+                        "this Redis cannot check its user's permissions (before 7.0); not checked"
+                    );
+                }
                 Vec::new()
             }
             Ok(Value::Array(names)) => names.iter().map(super::replies::text).collect(),

@@ -2,11 +2,12 @@
 //! while the store answers), and `/livez`, `/readyz`, `/metrics` over HTTP/1.1 on
 //! `--admin-listen`.
 //!
-//! One watcher task pings the store every [`CHECK_EVERY`] and flips both the gRPC
-//! health status and `/readyz`, so probes never wait on the store themselves.
+//! One watcher task pings the store every [`CHECK_EVERY`], asks it what it allows this
+//! sidecar and whether it may evict locks (`Store::check`), and flips both the gRPC
+//! health status and `/readyz` (whose body says why it fails), so probes never wait on
+//! the store themselves.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use axum::Router;
@@ -21,6 +22,7 @@ use tonic_health::server::HealthReporter;
 
 use crate::engine::Engine;
 use crate::metrics::Metrics;
+use crate::store::StoreCheck;
 
 /// How often the store is pinged for health. One PING a second costs nothing and
 /// flips readiness within about a second of the store going or coming back.
@@ -29,14 +31,32 @@ pub const CHECK_EVERY: Duration = Duration::from_secs(1);
 /// The gRPC service name whose health is reported, besides the server's ("").
 const SERVICE: &str = "lockside.v1.LockService";
 
-/// Whether the store answered at the last check.
-#[derive(Clone, Debug, Default)]
-pub struct Readiness(Arc<AtomicBool>);
+/// Why the sidecar is not ready, when it is not: the body of a failing `/readyz`.
+#[derive(Clone, Debug)]
+pub struct Readiness(Arc<RwLock<Option<String>>>);
+
+/// Why a sidecar whose store does not answer is not ready.
+const NO_ANSWER: &str = "the lock store does not answer";
+
+impl Default for Readiness {
+    fn default() -> Self {
+        Self(Arc::new(RwLock::new(Some(NO_ANSWER.into()))))
+    }
+}
 
 impl Readiness {
-    /// The store answered at the last check.
+    /// The store answered at the last check and allows what the sidecar needs.
     pub fn is_ready(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        self.why_not().is_none()
+    }
+
+    /// Why the sidecar is not ready, if it is not.
+    pub fn why_not(&self) -> Option<String> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set(&self, why_not: Option<String>) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = why_not;
     }
 }
 
@@ -51,33 +71,96 @@ pub async fn not_serving(reporter: &HealthReporter) {
         .await;
 }
 
-/// Pings the store every [`CHECK_EVERY`] until `stop`, and reports the result to gRPC
-/// health and to `/readyz`.
+/// Why a sidecar is not ready: its store does not answer, refuses a command the
+/// sidecar needs, or may evict locks (unless the operator allowed that).
+fn not_ready(up: bool, found: &StoreCheck, allow_evicting: bool) -> Option<String> {
+    if !up {
+        return Some(NO_ANSWER.into());
+    }
+    if !found.denied.is_empty() {
+        return Some(format!(
+            "the lock store refuses commands Lockside needs: {} (grant them to its user; \
+             README, \"Least privilege on Redis\")",
+            found.denied.join(", ")
+        ));
+    }
+    match &found.evicting {
+        Some(policy) if !allow_evicting => Some(format!(
+            "the lock store may evict held locks (maxmemory-policy {policy}): set it to \
+             noeviction, or start with --allow-evicting-store"
+        )),
+        _ => None,
+    }
+}
+
+/// Logs what changed in the store's check, once per change.
+fn log_check(before: &StoreCheck, now: &StoreCheck, allow_evicting: bool) {
+    if now.denied != before.denied {
+        match now.denied.as_slice() {
+            [] => tracing::info!("the lock store allows every command Lockside needs again"),
+            denied => tracing::error!(
+                denied = %denied.join(", "),
+                "the lock store refuses commands Lockside needs; not ready until its user may \
+                 run them (README, \"Least privilege on Redis\")"
+            ),
+        }
+    }
+    if now.evicting != before.evicting {
+        match &now.evicting {
+            Some(policy) if allow_evicting => tracing::error!(
+                %policy,
+                "the lock store may evict held locks (maxmemory-policy); serving anyway, as \
+                 --allow-evicting-store says"
+            ),
+            Some(policy) => tracing::error!(
+                %policy,
+                "the lock store may evict held locks (maxmemory-policy); not ready until it is \
+                 noeviction, or --allow-evicting-store"
+            ),
+            None => tracing::info!("the lock store no longer evicts keys (maxmemory-policy)"),
+        }
+    }
+}
+
+/// Pings the store every [`CHECK_EVERY`] until `stop`, asks it what it allows and
+/// whether it evicts (`Engine::check_store`: the store checks again after a reconnect),
+/// and reports the result to gRPC health, to `/readyz` and to the metrics.
+/// `allow_evicting`: `--allow-evicting-store`.
 pub async fn watch_store(
     engine: Engine,
     reporter: HealthReporter,
     readiness: Readiness,
+    allow_evicting: bool,
     stop: CancellationToken,
 ) {
     let mut last = None;
+    let mut found = StoreCheck::default();
     loop {
         let up = matches!(
             tokio::time::timeout(CHECK_EVERY, engine.ping()).await,
             Ok(Ok(()))
         );
-        if last != Some(up) {
-            let status = if up {
-                ServingStatus::Serving
-            } else {
-                ServingStatus::NotServing
+        if up {
+            // A check that fails (the store went meanwhile) keeps what the last found.
+            if let Ok(Ok(check)) = tokio::time::timeout(CHECK_EVERY, engine.check_store()).await {
+                log_check(&found, &check, allow_evicting);
+                engine.metrics().store_checked(&check);
+                found = check;
+            }
+        }
+        let why_not = not_ready(up, &found, allow_evicting);
+        if last.as_ref() != Some(&why_not) {
+            let status = match why_not {
+                None => ServingStatus::Serving,
+                Some(_) => ServingStatus::NotServing,
             };
-            tracing::info!(serving = up, "store health changed");
+            tracing::info!(serving = why_not.is_none(), why_not, "store health changed");
             // /readyz first: whoever sees the gRPC status change then finds /readyz
             // agreeing.
-            readiness.0.store(up, Ordering::Relaxed);
+            readiness.set(why_not.clone());
             reporter.set_service_status("", status).await;
             reporter.set_service_status(SERVICE, status).await;
-            last = Some(up);
+            last = Some(why_not);
         }
         tokio::select! {
             _ = stop.cancelled() => break,
@@ -85,7 +168,7 @@ pub async fn watch_store(
             _ = tokio::time::sleep(CHECK_EVERY) => {}
         }
     }
-    readiness.0.store(false, Ordering::Relaxed);
+    readiness.set(Some("the sidecar is shutting down".into()));
     not_serving(&reporter).await;
 }
 
@@ -113,13 +196,9 @@ pub async fn serve(
 }
 
 async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
-    if state.readiness.is_ready() {
-        (StatusCode::OK, "ok\n")
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the lock store does not answer\n",
-        )
+    match state.readiness.why_not() {
+        None => (StatusCode::OK, "ok\n".to_owned()),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
     }
 }
 

@@ -41,6 +41,10 @@ impl Interceptor for BearerAuth {
         if constant_time_eq(given, expected.as_bytes()) {
             Ok(request)
         } else {
+            // Who, and whether a token came at all; never what it was.
+            let token = if given.is_empty() { "none" } else { "wrong" };
+            let peer = crate::api::peer(&request);
+            tracing::warn!(%peer, token, "refused a call without a valid bearer token");
             Err(tonic::Status::unauthenticated(
                 "a valid bearer token is required (authorization: Bearer <token>)",
             ))
@@ -159,6 +163,8 @@ pub struct ServerConfig {
     /// TLS on the gRPC listener (with a client CA: mutual TLS). Off by default: on
     /// loopback or a Unix socket inside a pod, TLS adds nothing but cost.
     pub tls: Option<ServerTlsConfig>,
+    /// Ready although the store may evict held locks (`--allow-evicting-store`).
+    pub allow_evicting_store: bool,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -170,6 +176,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("drain_timeout", &self.drain_timeout)
             .field("auth_token", &self.auth_token.as_ref().map(|_| "<set>"))
             .field("tls", &self.tls.is_some())
+            .field("allow_evicting_store", &self.allow_evicting_store)
             .finish()
     }
 }
@@ -184,6 +191,9 @@ impl Default for ServerConfig {
             drain_timeout: Duration::from_secs(10),
             auth_token: None,
             tls: None,
+            // An evicting store can drop a held lock: refuse to be ready on one unless
+            // the operator says they know.
+            allow_evicting_store: false,
         }
     }
 }
@@ -212,6 +222,7 @@ pub async fn run(
         engine.clone(),
         reporter,
         readiness.clone(),
+        config.allow_evicting_store,
         stop.clone(),
     ));
     if let Some(admin_listener) = admin_listener {

@@ -157,3 +157,52 @@ pub fn set_remote_parent(span: &tracing::Span, trace: &TraceContext) {
         let _ = span.set_parent(context);
     }
 }
+
+/// A retried operation's failures as an operator wants them logged: one line when a
+/// streak of failures starts and one when it ends, rather than one per retry (a 2 s
+/// outage retried every 100 ms would print twenty lines, and hide the one that says
+/// when it ended).
+#[derive(Debug, Default)]
+pub struct Streak {
+    /// Failures since the last success, and when the first of them came.
+    failing: Option<(u64, tokio::time::Instant)>,
+}
+
+impl Streak {
+    /// Counts a failure: `true` for the first of a streak, the one to log.
+    pub fn failed(&mut self) -> bool {
+        match &mut self.failing {
+            Some((failures, _)) => {
+                *failures += 1;
+                false
+            }
+            None => {
+                self.failing = Some((1, tokio::time::Instant::now()));
+                true
+            }
+        }
+    }
+
+    /// Counts a success: after a streak, how many failures it had and how long it
+    /// lasted, to log that it ended.
+    pub fn recovered(&mut self) -> Option<(u64, std::time::Duration)> {
+        (self.failing.take()).map(|(failures, since)| (failures, since.elapsed()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_streak_is_told_once_when_it_starts_and_once_when_it_ends() {
+        let mut streak = Streak::default();
+        assert_eq!(streak.recovered(), None, "no streak, nothing to tell");
+        assert!(streak.failed());
+        assert!(!streak.failed());
+        assert!(!streak.failed());
+        assert_eq!(streak.recovered().map(|(n, _)| n), Some(3));
+        assert_eq!(streak.recovered(), None);
+        assert!(streak.failed(), "a new streak is told again");
+    }
+}

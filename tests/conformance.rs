@@ -15,7 +15,7 @@ use common::{Redis, StoreKind, make_store, namespace};
 use lockside::store::redlock::RedlockStore;
 use lockside::store::{
     Acquired, Claim, Notice, RecordLine, RecordWrite, Recorded, Renewal, Renewed, ResumeClaim,
-    Resumption, Sharing, Store,
+    Resumption, Sharing, Store, StoreCheck,
 };
 
 const NO_DELAY: Duration = Duration::ZERO;
@@ -68,9 +68,15 @@ async fn redlock_subject() -> Subject {
 }
 
 async fn subject(kind: &str) -> Subject {
+    let ns = namespace();
     let (kind, redis, cluster) = match kind {
         "memory" => (StoreKind::Memory, None, None),
         "redlock" => return redlock_subject().await,
+        // Only the least-privilege user the README documents (issue 26).
+        "least_privilege" => {
+            let (redis, url) = Redis::least_privilege(&ns);
+            (StoreKind::Redis(url), Some(redis), None)
+        }
         // One cluster for the tests that run at the same time; namespaces part them.
         "cluster" => {
             let cluster = tokio::task::block_in_place(ClusterSetup::shared);
@@ -81,7 +87,7 @@ async fn subject(kind: &str) -> Subject {
             (StoreKind::Redis(redis.url()), Some(redis), None)
         }
     };
-    let store = make_store(&kind, &namespace());
+    let store = make_store(&kind, &ns);
     let notices = store.notices();
     // A store delivers the notices of the keys listened to (the engine listens while
     // it waits); the checks read the notices of these. Live once `listen` completes.
@@ -1304,6 +1310,14 @@ async fn a_resumed_sessions_record_stays_spent(s: Subject) {
     assert_eq!(write(&s, next).await, Recorded::Written);
 }
 
+/// The store's own check (issue 26) finds every command Lockside needs allowed, on
+/// each topology (the Cluster's shard channels and `CLUSTER SLOTS` included) and for
+/// the least-privilege user, and no eviction policy that may drop a lock.
+async fn the_store_allows_what_lockside_needs_and_does_not_evict(s: Subject) {
+    let found = s.store.check().await.expect("a check");
+    assert_eq!(found, StoreCheck::default());
+}
+
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -1311,6 +1325,9 @@ macro_rules! conformance {
         }
         mod redis {
             $(#[tokio::test] async fn $name() { super::$name(super::subject("redis").await).await; })*
+        }
+        mod least_privilege {
+            $(#[tokio::test] async fn $name() { super::$name(super::subject("least_privilege").await).await; })*
         }
         mod cluster {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1347,6 +1364,7 @@ conformance!(
     sessions_resume_with_their_secret_only,
     a_resumed_sessions_record_stays_spent,
     records_follow_their_locks,
+    the_store_allows_what_lockside_needs_and_does_not_evict,
 );
 
 /// Holder values, proclaim and the notices watchers rely on (issue 14), on every store.
@@ -1358,6 +1376,9 @@ macro_rules! election_conformance {
             }
             mod redis {
                 $(#[tokio::test] async fn $name() { super::super::$name(super::super::subject("redis").await).await; })*
+            }
+            mod least_privilege {
+                $(#[tokio::test] async fn $name() { super::super::$name(super::super::subject("least_privilege").await).await; })*
             }
             mod cluster {
                 $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1403,6 +1424,7 @@ on_redlock!(
     pings,
     readers_share_and_exclude_writers,
     lock_delay_keeps_an_abandoned_lock_free_of_holders,
+    the_store_allows_what_lockside_needs_and_does_not_evict,
 );
 
 #[tokio::test]

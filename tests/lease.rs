@@ -392,7 +392,15 @@ async fn duplicate_pending_request_ids_are_rejected(s: Setup) {
     a.expect_granted(id).await;
 }
 
-crate::for_each_store!(
+/// Every store, and a Redis with only the least-privilege user (issue 26).
+macro_rules! lease_tests {
+    ($($name:ident),* $(,)?) => {
+        crate::for_each_store!($($name),*);
+        crate::on_least_privilege_redis!($($name),*);
+    };
+}
+
+lease_tests!(
     grant_busy_release,
     wait_then_grant,
     wait_times_out,

@@ -2,17 +2,22 @@
 //! scrapes a live sidecar and evaluates the alert rules; a lock lost under a real
 //! `Lease` stream moves the lost series and fires the lost-locks alert; every query of
 //! the Grafana dashboard runs on that Prometheus and names only metrics the sidecar
-//! exports; the PrometheusRule carries exactly the rules file.
+//! exports; the PrometheusRule carries exactly the rules file. The rules' promtool
+//! tests feed only series a sidecar exports, and a sidecar whose renewals are slow at
+//! the default TTL, scraped, fires `LocksideRenewalsSlow` in promtool.
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::prometheus::{self, Prometheus};
-use common::{PATIENCE, Redis, Sidecar, StoreKind, make_store, namespace, secs};
+use common::proxy::{Fault, Proxy};
+use common::{PATIENCE, Redis, Sidecar, StoreKind, TempDir, make_store, namespace, secs};
 use lockside::proto::{self, lease_response::Event};
+use lockside::store::redis::{RedisOptions, RedisStore};
 use serde_json::Value;
 
 fn kit(file: &str) -> PathBuf {
@@ -150,7 +155,7 @@ async fn a_lost_lock_moves_the_series_and_fires_the_alert() {
         .flatten()
         .flat_map(|g| g["rules"].as_array().into_iter().flatten())
         .collect();
-    assert_eq!(rules.len(), 7, "{groups}");
+    assert_eq!(rules.len(), 9, "{groups}");
     for rule in rules {
         assert_eq!(rule["health"], "ok", "{rule}");
     }
@@ -280,5 +285,159 @@ fn the_prometheus_rule_carries_the_rules_file() {
         spec == indented,
         "prometheusrule.yaml is out of date: regenerate it from lockside-rules.yaml \
          (deploy/observability/README.md, \"Checks\")"
+    );
+}
+
+/// One series as `name{labels}`, its labels parsed: `{a="1",le="+Inf"}`.
+fn parse_series(text: &str) -> (String, BTreeMap<String, String>) {
+    let (name, rest) = text.split_once('{').unwrap_or((text, "}"));
+    let mut labels = BTreeMap::new();
+    let mut rest = rest.trim_end_matches('}');
+    while let Some((key, value)) = rest.split_once("=\"") {
+        let (value, after) = value.split_once('"').expect("a quoted label value");
+        labels.insert(key.trim().to_owned(), value.to_owned());
+        rest = after.trim_start_matches(',');
+    }
+    (name.trim().to_owned(), labels)
+}
+
+/// The samples of a scrape: (series, value), in order, and each family's type.
+fn samples(scrape: &str) -> (Vec<(String, String)>, BTreeMap<String, String>) {
+    let mut samples = Vec::new();
+    let mut types = BTreeMap::new();
+    for line in scrape.lines() {
+        if let Some(family) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = family.split_once(' ').expect("# TYPE name kind");
+            types.insert(name.to_owned(), kind.to_owned());
+        } else if !line.starts_with('#') && !line.is_empty() {
+            let (series, value) = line.rsplit_once(' ').expect("a sample");
+            samples.push((series.to_owned(), value.to_owned()));
+        }
+    }
+    (samples, types)
+}
+
+/// Issue 26: a rule tested on series the sidecar never exports (a bucket it does not
+/// have, a label value it never sets) proves nothing. Every input series of the rules'
+/// promtool tests is one a scrape shows, `le` and every label included, but the
+/// labels a scrape adds (`instance`, `job`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rules_tests_feed_only_series_the_sidecar_exports() {
+    let redis = Redis::start();
+    let sidecar = Sidecar::start(make_store(&StoreKind::Redis(redis.url()), &namespace())).await;
+    let (status, scrape) = prometheus::get(&sidecar.admin, "/metrics")
+        .await
+        .expect("scrape");
+    assert_eq!(status, 200);
+    let exported: BTreeSet<_> = (samples(&scrape).0.iter())
+        .map(|(series, _)| parse_series(series))
+        .collect();
+    let tests = std::fs::read_dir(kit("tests")).expect("deploy/observability/tests");
+    let mut fed = 0;
+    for file in tests {
+        let text = std::fs::read_to_string(file.expect("a test file").path()).expect("read");
+        for line in text.lines() {
+            let Some(series) = line.trim().strip_prefix("- series: '") else {
+                continue;
+            };
+            let (name, mut labels) = parse_series(series.trim_end_matches('\''));
+            for scraper in ["instance", "job"] {
+                assert!(
+                    labels.remove(scraper).is_some(),
+                    "a scrape's {scraper}: {line}"
+                );
+            }
+            assert!(
+                exported.contains(&(name.clone(), labels.clone())),
+                "the rules' tests feed {name}{labels:?}, which no sidecar exports"
+            );
+            fed += 1;
+        }
+    }
+    assert!(fed >= 30, "{fed} series");
+}
+
+/// Issue 26: renewals slower than half their period at the default TTL (10 s: batches
+/// of over 1.67 s) fire `LocksideRenewalsSlow`. A sidecar's renewals go through a proxy
+/// that delays every byte by a second each way; its scrape becomes promtool's input
+/// series (counters growing by their value a minute, gauges as they are), and promtool
+/// evaluates the shipped rules on them. Before the renewal buckets reached past the
+/// threshold, the p99 stopped at 1.6384 s and the alert could not fire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_renewals_at_the_default_ttl_fire_the_renewals_slow_alert() {
+    let redis = Redis::start();
+    let proxy = Proxy::start(redis.port).await;
+    let options = RedisOptions {
+        // Past the slow round trips: they are slow, not failing.
+        timeout: Duration::from_secs(5),
+        ..RedisOptions::default()
+    };
+    let url = format!("redis://127.0.0.1:{}", proxy.port);
+    let store = RedisStore::with_options(&url, &namespace(), &options).expect("a store");
+    let sidecar = Sidecar::start(Arc::new(store)).await;
+    let client = sidecar.client().await;
+    let mut lease = client.lease().await;
+    // The default TTL: renewed every 3.3 s, "slow" above 1.67 s.
+    lease.grant("k").await;
+    proxy.both(Fault::Latency(Duration::from_secs(1)));
+    let scrape = eventually("a renewal observed", || async {
+        let (_, text) = prometheus::get(&sidecar.admin, "/metrics").await.ok()?;
+        let renewed = text
+            .lines()
+            .any(|l| l.starts_with("lockside_renewal_seconds_count ") && !l.ends_with(" 0"));
+        renewed.then_some(text)
+    })
+    .await;
+    assert!(
+        scrape.contains("lockside_renewal_seconds_bucket{le=\"1.6384\"} 0\n"),
+        "the renewal took over 1.6 s:\n{scrape}"
+    );
+
+    let (samples, types) = samples(&scrape);
+    let mut input = String::new();
+    for (series, value) in &samples {
+        let (name, _) = parse_series(series);
+        let family = ["_total", "_bucket", "_count", "_sum", "_created"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .filter(|family| types.contains_key(*family))
+            .unwrap_or(&name);
+        let cumulative = matches!(
+            types.get(family).map(String::as_str),
+            Some("counter" | "histogram")
+        );
+        let labelled = match series.split_once('{') {
+            Some((name, labels)) => format!("{name}{{{},", labels.trim_end_matches('}')),
+            None => format!("{series}{{"),
+        };
+        let values = if cumulative {
+            format!("0+{value}x40")
+        } else {
+            format!("{value}x40")
+        };
+        input.push_str(&format!(
+            "      - series: '{labelled}instance=\"sidecar:7421\",job=\"lockside\"}}'\n        values: '{values}'\n"
+        ));
+    }
+    let dir = TempDir::new("promtool");
+    let test = dir.0.join("slow-renewals.yaml");
+    std::fs::write(
+        &test,
+        format!(
+            "rule_files:\n  - {}\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n{input}    promql_expr_test:\n      - expr: count by (alertname, alertstate, instance) (ALERTS{{alertname=\"LocksideRenewalsSlow\"}})\n        eval_time: 30m\n        exp_samples:\n          - labels: '{{alertname=\"LocksideRenewalsSlow\", alertstate=\"firing\", instance=\"sidecar:7421\"}}'\n            value: 1\n",
+            kit("lockside-rules.yaml").display()
+        ),
+    )
+    .expect("write the promtool test");
+    let out = std::process::Command::new("promtool")
+        .args(["test", "rules"])
+        .arg(&test)
+        .output()
+        .expect("promtool (Debian's prometheus package) must be installed");
+    assert!(
+        out.status.success(),
+        "LocksideRenewalsSlow did not fire on the scraped series:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
 }

@@ -13,7 +13,7 @@ use tracing::Instrument;
 use wire::{decode, encode, trace_context};
 pub use wire::{reject_code, status};
 
-use crate::engine::{self, Engine, Inbound};
+use crate::engine::{self, Engine, EngineError, Inbound};
 use crate::proto;
 use crate::proto::limits::{CLIENT_NAME_HEADER, MAX_CLIENT_NAME_BYTES, RESUME_HEADER};
 use crate::proto::lock_service_server::LockService;
@@ -45,6 +45,25 @@ impl LockApi {
     }
 }
 
+/// Who calls, for the log: the client's address over TCP (TLS included), the process
+/// and user on the other end of a Unix socket. Nothing secret.
+pub fn peer<T>(request: &Request<T>) -> String {
+    if let Some(addr) = request.remote_addr() {
+        return addr.to_string();
+    }
+    let unix = request
+        .extensions()
+        .get::<tonic::transport::server::UdsConnectInfo>();
+    match unix.and_then(|u| u.peer_cred) {
+        Some(cred) => match cred.pid() {
+            Some(pid) => format!("unix (pid {pid}, uid {})", cred.uid()),
+            None => format!("unix (uid {})", cred.uid()),
+        },
+        None if unix.is_some() => "unix".into(),
+        None => "unknown".into(),
+    }
+}
+
 type LeaseStream = Pin<Box<dyn Stream<Item = Result<proto::LeaseResponse, Status>> + Send>>;
 type WatchStream = Pin<Box<dyn Stream<Item = Result<proto::WatchResponse, Status>> + Send>>;
 
@@ -72,6 +91,7 @@ impl LockService for LockApi {
             .metadata()
             .get(RESUME_HEADER)
             .map(|v| v.to_str().unwrap_or_default().to_owned());
+        let peer = peer(&request);
         let inbound = request.into_inner().map(|message| match message {
             Ok(message) => decode(message),
             Err(status) => Inbound::Broken(status.message().to_owned()),
@@ -80,9 +100,16 @@ impl LockService for LockApi {
         match resume {
             None => self.engine.start_session(client_name, trace, inbound, tx),
             Some(token) => {
-                self.engine
-                    .resume_session(&token, client_name, trace, inbound, tx)
-                    .await
+                let resumed = (self.engine)
+                    .resume_session(&token, client_name.clone(), trace, inbound, tx)
+                    .await;
+                if let Err(EngineError::NotResumable) = &resumed {
+                    // The session id only (public: Describe shows it), never the secret.
+                    let session = token.split_once('.').map_or("", |(id, _)| id);
+                    let session = engine::prefix(session, 16);
+                    tracing::warn!(%peer, %session, client = %client_name, "refused to resume a session: its token is malformed, unknown or expired, or the session is attached to a live stream");
+                }
+                resumed
             }
         }
         .map_err(status)?;

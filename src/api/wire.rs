@@ -8,7 +8,7 @@ use tonic::{Code, Status};
 
 use crate::engine::{
     AcquireRequest, Command, EndReason, EngineError, Event, Inbound, KeyView, Mode,
-    NotAcquiredReason, RejectCode, Rejection,
+    NotAcquiredReason, RejectCode, Rejection, STORE_OUT_OF_MEMORY,
 };
 use crate::proto::codec::UNREADABLE;
 use crate::proto::{self, lease_request, lease_response, not_acquired};
@@ -22,6 +22,10 @@ pub fn status(error: EngineError) -> Status {
     match error {
         EngineError::InvalidArgument(m) => Status::invalid_argument(m),
         EngineError::ResourceExhausted(m) => Status::resource_exhausted(m),
+        e @ EngineError::Store(_) if e.store_out_of_memory() => {
+            tracing::warn!(error = %e, "store call failed");
+            Status::resource_exhausted(STORE_OUT_OF_MEMORY)
+        }
         EngineError::Store(e) => {
             tracing::warn!(error = %e, "store call failed");
             Status::unavailable("the lock store is unavailable")

@@ -11,6 +11,7 @@ mod journal;
 mod mailbox;
 mod notices;
 mod protocol;
+mod release;
 mod renewer;
 mod resume;
 mod session;
@@ -20,7 +21,6 @@ mod watches;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::Stream;
@@ -29,14 +29,15 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::Metrics;
 use crate::metrics::store::MeteredStore;
 use crate::proto::limits::{MAX_HOLDER_BYTES, MAX_KEY_BYTES};
-use crate::store::Store;
+use crate::store::{Store, StoreCheck};
 pub use config::EngineConfig;
 use journal::Journal;
 use notices::dispatch_notices;
 pub use protocol::{
     AcquireRequest, Command, EndReason, EngineError, Event, Inbound, Mode, NotAcquiredReason,
-    RejectCode, Rejection, ResumeToken,
+    RejectCode, Rejection, ResumeToken, STORE_OUT_OF_MEMORY,
 };
+pub(crate) use release::release_in_background;
 use renewer::Renewer;
 pub use view::{HolderView, KeyView, QueuedView};
 use wakers::Wakers;
@@ -55,16 +56,6 @@ pub fn random_hex(bytes: usize) -> Result<String, getrandom::Error> {
     let mut buf = vec![0u8; bytes];
     getrandom::fill(&mut buf)?;
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// Releases a grant in the background, ignoring the answer: the owner token is unique
-/// per grant, so this can never touch anyone else's lock. For grants the session no
-/// longer wants (cancelled, lost, answered too late, renewed after being dropped).
-pub(crate) fn release_in_background(store: &Arc<dyn Store>, key: String, owner: String) {
-    let store = store.clone();
-    tokio::spawn(async move {
-        let _ = store.release(&key, &owner, 0, Duration::ZERO).await;
-    });
 }
 
 /// Checks a key against the contract: 1 to 512 bytes, no control characters.
@@ -324,6 +315,11 @@ impl Engine {
         Ok(self.shared.store.ping().await?)
     }
 
+    /// What the store allows this sidecar and whether it may evict its keys.
+    pub async fn check_store(&self) -> Result<StoreCheck, EngineError> {
+        Ok(self.shared.store.check().await?)
+    }
+
     /// Tells every session to release its locks and end; refuses new sessions.
     pub fn shutdown(&self) {
         self.shared.shutdown.cancel();
@@ -347,6 +343,7 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn keys_are_checked() {

@@ -153,7 +153,20 @@ impl Rejection {
         self.holder = prefix(holder, ECHO_BYTES).to_owned();
         self
     }
+
+    /// The code and message of a request a failed store call refused: the client
+    /// learns that the store is out of memory (its own reason: retrying soon will not
+    /// help, an operator must act) or unavailable, not how; the details stay in the log.
+    pub(crate) fn of_store(error: &StoreError) -> (RejectCode, &'static str) {
+        match error {
+            StoreError::OutOfMemory(_) => (RejectCode::ResourceExhausted, STORE_OUT_OF_MEMORY),
+            _ => (RejectCode::Unavailable, "the lock store is unavailable"),
+        }
+    }
 }
+
+/// What a client is told of a store that refuses writes for lack of memory.
+pub const STORE_OUT_OF_MEMORY: &str = "the lock store is out of memory";
 
 /// Why a `NotAcquired`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -300,6 +313,14 @@ pub enum Event {
     },
     /// The sidecar ends the stream.
     Ended(EndReason),
+}
+
+impl EngineError {
+    /// Whether the store refused for lack of memory: RESOURCE_EXHAUSTED, not
+    /// UNAVAILABLE (see [`Rejection::of_store`]).
+    pub fn store_out_of_memory(&self) -> bool {
+        matches!(self, Self::Store(StoreError::OutOfMemory(_)))
+    }
 }
 
 /// Errors of calls outside a session.

@@ -119,4 +119,5 @@ impl Heard {
 
 /// The result of a store call (`lockside_store_calls_total{result}`): `ok`, or the
 /// error's kind ([`crate::store::StoreError::kind`]).
-pub(super) const CALL_RESULTS: [&str; 4] = ["ok", "unavailable", "config", "protocol"];
+pub(super) const CALL_RESULTS: [&str; 5] =
+    ["ok", "unavailable", "config", "protocol", "out_of_memory"];

@@ -28,6 +28,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 use tokio::sync::Semaphore;
 
+use crate::store::StoreCheck;
+
 /// A label set of `N` fixed labels; keys and values are static strings, so a handle is
 /// looked up once and never allocates.
 type Labels<const N: usize> = [(&'static str, &'static str); N];
@@ -40,6 +42,16 @@ fn counters<const N: usize>(
     values: [&'static str; N],
 ) -> [Counter; N] {
     values.map(|value| family.get_or_create_owned(&[(key, value)]))
+}
+
+/// The bounds of `lockside_renewal_seconds`: 100 µs to ~14 min, doubling. A quantile
+/// never exceeds the largest finite bound (a batch slower than it counts as that
+/// bound), so the buckets must reach past the largest threshold the alert rules compare
+/// with: `LocksideRenewalsSlow` fires above half the renewal period, TTL/6 of
+/// `--default-ttl`, which is 1.67 s at the default 10 s and 600 s at the longest TTL
+/// (1 h). (They stopped at 1.6 s, and that alert could never fire.)
+pub(crate) fn renewal_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.0001, 2.0, 24)
 }
 
 /// Handles of the store-call metrics, shared by [`store::MeteredStore`].
@@ -104,6 +116,9 @@ pub struct Metrics {
     store_calls_in_flight: Gauge,
     notices: [Counter; Heard::LABELS.len()],
     ready: Gauge,
+    /// What the store's last check found (`Store::check`).
+    store_evicting: Gauge,
+    store_denied: Gauge,
     /// The engine's limit on concurrent store calls and its semaphore, read at scrape
     /// time (a gauge kept up to date on every call would cost every call).
     store_calls_source: std::sync::OnceLock<(Arc<Semaphore>, usize)>,
@@ -148,7 +163,8 @@ impl Metrics {
         let ready = Gauge::default();
         r.register(
             "ready",
-            "1 while /readyz answers 200: the store answered the last health check (every second)",
+            "1 while /readyz answers 200: the store answered the last health check (every second), \
+             allows every command Lockside needs, and does not evict (or --allow-evicting-store)",
             ready.clone(),
         );
         let default_ttl = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
@@ -189,8 +205,11 @@ impl Metrics {
             "Acquires waiting for their lock now (sent Waiting, not yet answered)",
             acquires_waiting.clone(),
         );
-        // 100 µs to ~26 s: from an uncontended grant to a long wait.
-        let acquire_wait = Histogram::new(exponential_buckets(0.0001, 4.0, 10));
+        // 100 µs to ~1.9 h: from an uncontended grant to the longest wait a client may
+        // ask for (24 h) but for its last hours, so that a p99 of long waits (which
+        // LocksideAcquireWaitsGrowing compares with an hour earlier) is not cut at the
+        // top bucket: a quantile never exceeds the largest finite bound.
+        let acquire_wait = Histogram::new(exponential_buckets(0.0001, 4.0, 14));
         r.register_with_unit(
             "acquire_wait",
             "Time from an Acquire to its grant",
@@ -215,8 +234,7 @@ impl Metrics {
         let family = Family::<Labels<1>, Counter>::default();
         let renewals = counters(&family, "result", Renewed::LABELS);
         r.register("renewals", "Grant renewals by result", family);
-        // 100 µs to ~1.6 s: one pipelined batch.
-        let renewal_time = Histogram::new(exponential_buckets(0.0001, 2.0, 15));
+        let renewal_time = Histogram::new(renewal_buckets());
         r.register_with_unit(
             "renewal",
             "Duration of one renewal batch (one store round trip)",
@@ -276,6 +294,19 @@ impl Metrics {
              notices only to sidecars that wait on or watch it",
             family,
         );
+        let store_evicting = Gauge::default();
+        r.register(
+            "store_evicting",
+            "1 while the store's eviction policy may evict held locks (Redis maxmemory-policy \
+             allkeys-* or volatile-*)",
+            store_evicting.clone(),
+        );
+        let store_denied = Gauge::default();
+        r.register(
+            "store_commands_denied",
+            "Commands Lockside needs that the store refuses this sidecar's user (/readyz names them)",
+            store_denied.clone(),
+        );
         Self {
             registry,
             sessions,
@@ -293,6 +324,8 @@ impl Metrics {
             store_calls_in_flight,
             notices,
             ready,
+            store_evicting,
+            store_denied,
             store_calls_source: std::sync::OnceLock::new(),
         }
     }
@@ -321,6 +354,12 @@ impl Metrics {
     /// Counts a notice received from the store.
     pub fn heard(&self, kind: Heard) {
         self.notices[kind as usize].inc();
+    }
+
+    /// Shows what the store's last check found.
+    pub fn store_checked(&self, check: &StoreCheck) {
+        self.store_evicting.set(i64::from(check.evicting.is_some()));
+        (self.store_denied).set(i64::try_from(check.denied.len()).unwrap_or(i64::MAX));
     }
 
     /// The handles [`store::MeteredStore`] records with.

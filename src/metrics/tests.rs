@@ -89,3 +89,36 @@ fn a_store_call_is_counted_by_operation_and_result() {
         assert!(text.contains(series), "no {series} in\n{text}");
     }
 }
+
+/// The largest finite bound of a histogram in a scrape.
+fn top_bucket(text: &str, histogram: &str) -> f64 {
+    let prefix = format!("{histogram}_bucket{{le=\"");
+    text.lines()
+        .filter_map(|l| {
+            l.strip_prefix(&prefix)?
+                .split('"')
+                .next()?
+                .parse::<f64>()
+                .ok()
+        })
+        .filter(|le| le.is_finite())
+        .fold(0.0, f64::max)
+}
+
+/// Issue 26: a quantile never exceeds the largest finite bucket, so the buckets must
+/// reach past every threshold the alert rules use: half the renewal period (TTL/6) at
+/// the default TTL and at the longest (1 h), and the longest wait a client may ask
+/// for, but for its last hours.
+#[test]
+fn histograms_reach_past_the_thresholds_of_the_alert_rules() {
+    let text = render();
+    let renewal = top_bucket(&text, "lockside_renewal_seconds");
+    for ttl in [10.0, 3600.0] {
+        assert!(
+            renewal > ttl / 6.0,
+            "renewals: {renewal} s for a {ttl} s TTL"
+        );
+    }
+    let wait = top_bucket(&text, "lockside_acquire_wait_seconds");
+    assert!(wait > 3600.0, "acquire waits: {wait} s");
+}

@@ -28,7 +28,7 @@ pub use sessions::{
 };
 pub use types::{
     Acquired, CHANGED, Claim, HolderState, KeyState, Notice, QueuedState, Renewal, Renewed,
-    Sharing, StoreError,
+    Sharing, StoreCheck, StoreError,
 };
 
 use std::future::Future;
@@ -139,6 +139,15 @@ pub trait Store: Send + Sync + 'static {
 
     /// Checks that the store answers.
     fn ping(&self) -> StoreFuture<'_, ()>;
+
+    /// Checks what the store allows this sidecar and whether it may evict its keys
+    /// ([`StoreCheck`]). Called by the health check after every ping that answered: a
+    /// store checks at its first call and after every reconnect (Redis: every new
+    /// connection, and every minute), and answers the last result otherwise, so the
+    /// call is cheap. `Err` when the check could not be made (the store is down).
+    fn check(&self) -> StoreFuture<'_, StoreCheck> {
+        Box::pin(std::future::ready(Ok(StoreCheck::default())))
+    }
 
     /// The notices of the keys this sidecar listens to (see [`Store::listen`]), and
     /// `Resync` when some may have been missed.

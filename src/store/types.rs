@@ -16,6 +16,10 @@ pub enum StoreError {
     /// The store answered something this sidecar does not understand.
     #[error("unexpected store reply: {0}")]
     Protocol(String),
+    /// The store refused a write for lack of memory (Redis `-OOM` over `maxmemory`
+    /// with `noeviction`): it answers, but takes no new lock until memory is freed.
+    #[error("store out of memory: {0}")]
+    OutOfMemory(String),
 }
 
 /// How a grant shares its lock.
@@ -44,6 +48,7 @@ impl StoreError {
             Self::Unavailable(_) => "unavailable",
             Self::Config(_) => "config",
             Self::Protocol(_) => "protocol",
+            Self::OutOfMemory(_) => "out_of_memory",
         }
     }
 }
@@ -251,4 +256,18 @@ impl Notice {
             Self::Resync => None,
         }
     }
+}
+
+/// What a store's own check found ([`Store::check`]): what it refuses this sidecar,
+/// and whether it may drop Lockside's keys before their time.
+///
+/// [`Store::check`]: super::Store::check
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoreCheck {
+    /// The commands Lockside needs that the store refuses this sidecar's user (or does
+    /// not know), by name (`HSET`, `SCRIPT LOAD`), each once.
+    pub denied: Vec<String>,
+    /// The store's eviction policy, when it may evict Lockside's keys (Redis
+    /// `maxmemory-policy` `allkeys-*`, or `volatile-*`: every lock key has a TTL).
+    pub evicting: Option<String>,
 }

@@ -127,21 +127,40 @@ pub async fn setup(kind: &str) -> Setup {
     setup_with(kind, EngineConfig::default()).await
 }
 
+/// `kind`: "memory", "redis", or "least_privilege" (a Redis whose only user for the
+/// sidecar is the least-privilege user the README documents).
 pub async fn setup_with(kind: &str, config: EngineConfig) -> Setup {
+    let ns = namespace();
     let (kind, redis) = match kind {
         "memory" => (StoreKind::Memory, None),
+        "least_privilege" => {
+            let (redis, url) = Redis::least_privilege(&ns);
+            (StoreKind::Redis(url), Some(redis))
+        }
         _ => {
             let redis = Redis::start();
             (StoreKind::Redis(redis.url()), Some(redis))
         }
     };
-    let sidecar = Sidecar::start_with(make_store(&kind, &namespace()), config).await;
+    let sidecar = Sidecar::start_with(make_store(&kind, &ns), config).await;
     let client = sidecar.client().await;
     Setup {
         sidecar,
         client,
         _redis: redis,
     }
+}
+
+/// Runs each `async fn NAME(Setup)` of the calling file on a Redis whose only user for
+/// the sidecar is the least-privilege user the README documents, as
+/// `least_privilege::NAME`.
+#[macro_export]
+macro_rules! on_least_privilege_redis {
+    ($($name:ident),* $(,)?) => {
+        mod least_privilege {
+            $(#[tokio::test] async fn $name() { super::$name($crate::common::setup("least_privilege").await).await; })*
+        }
+    };
 }
 
 /// Runs each `async fn NAME(Setup)` of the calling file once on the memory store and

@@ -5,6 +5,29 @@ use std::time::Duration;
 
 use super::{PATIENCE, TempDir, free_port};
 
+/// The password of the harness's `admin` user ([`Redis::start_with_acl`]).
+pub const ADMIN_PASSWORD: &str = "admin-pa55-Kd2";
+/// The password of the least-privilege `lockside` user ([`Redis::least_privilege`]).
+pub const LOCKSIDE_PASSWORD: &str = "lockside-pa55-Vb9";
+
+/// The ACL rules of the least-privilege user, as the README documents them (the line
+/// `ACL SETUSER lockside ...`), for `namespace` and `password`: the documented line is
+/// the one tested.
+pub fn least_privilege_rules(namespace: &str, password: &str) -> Vec<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let line = readme
+        .lines()
+        .find_map(|l| l.strip_prefix("ACL SETUSER lockside "))
+        .expect("the README documents `ACL SETUSER lockside ...`");
+    line.split_whitespace()
+        .map(|rule| {
+            rule.replace("{lockside:", &format!("{{{namespace}:"))
+                .replace(">PASSWORD", &format!(">{password}"))
+        })
+        .collect()
+}
+
 /// A `redis-server` on a free loopback port, killed on drop.
 pub struct Redis {
     pub port: u16,
@@ -28,6 +51,48 @@ impl Redis {
     /// A server that requires `password` (AUTH).
     pub fn start_with_password(password: Option<&str>) -> Self {
         Self::start_custom(password, &[], &[], false)
+    }
+
+    /// A server whose default user is off: only ACL users log in (add them with
+    /// [`Redis::set_user`]), and the harness's own `redis-cli` runs as `admin`, who may
+    /// do everything.
+    pub fn start_with_acl() -> Self {
+        let words = |w: &[&str]| w.iter().map(|w| w.to_string()).collect::<Vec<_>>();
+        let admin = format!(">{ADMIN_PASSWORD}");
+        let server = words(&[
+            "--user", "default", "off", "--user", "admin", "on", &admin, "~*", "&*", "+@all",
+        ]);
+        let cli = words(&[
+            "--user",
+            "admin",
+            "--pass",
+            ADMIN_PASSWORD,
+            "--no-auth-warning",
+        ]);
+        Self::start_custom(None, &server, &cli, false)
+    }
+
+    /// `ACL SETUSER name rules...` (as admin, on a server from [`Redis::start_with_acl`]).
+    pub fn set_user(&self, name: &str, rules: &[String]) {
+        let mut args = vec!["ACL", "SETUSER", name];
+        args.extend(rules.iter().map(String::as_str));
+        assert_eq!(self.cli(&args), "OK", "ACL SETUSER {name} {rules:?}");
+    }
+
+    /// A server whose only user for Lockside is the least-privilege user the README
+    /// documents (Security, "Least privilege on Redis"), for `namespace`; and the store
+    /// URL that logs in as it.
+    pub fn least_privilege(namespace: &str) -> (Self, String) {
+        let redis = Self::start_with_acl();
+        redis.set_user(
+            "lockside",
+            &least_privilege_rules(namespace, LOCKSIDE_PASSWORD),
+        );
+        let url = format!(
+            "redis://lockside:{LOCKSIDE_PASSWORD}@127.0.0.1:{}",
+            redis.port
+        );
+        (redis, url)
     }
 
     /// A server with more arguments; `cli_args` tell `redis-cli` how to reach it, `tls`

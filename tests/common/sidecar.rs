@@ -159,6 +159,11 @@ impl SidecarProcess {
                 .expect("open the sidecar's log")
                 .into(),
         };
+        // Tests run sidecars side by side: no fixed admin port, unless `extra` names one.
+        let admin = match extra.contains(&"--admin-listen") {
+            true => None,
+            false => Some(["--admin-listen", "127.0.0.1:0"]),
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_lockside"))
             .args([
                 "serve",
@@ -168,10 +173,8 @@ impl SidecarProcess {
                 store,
                 "--namespace",
                 namespace,
-                // Tests run sidecars side by side: no fixed admin port.
-                "--admin-listen",
-                "127.0.0.1:0",
             ])
+            .args(admin.into_iter().flatten())
             .args([
                 "--keepalive-interval",
                 "300ms",

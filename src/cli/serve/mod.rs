@@ -105,6 +105,12 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKSIDE_REPLICA_ACK_TIMEOUT", default_value = "100ms", value_parser = parse_duration)]
     pub replica_ack_timeout: Duration,
 
+    /// Serve (and answer /readyz) although the store's eviction policy may evict held
+    /// locks (Redis maxmemory-policy allkeys-* or volatile-*). Off: such a store keeps
+    /// the sidecar unready, as a lock it evicts is a lock two clients may hold.
+    #[arg(long, env = "LOCKSIDE_ALLOW_EVICTING_STORE")]
+    pub allow_evicting_store: bool,
+
     /// How long shutdown may take to release every lock.
     #[arg(long, env = "LOCKSIDE_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
@@ -313,6 +319,7 @@ impl ServeArgs {
             drain_timeout: self.drain_timeout,
             auth_token,
             tls,
+            allow_evicting_store: self.allow_evicting_store,
         })
     }
     /// The store `--store` names, with its options. Settings that cannot work together

@@ -10,7 +10,58 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{FLUSH_EVERY, RETRY, Task};
-use crate::store::{RecordWrite, Recorded};
+use crate::store::{RecordWrite, Recorded, StoreError};
+use crate::telemetry::Streak;
+
+/// The journal's writes that fail and are retried (every [`RETRY`] or so), as the log
+/// tells them: one line when the attachment's or the records' writes start failing and
+/// one when they work again, not one per retry.
+#[derive(Debug, Default)]
+pub(super) struct Failing {
+    attachment: Streak,
+    records: Streak,
+}
+
+impl Failing {
+    /// Logs an attachment write that starts or ends a streak of failures.
+    pub(super) fn attachment(&mut self, result: &Result<(), StoreError>) {
+        match result {
+            Ok(()) => {
+                if let Some((failures, took)) = self.attachment.recovered() {
+                    tracing::info!(
+                        failures,
+                        ?took,
+                        "writing this sidecar's attachment works again"
+                    );
+                }
+            }
+            Err(error) => {
+                if self.attachment.failed() {
+                    tracing::warn!(%error, "writing this sidecar's attachment failed; retrying until it works");
+                }
+            }
+        }
+    }
+
+    /// Logs a flush whose record writes (`failed` of `writes` not made, `error` when
+    /// the whole call failed) start or end a streak of failures.
+    fn records(&mut self, failed: usize, writes: usize, error: Option<&StoreError>) {
+        if failed == 0 {
+            if let Some((failures, took)) = self.records.recovered() {
+                tracing::info!(failures, ?took, "writing session records works again");
+            }
+        } else if self.records.failed() {
+            // A store that answers per write logs each write's error at debug.
+            let error = error.map(ToString::to_string);
+            tracing::warn!(
+                failed,
+                writes,
+                error,
+                "writing session records failed; retrying until it works"
+            );
+        }
+    }
+}
 
 impl Task {
     /// Writes what has gathered, and the records due for extending. A grant is
@@ -114,14 +165,13 @@ impl Task {
                 return;
             }
         }
-        let answers = match self.store.record(&writes).await {
-            Ok(answers) if answers.len() == writes.len() => answers,
-            Ok(_) => vec![None; writes.len()],
-            Err(e) => {
-                tracing::warn!(error = %e, "writing session records failed; retrying");
-                vec![None; writes.len()]
-            }
+        let (answers, error) = match self.store.record(&writes).await {
+            Ok(answers) if answers.len() == writes.len() => (answers, None),
+            Ok(_) => (vec![None; writes.len()], None),
+            Err(e) => (vec![None; writes.len()], Some(e)),
         };
+        let failed = answers.iter().filter(|a| a.is_none()).count();
+        self.failing.records(failed, writes.len(), error.as_ref());
         let mut retry = false;
         for (((serial, taken), write), answer) in written.into_iter().zip(&writes).zip(answers) {
             let Some(tracked) = self.tracked.get_mut(&serial) else {

@@ -113,6 +113,7 @@ impl Journal {
             flush_at: None,
             attach_at: None,
             attached_ttl: Duration::ZERO,
+            failing: flush::Failing::default(),
         };
         tokio::spawn(task.run(alive.clone()));
         Self {
@@ -214,6 +215,8 @@ struct Task {
     attach_at: Option<Instant>,
     /// The TTL the attachment was last written with.
     attached_ttl: Duration,
+    /// The writes that fail and are retried, for the log (`flush.rs`).
+    failing: flush::Failing,
 }
 
 impl Task {
@@ -358,14 +361,15 @@ impl Task {
     /// Writes the attachment; schedules the next write.
     async fn attach(&mut self) -> bool {
         let ttl = self.attachment_ttl();
-        match self.store.attach(&self.sidecar, ttl).await {
+        let result = self.store.attach(&self.sidecar, ttl).await;
+        self.failing.attachment(&result);
+        match result {
             Ok(()) => {
                 self.attached_ttl = ttl;
                 self.attach_at = Some(Instant::now() + ttl / 3);
                 true
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "writing this sidecar's attachment failed; retrying");
+            Err(_) => {
                 self.attach_at = Some(Instant::now() + RETRY);
                 false
             }

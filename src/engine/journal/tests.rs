@@ -33,6 +33,7 @@ fn task() -> Task {
         flush_at: None,
         attach_at: None,
         attached_ttl: Duration::ZERO,
+        failing: Default::default(),
     }
 }
 

@@ -22,9 +22,11 @@
 //! frozen Cluster node, too few Redlock masters) go failing and are retried soon; the
 //! rest of the batch is renewed as usual.
 //!
-//! Files: this one has the handle and the task; `clock.rs` a grant's [`LeaseClock`].
+//! Files: this one has the handle and the task; `clock.rs` a grant's [`LeaseClock`];
+//! `failing.rs` what the log says of failing renewals.
 
 mod clock;
+mod failing;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -40,6 +42,7 @@ use crate::metrics::{Metrics, Renewed as Counted};
 use crate::store::drift_margin;
 use crate::store::{Renewal, Renewed, Store, StoreError, names};
 pub(crate) use clock::LeaseClock;
+use failing::Failing;
 
 /// Shortest pause before retrying a failed renewal.
 const MIN_RETRY: Duration = Duration::from_millis(50);
@@ -68,28 +71,6 @@ pub(crate) struct Renewable {
     pub(crate) confirmed_at: Instant,
     pub(crate) clock: Arc<LeaseClock>,
     pub(crate) events: mpsc::UnboundedSender<Note>,
-}
-
-/// The grants of one tick that went failing, by error: one log line per failed call
-/// (a chunk's grants share its error), not one per grant (a frozen Redis would
-/// otherwise print 100,000 lines at once).
-#[derive(Default)]
-struct Failing(Vec<(Arc<StoreError>, usize, Arc<str>)>);
-
-impl Failing {
-    fn add(&mut self, error: &Arc<StoreError>, key: &Arc<str>) {
-        match self.0.iter_mut().find(|(e, ..)| Arc::ptr_eq(e, error)) {
-            Some((_, n, _)) => *n += 1,
-            None => self.0.push((error.clone(), 1, key.clone())),
-        }
-    }
-
-    fn log(self) {
-        for (error, grants, key) in self.0 {
-            let first_key = names::key_of(&key);
-            tracing::warn!(grants, %first_key, error = %error, "renewals failed; retrying");
-        }
-    }
 }
 
 /// Handle to the renewer task.
@@ -121,6 +102,7 @@ impl Renewer {
                 mailbox: mailbox.clone(),
                 schedule: BTreeMap::new(),
                 ttls: BTreeMap::new(),
+                failing: 0,
             }
             .run(shutdown, alive.clone()),
         );
@@ -186,6 +168,9 @@ struct Task {
     /// How many grants have each TTL: the longest tells [`Task::tick`] how far ahead
     /// of now a grant can be due and still be renewed early (half its period).
     ttls: BTreeMap<Duration, usize>,
+    /// How many grants' renewals are failing: the log tells when a streak of failures
+    /// starts (none failed before) and when it ends (see `failing.rs`).
+    failing: usize,
 }
 
 impl Task {
@@ -237,6 +222,9 @@ impl Task {
 
     /// Takes a forgotten grant's TTL out of `ttls`.
     fn forget(&mut self, entry: &Entry) {
+        if entry.failing {
+            self.failing = self.failing.saturating_sub(1);
+        }
         if let Some(n) = self.ttls.get_mut(&entry.ttl) {
             *n -= 1;
             if *n == 0 {
@@ -323,7 +311,8 @@ impl Task {
             Err(e) => vec![Renewed::Failed(Arc::new(e)); batch.len()],
         };
         self.count(&answers);
-        let mut failing = Failing::default();
+        let (mut failing, mut restored) = (Failing::default(), 0);
+        let already_failing = self.failing;
         let mut left = batch.len();
         for (mut entry, renewed) in batch.into_iter().zip(answers) {
             left -= 1;
@@ -347,6 +336,8 @@ impl Task {
                 Renewed::Extended => {
                     if entry.failing {
                         entry.failing = false;
+                        self.failing = self.failing.saturating_sub(1);
+                        restored += 1;
                         entry.event(RenewEvent::Restored);
                     }
                     self.schedule(sent_at + period(ttl), entry, left + 1);
@@ -361,13 +352,14 @@ impl Task {
                     if !entry.failing {
                         failing.add(&e, &entry.name);
                         entry.failing = true;
+                        self.failing += 1;
                         entry.event(RenewEvent::Failing);
                     }
                     self.schedule(done + (ttl / 20).max(MIN_RETRY), entry, 1);
                 }
             }
         }
-        failing.log();
+        failing.log(already_failing, self.failing, restored);
     }
 
     /// Counts a batch's answers in the metrics: each failure once per store error (a
@@ -390,7 +382,8 @@ impl Task {
     /// Releases a grant whose renewal landed after its session dropped it, so the
     /// store does not keep it for a whole TTL.
     fn undo(&self, entry: &Entry) {
-        super::release_in_background(&self.store, entry.key().to_owned(), entry.owner.to_string());
+        let (key, owner) = (entry.key().to_owned(), entry.owner.to_string());
+        super::release_in_background(&self.store, key, owner, entry.ttl);
     }
 }
 

@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -113,7 +114,7 @@ impl Session {
         h.clock.release();
         self.shared.journal.dropped(&self.record, shared_name);
         // If the store is reachable again, let the others in now rather than at expiry.
-        self.release_in_background(key.to_owned(), h.owner.to_string());
+        self.release_in_background(key.to_owned(), h.owner.to_string(), h.ttl);
         self.send(Event::Lost {
             key: key.to_owned(),
             reason: reason.to_owned(),
@@ -123,8 +124,10 @@ impl Session {
         h.queue
     }
 
-    pub(super) fn release_in_background(&self, key: String, owner: String) {
-        crate::engine::release_in_background(&self.shared.store, key, owner);
+    /// Releases a grant the session no longer wants, trying again for at most `ttl`
+    /// while the store does not confirm it (`engine/release.rs`).
+    pub(super) fn release_in_background(&self, key: String, owner: String, ttl: Duration) {
+        crate::engine::release_in_background(&self.shared.store, key, owner, ttl);
     }
 
     /// Runs the commands queued behind a slot while it has no call under way.

@@ -134,9 +134,14 @@ impl Session {
                         self.redispatch(queue);
                     }
                     Err(e) if last => {
-                        // Stop renewing: the store lets the lock go at its expiry.
+                        // Stop renewing, and release in the background until the store
+                        // confirms it or lets the lock go at its expiry.
                         let key = names::key_of(&name);
-                        log!(self, WARN, %key, error = %e, "release not confirmed by the store; the lock expires at its TTL");
+                        log!(self, WARN, %key, error = %e, "release not confirmed by the store; retrying it in the background until the lock's TTL");
+                        if let Some(Slot::Held(h)) = self.slots.get(name.as_str()) {
+                            let (owner, ttl) = (h.owner.to_string(), h.ttl);
+                            self.release_in_background(key.to_owned(), owner, ttl);
+                        }
                         self.released(name, request_id);
                     }
                     Err(e) => {
@@ -209,14 +214,14 @@ impl Session {
             // Cannot happen: an Acquiring slot only leaves through here.
             log!(self, ERROR, %key, "acquire finished without its slot");
             if let AcquireResult::Granted { .. } = outcome {
-                self.release_in_background(key, claim.owner);
+                self.release_in_background(key, claim.owner, claim.ttl);
             }
             return;
         };
         trace_outcome(&a, &outcome);
         let reason = match outcome {
             AcquireResult::Granted { .. } if a.cancelled => {
-                self.release_in_background(key.clone(), claim.owner);
+                self.release_in_background(key.clone(), claim.owner, claim.ttl);
                 Some(NotAcquiredReason::Cancelled)
             }
             _ if a.cancelled => Some(NotAcquiredReason::Cancelled),
@@ -224,7 +229,7 @@ impl Session {
                 let drift = self.shared.config.clock_drift;
                 let valid_until = sent_at + claim.ttl - drift_margin(claim.ttl, drift);
                 if valid_until <= Instant::now() {
-                    self.release_in_background(key.clone(), claim.owner);
+                    self.release_in_background(key.clone(), claim.owner, claim.ttl);
                     let message = "the store answered too late for the grant to be safe";
                     self.reject(request_id, name, RejectCode::Unavailable, message);
                     None
@@ -255,7 +260,7 @@ impl Session {
                 // A call that timed out may still have been granted: the grant's owner
                 // token is unique, so releasing it blindly is safe and frees the key
                 // now rather than at its TTL.
-                self.release_in_background(key.clone(), claim.owner);
+                self.release_in_background(key.clone(), claim.owner, claim.ttl);
                 self.store_failed(request_id, name, &e);
                 None
             }

@@ -99,7 +99,7 @@ impl Session {
                 if other.is_some() {
                     // Answered too late to be safe (or not a lock this sidecar takes):
                     // let the others in now rather than at its expiry.
-                    self.release_in_background(key.clone(), owner);
+                    self.release_in_background(key.clone(), owner, ttl);
                 }
                 self.shared.metrics.lost(Loss::NotHeld);
                 self.shared

@@ -65,17 +65,14 @@ impl Session {
         ));
     }
 
-    /// Answers UNAVAILABLE. The client learns that the store cannot be reached, not
-    /// how: addresses and driver messages stay in the log.
+    /// Answers UNAVAILABLE, or RESOURCE_EXHAUSTED when the store is out of memory. The
+    /// client learns that the store cannot be reached or is full, not how: addresses
+    /// and driver messages stay in the log.
     pub(super) fn store_failed(&mut self, request_id: u64, name: &str, error: &StoreError) {
         // Counted by the metered store (`lockside_store_calls_total`).
         let (key, holder) = names::split(name);
         log!(self, WARN, %key, %holder, %error, "store call failed");
-        self.reject(
-            request_id,
-            name,
-            RejectCode::Unavailable,
-            "the lock store is unavailable",
-        );
+        let (code, message) = Rejection::of_store(error);
+        self.reject(request_id, name, code, message);
     }
 }

@@ -12,8 +12,21 @@ use super::scripts::Lua;
 use super::{LOCK_PARTS, RedisStore};
 use crate::store::StoreError;
 
-fn unavailable(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(e.to_string())
+/// How a command the store's ACL refused this sidecar's user (`NOPERM`) begins its
+/// error: unavailable as far as a lock is concerned, told apart by the store's check.
+pub(super) const REFUSED: &str = "refused by the store's ACL";
+
+/// The store error of a failed Redis call: out of memory (a write refused over
+/// `maxmemory`, by the command or inside a script), or unavailable (refused by the
+/// ACL, or any other failure).
+pub(super) fn store_error(e: &redis::RedisError) -> StoreError {
+    if e.code() == Some("OOM") {
+        StoreError::OutOfMemory(e.to_string())
+    } else if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) {
+        StoreError::Unavailable(format!("{REFUSED}: {e}"))
+    } else {
+        StoreError::Unavailable(e.to_string())
+    }
 }
 
 impl RedisStore {
@@ -51,7 +64,7 @@ impl RedisStore {
                 if forget_on_timeout || !e.is_timeout() {
                     self.link.failed(id, &e);
                 }
-                unavailable(e)
+                store_error(&e)
             })
         };
         match tokio::time::timeout(self.timeout, attempt).await {

@@ -10,10 +10,12 @@
 //! session records and resuming in `redis/sessions.rs`.
 //!
 //! This file has the store and its `Store` methods; opening it is in `redis/open.rs`,
-//! how one call reaches Redis (timeout, connection, script) in `redis/call.rs`.
+//! how one call reaches Redis (timeout, connection, script) in `redis/call.rs`, the
+//! store's own check of its permissions and eviction policy in `redis/checks.rs`.
 
 mod acked;
 mod call;
+mod checks;
 mod link;
 mod open;
 mod options;
@@ -36,7 +38,7 @@ pub use options::RedisOptions;
 
 use super::{
     Acquired, Claim, KeyState, Notice, RecordWrite, Recorded, Renewal, Renewed, ResumeClaim,
-    Resumption, Store, StoreError, StoreFuture,
+    Resumption, Store, StoreCheck, StoreError, StoreFuture,
 };
 use link::{Conn, Link};
 use replies::{acquired, held_count, key_state, ms};
@@ -69,6 +71,9 @@ pub struct RedisStore {
     tasks: Vec<JoinHandle<()>>,
     /// The keys watched here, registered in the store (`redis/watchers.rs`).
     watchers: Arc<Watchers>,
+    /// What the commands this store sends depend on, and its last check (`checks.rs`).
+    needs: checks::Needs,
+    checked: checks::Checked,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -317,12 +322,19 @@ impl Store for RedisStore {
 
     fn ping(&self) -> StoreFuture<'_, ()> {
         Box::pin(async move {
-            self.run(|mut conn| async move {
+            let pong = self.run(|mut conn| async move {
                 redis::cmd("PING").query_async::<String>(&mut conn).await
-            })
-            .await?;
-            Ok(())
+            });
+            match pong.await {
+                // An answer: the store is there; the check names PING.
+                Err(e) if checks::refused(&e) => Ok(()),
+                answer => answer.map(drop),
+            }
         })
+    }
+
+    fn check(&self) -> StoreFuture<'_, StoreCheck> {
+        Box::pin(self.checked())
     }
 
     fn notices(&self) -> broadcast::Receiver<Notice> {
@@ -375,20 +387,4 @@ impl Store for RedisStore {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// `acquire.lua` and `release.lua` publish on the lock's key with 'n' for its last
-    /// letter: that must be the channel the sidecar subscribes to.
-    #[tokio::test]
-    async fn scripts_make_the_channel_the_sidecar_listens_to() {
-        let store = RedisStore::new("redis://127.0.0.1:1", "ns:a", Duration::from_secs(1))
-            .expect("a lazy store");
-        for key in ["orders/42", "a:b}c", ""] {
-            let mut made = store.key(key, "h");
-            made.replace_range(made.len() - 1.., "n");
-            assert_eq!(made, store.notice_channel(key).0);
-            assert_eq!(store.notice(key), format!("0{key}"));
-        }
-    }
-}
+mod tests;

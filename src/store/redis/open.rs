@@ -74,6 +74,12 @@ impl RedisStore {
             notices,
             tasks,
             watchers,
+            needs: super::checks::Needs {
+                cluster: kind == "redis_cluster",
+                sentinel: kind == "redis_sentinel",
+                acks: options.min_replica_acks > 0,
+            },
+            checked: Default::default(),
         })
     }
 }

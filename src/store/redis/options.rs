@@ -158,12 +158,16 @@ fn split_auth(rest: &str) -> (&str, &str) {
 }
 
 /// Nagle's algorithm would hold back the second of two pipelined requests until the
-/// first is acknowledged; lock handoffs are latency-bound. TLS gets the certificates.
+/// first is acknowledged; lock handoffs are latency-bound. No `CLIENT SETINFO` after
+/// connecting: a command less per connection, and none that a least-privilege user is
+/// refused (Redis 7.2 records each refusal in `ACL LOG`). TLS gets the certificates.
 fn finish(
     info: ConnectionInfo,
     certificates: Option<&redis::TlsCertificates>,
 ) -> Result<ConnectionInfo, StoreError> {
-    let info = info.set_tcp_settings(TcpSettings::default().set_nodelay(true));
+    let settings = info.redis_settings().clone().set_skip_set_lib_name();
+    let info = (info.set_redis_settings(settings))
+        .set_tcp_settings(TcpSettings::default().set_nodelay(true));
     match certificates {
         Some(certs) => redis::Client::build_with_tls(info, certs.clone())
             .map(|client| client.get_connection_info().clone())

@@ -55,7 +55,8 @@ use vote::{merge, renewal_vote};
 
 use super::redis::RedisStore;
 use super::{
-    Acquired, Claim, KeyState, Notice, Renewal, Renewed, Sharing, Store, StoreError, StoreFuture,
+    Acquired, Claim, KeyState, Notice, Renewal, Renewed, Sharing, Store, StoreCheck, StoreError,
+    StoreFuture,
 };
 
 /// After a majority granted, how long at least to wait for the other masters.
@@ -320,6 +321,28 @@ impl Store for RedlockStore {
         for master in &self.masters {
             master.unlisten(key, watch);
         }
+    }
+
+    fn check(&self) -> StoreFuture<'_, StoreCheck> {
+        // Every master's findings: a refused command or an evicting master anywhere
+        // is a problem of the whole. Masters that do not answer are left out.
+        Box::pin(async move {
+            let mut found = StoreCheck::default();
+            let answers = self.everywhere(|m| m.check()).await;
+            let answered = answers.iter().filter(|a| a.is_ok()).count();
+            if answered < self.quorum {
+                return Err(self.no_quorum(answered));
+            }
+            for check in answers.into_iter().flatten() {
+                for name in check.denied {
+                    if !found.denied.contains(&name) {
+                        found.denied.push(name);
+                    }
+                }
+                found.evicting = found.evicting.or(check.evicting);
+            }
+            Ok(found)
+        })
     }
 
     fn ping(&self) -> StoreFuture<'_, ()> {

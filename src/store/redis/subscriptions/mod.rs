@@ -38,6 +38,7 @@ use tokio::task::JoinHandle;
 
 use super::link::{Conn, Link, Push};
 use crate::store::{Notice, StoreError};
+use crate::telemetry::Streak;
 
 /// When to subscribe again after a Cluster's topology moved: soon, then as the slot
 /// maps of the nodes and of the connection converge (a coordinated failover takes
@@ -204,6 +205,8 @@ impl Subscriptions {
     /// backoff while passes fail.
     async fn keep(self: Arc<Self>) {
         let mut changes = self.link.changes();
+        // One log line when passes start failing and one when they work again.
+        let mut failing = Streak::default();
         loop {
             tokio::select! {
                 _ = self.kick.notified() => {}
@@ -214,10 +217,16 @@ impl Subscriptions {
                 let result = self.pass().await;
                 self.passes.send_modify(|n| *n += 1);
                 match result {
-                    Ok(()) => break,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "subscribing to notices failed; trying again")
+                    Ok(()) => {
+                        if let Some((failures, took)) = failing.recovered() {
+                            tracing::info!(failures, ?took, "subscribing to notices works again");
+                        }
+                        break;
                     }
+                    Err(e) if failing.failed() => {
+                        tracing::warn!(error = %e, "subscribing to notices failed; retrying until it works (waiters look again at their keys' expiry meanwhile)")
+                    }
+                    Err(e) => tracing::debug!(error = %e, "subscribing to notices failed again"),
                 }
                 // Backoff between attempts on an unreachable Redis, not a wait for a
                 // lock; listens give up waiting at their own timeout meanwhile.

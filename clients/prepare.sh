@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds and installs the client packages the way users get them, for their own tests
-# and for tests/languages.rs (the cross-language exclusion test):
+# and for tests/client_languages.rs (the cross-language exclusion test):
 #   target/clients/venv                     a venv with the wheel `pip wheel` built from
 #                                           clients/python (and pytest, for its tests)
 #   target/clients/node/node_modules        `npm install` of the tarball `npm pack` made

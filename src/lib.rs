@@ -6,7 +6,7 @@
 //!
 //! Data flows one way: [`api`] → [`engine`] → [`store`]. `ARCHITECTURE.md` at the
 //! repository's root has the code map (what each folder owns and never imports), the
-//! invariants and where each kind of test lives; `tests/architecture.rs` keeps the
+//! invariants and where each kind of test lives; `tests/layout_architecture.rs` keeps the
 //! import rules and the size of a file (at most 400 lines).
 //!
 //! - [`proto`]: the contract: generated gRPC types and [`proto::limits`].

@@ -3,7 +3,7 @@
 #
 #   bash clients/go/ci.sh build     gofmt, go vet, the stubs up to date (when buf is
 #                                   installed), bin/lockside-example (which
-#                                   tests/languages.rs runs) and bin/bench; no
+#                                   tests/client_languages.rs runs) and bin/bench; no
 #                                   sidecar needed.
 #   LOCKSIDE_BIN=$PWD/target/debug/lockside bash clients/go/ci.sh
 #                                   all of the above, then go test against that

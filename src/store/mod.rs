@@ -41,7 +41,7 @@ use tokio::sync::broadcast;
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
 /// A place where locks live. Implementations must pass the conformance suite in
-/// `tests/conformance.rs`. Every method is one atomic step.
+/// `tests/store_conformance.rs`. Every method is one atomic step.
 pub trait Store: Send + Sync + 'static {
     /// Grants `claim.key` to `claim.owner` when the lock admits the claim's mode and
     /// limit, no lock-delay runs, and (fair) no fair waiter ahead of it could be granted
@@ -237,7 +237,7 @@ pub const FENCE_PER_MS: u64 = 1024;
 /// behind the old master's by more than the failover takes (seconds, against the
 /// milliseconds NTP keeps nodes apart), and a key took fewer than 1024 grants per
 /// millisecond before it (more run ahead of the clock, and a failover may then repeat
-/// some). Tested by scenario 7 of `tests/failover.rs`. Tokens stay below 2^53 until
+/// some). Tested by scenario 7 of `tests/fault_failover.rs`. Tokens stay below 2^53 until
 /// the year 2248, so JavaScript clients can hold them in a double.
 pub fn next_fence(last: u64, unix_ms: u64) -> u64 {
     last.saturating_add(1)

@@ -1,5 +1,5 @@
 // Command lockside-example takes Lockside locks from Go; the cross-language test
-// (tests/languages.rs) runs its modes as client processes.
+// (tests/client_languages.rs) runs its modes as client processes.
 //
 //	lockside-example [--addr A] --key K [--hold D] [--wait D] [--ttl D]
 //		take K, print the fencing token, hold it for D, release it.

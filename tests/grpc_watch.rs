@@ -1,8 +1,8 @@
 //! Leader election through real gRPC on the memory store: holder values in `Describe`,
 //! `Proclaim` on a `Lease` stream, the `Watch` stream (states, errors, a reader that
 //! does not keep up, shutdown), and the Rust client's `campaign` and `watch`. The
-//! engine's timing rules are in `tests/election.rs`; two sidecars on Redis in
-//! `tests/elect.rs`.
+//! engine's timing rules are in `tests/engine_election.rs`; two sidecars on Redis in
+//! `tests/cli_elect.rs`.
 
 mod common;
 

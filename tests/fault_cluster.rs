@@ -411,7 +411,7 @@ async fn frozen_master_costs_only_its_locks(which: Freeze) {
 /// A session of many locks on a Cluster: its record and its buckets share a slot; the
 /// locks resume from it on another sidecar, and nothing of it is left once it ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hundreds_of_locks_resume_from_a_record_of_small_hashes() {
+async fn hundreds_of_locks_resume_from_a_record_of_small_hashes_on_a_cluster() {
     let cluster = tokio::task::block_in_place(ClusterSetup::shared);
     let cli = |key: &str, args: &[&str]| {
         tokio::task::block_in_place(|| common::topology::cli(cluster.master_of(key), args))

@@ -278,8 +278,9 @@ async fn namespaces_keep_apps_apart_on_one_redis() {
 /// using it), resumes its session on the restarted one and uses the lock again if it
 /// came back, or learns it is lost: the history checker, fed the intervals of use,
 /// finds no overlap and no token regression.
+/// TESTING.md, scenario 4.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scenario_4_sidecar_kills_with_resuming_clients() {
+async fn sidecar_kills_with_resuming_clients() {
     use common::{Interval, Rng, Verdict, check_history};
     use lockside::client::{Client as Rust, LockOptions, LockState};
     use std::sync::{Arc, Mutex};

@@ -97,22 +97,25 @@ async fn lost_ahead_of_release(rate: &str, drift: &str) -> f64 {
     ahead
 }
 
+/// TESTING.md, scenario 10.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scenario_10_a_slow_clock_within_the_drift_factor_is_safe() {
+async fn a_slow_clock_within_the_drift_factor_is_safe() {
     // ×0.9: 10% slow; a 15% drift factor covers it.
     let ahead = lost_ahead_of_release("0.9", "0.15").await;
     assert!(ahead > 0.0, "Lost must come first: {ahead:.3} s");
 }
 
+/// TESTING.md, scenario 10.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scenario_10_a_fast_clock_is_safe_with_the_default_drift() {
+async fn a_fast_clock_is_safe_with_the_default_drift() {
     // ×1.1: the sidecar's deadlines come early in real time.
     let ahead = lost_ahead_of_release("1.1", "0.01").await;
     assert!(ahead > 0.0, "Lost must come first: {ahead:.3} s");
 }
 
+/// TESTING.md, scenario 10.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scenario_10_a_slow_clock_beyond_the_drift_factor_is_the_documented_hazard() {
+async fn a_slow_clock_beyond_the_drift_factor_is_the_documented_hazard() {
     // ×0.9 with the default 1%: the sidecar believes in its lock ~0.2 s too long. This
     // test shows the boundary (and that the fake clock is really in effect).
     let ahead = lost_ahead_of_release("0.9", "0.01").await;

@@ -2,7 +2,7 @@
 //! values and `Proclaim`, and the watch registry (states in order, a slow watcher
 //! coalesced, expiry seen at the holder's expiry, outages, limits, one store listener
 //! per key). The store is the real memory store, behind a switch that makes it fail as
-//! an unreachable Redis would. Through gRPC: `tests/watch.rs`.
+//! an unreachable Redis would. Through gRPC: `tests/grpc_watch.rs`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

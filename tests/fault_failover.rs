@@ -60,8 +60,9 @@ async fn grant_eventually(
     None
 }
 
+/// TESTING.md, scenario 7.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scenario_7_sentinel_failover_keeps_replicated_locks_and_loses_the_others() {
+async fn sentinel_failover_keeps_replicated_locks_and_loses_the_others() {
     let mut topology = SentinelSetup::start().await;
     let ns = namespace();
     let sidecar = Sidecar::start(store(&topology.url(), &ns, 0)).await;
@@ -223,15 +224,17 @@ async fn sentinel_failover_under_load(acks: u32) -> (Verdict, Outcome) {
     (verdict, outcome)
 }
 
+/// TESTING.md, scenario 7.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scenario_7_sentinel_without_replica_acks_counts_double_grants() {
+async fn sentinel_without_replica_acks_counts_double_grants() {
     // Expected: grants made after the replication cut are lost by the failover and
     // handed out again while their first holders still use them. Counted, not failed.
     sentinel_failover_under_load(0).await;
 }
 
+/// TESTING.md, scenario 7.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scenario_7_sentinel_with_replica_acks_never_grants_twice() {
+async fn sentinel_with_replica_acks_never_grants_twice() {
     let (verdict, outcome) = sentinel_failover_under_load(1).await;
     assert_eq!(verdict.overlaps, 0, "{verdict:?}");
     assert!(
@@ -318,8 +321,9 @@ async fn first_grant_elsewhere(far: &Sidecar, until: Instant) -> Option<Instant>
     None
 }
 
+/// TESTING.md, scenario 5.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scenario_5_redis_unreachable_for_half_a_ttl_is_survived() {
+async fn redis_unreachable_for_half_a_ttl_is_survived() {
     let mut p = partitioned(STORE_TIMEOUT).await;
     let fault = Instant::now();
     p.proxy.both(Fault::Blackhole);
@@ -356,8 +360,9 @@ async fn scenario_5_redis_unreachable_for_half_a_ttl_is_survived() {
     );
 }
 
+/// TESTING.md, scenario 5.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scenario_5_redis_unreachable_for_one_and_a_half_ttl_sends_lost_before_the_store_lets_go() {
+async fn redis_unreachable_for_one_and_a_half_ttl_sends_lost_before_the_store_lets_go() {
     let mut p = partitioned(STORE_TIMEOUT).await;
     let fault = Instant::now();
     p.proxy.both(Fault::Blackhole);
@@ -409,8 +414,9 @@ async fn scenario_5_redis_unreachable_for_one_and_a_half_ttl_sends_lost_before_t
     );
 }
 
+/// TESTING.md, scenario 6.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scenario_6_latency_of_a_third_of_the_ttl_sends_no_false_lost() {
+async fn latency_of_a_third_of_the_ttl_sends_no_false_lost() {
     // 300 ms each way (0.3 × the 2 s TTL per round trip); calls may take 1 s.
     let mut p = partitioned(Duration::from_secs(1)).await;
     // The open connection slows down (a new one would spend two slow round trips on
@@ -478,30 +484,34 @@ async fn cluster_failover_under_load(fault: ClusterFault, acks: u32) -> (Verdict
     (verdict, outcome)
 }
 
+/// TESTING.md, scenario 8.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scenario_8_cluster_coordinated_failover() {
+async fn cluster_coordinated_failover() {
     // CLUSTER FAILOVER waits for the replica to catch up: nothing is lost, so double
     // grants are not expected, but they are counted rather than assumed away.
     cluster_failover_under_load(ClusterFault::Coordinated, 0).await;
 }
 
+/// TESTING.md, scenario 8.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scenario_8_cluster_coordinated_failover_with_replica_acks() {
+async fn cluster_coordinated_failover_with_replica_acks() {
     // Script and WAIT go out as one pipeline, routed to the slot's master; across the
     // switch (MOVED) a grant is acknowledged by a replica or not handed out.
     let (verdict, _) = cluster_failover_under_load(ClusterFault::Coordinated, 1).await;
     assert_eq!(verdict.overlaps, 0, "{verdict:?}");
 }
 
+/// TESTING.md, scenario 8.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scenario_8_cluster_frozen_master_without_replica_acks_counts_double_grants() {
+async fn cluster_frozen_master_without_replica_acks_counts_double_grants() {
     // Grants the frozen master had not yet replicated may be lost and handed out
     // again: counted, not failed.
     cluster_failover_under_load(ClusterFault::Frozen, 0).await;
 }
 
+/// TESTING.md, scenario 8.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scenario_8_cluster_frozen_master_with_replica_acks_never_grants_twice() {
+async fn cluster_frozen_master_with_replica_acks_never_grants_twice() {
     let (verdict, outcome) = cluster_failover_under_load(ClusterFault::Frozen, 1).await;
     assert_eq!(verdict.overlaps, 0, "{verdict:?}");
     assert!(

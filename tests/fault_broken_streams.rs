@@ -5,7 +5,7 @@
 //! so the client must have told its application to stop (suspended) first. The
 //! history checker, fed the holder's intervals of use (grant to suspension) and the
 //! waiter's grants, finds no overlap. `lockside::client` here; `hold` and `elect` share
-//! its rule (`tests/hold.rs`), the Python, Node and Go packages test it in theirs.
+//! its rule (`tests/cli_hold.rs`), the Python, Node and Go packages test it in theirs.
 
 mod common;
 

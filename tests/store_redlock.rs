@@ -415,8 +415,9 @@ enum Fault9 {
     RestartAfterTtl,
 }
 
+/// TESTING.md, scenario 9.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scenario_9_a_frozen_master_leaves_the_quorum_safe() {
+async fn a_frozen_master_leaves_the_quorum_safe() {
     for n in [3, 5] {
         let mut masters = Masters::start(n);
         let verdict = scenario_9(&mut masters, "one master frozen 1.5 s", Fault9::Freeze).await;
@@ -426,8 +427,9 @@ async fn scenario_9_a_frozen_master_leaves_the_quorum_safe() {
     }
 }
 
+/// TESTING.md, scenario 9.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scenario_9_a_master_restarted_after_the_ttl_is_safe() {
+async fn a_master_restarted_after_the_ttl_is_safe() {
     let mut masters = Masters::start(3);
     let verdict = scenario_9(
         &mut masters,
@@ -442,8 +444,9 @@ async fn scenario_9_a_master_restarted_after_the_ttl_is_safe() {
 
 /// The documented hazard: measured and reported, not hidden. Tokens still never
 /// regress, so a fenced resource refuses the stale holder.
+/// TESTING.md, scenario 9.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scenario_9_a_master_restarted_empty_at_once_is_the_documented_hazard() {
+async fn a_master_restarted_empty_at_once_is_the_documented_hazard() {
     let mut masters = Masters::start(3);
     let verdict = scenario_9(
         &mut masters,

@@ -10,6 +10,8 @@ from typing import Any, Callable, Coroutine, List, Optional, Tuple
 import grpc
 import grpc.aio
 
+from lockside._fastpath import aio_call_ops
+
 
 def _advance(coro: Coroutine[Any, Any, Any]) -> Tuple[Optional[asyncio.Future], Any]:
     """Runs `coro` on until it waits: returns the future it waits on and None, or None
@@ -49,7 +51,7 @@ class _AioStream:
     message left, so a send's completion is only collected when the next send starts,
     and costs no wake-up of its own unless messages queue behind it.
 
-    On grpc.aio's private call layer (`call._cython_call`, what `call.write` and
+    On grpc.aio's private call layer (`_fastpath.aio_call_ops`: what `call.write` and
     `call.read` end in) the messages skip two coroutines each way; without it (another
     grpcio, or `fast` False) the public `write`/`read` are stepped alike.
     """
@@ -58,16 +60,10 @@ class _AioStream:
         self.call = call
         self._on_message = on_message
         self._loop = asyncio.get_running_loop()
-        cy = getattr(call, "_cython_call", None) if fast else None
-        if cy is not None and hasattr(cy, "send_serialized_message") and hasattr(
-            cy, "receive_serialized_message"
-        ):
-            self._send_op: Callable[[bytes], Any] = cy.send_serialized_message
-            self._recv_op: Callable[[], Any] = cy.receive_serialized_message
-            self.fast = True
-        else:
-            self._send_op, self._recv_op = call.write, call.read
-            self.fast = False
+        ops = aio_call_ops(call) if fast else None
+        self.fast = ops is not None
+        self._send_op: Callable[[bytes], Any] = call.write if ops is None else ops[0]
+        self._recv_op: Callable[[], Any] = call.read if ops is None else ops[1]
         # The send last started and the future it waits on, until collected: that
         # future done means the send completed (gRPC allows one send in flight).
         self._sending: Optional[Coroutine[Any, Any, Any]] = None

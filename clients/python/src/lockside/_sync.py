@@ -49,13 +49,8 @@ from lockside._core import (
     value_bytes,
     wait_after_refusal,
 )
-from lockside._stream import (
-    _IteratorStream,
-    _SegregatedStream,
-    _Stream,
-    HAVE_CYGRPC,
-    inherited,
-)
+from lockside._fastpath import HAVE_CYGRPC, _SegregatedStream
+from lockside._stream import _IteratorStream, _Stream, inherited
 
 class Lock(LockBase):
     """A held lock (from `Client.lock`); a context manager that releases on exit.
@@ -255,7 +250,7 @@ def _start_closer() -> None:
 # -- fork() ----------------------------------------------------------------------------
 
 #: Every client: a forked child gives each a session of its own (`Client._after_fork`);
-#: `_stream.py` keeps gRPC sound across the fork itself.
+#: `_fastpath.py` keeps gRPC sound across the fork itself.
 _clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
 
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Coroutine
 import lockside._aio
 import lockside._sync
 from lockside import AsyncClient, Client
-from lockside._core import thread_holder
+from lockside._holders import thread_holder
 
 KINDS = ("sync", "sync-public-api", "async", "async-public-api")
 

@@ -22,17 +22,9 @@ Leader election: `c.campaign(key, value)` returns once this client leads (a `Loc
 """
 
 from lockside._aio import AsyncClient, AsyncLock, AsyncWatch
-from lockside._core import (
-    DEFAULT_ADDR,
-    Description,
-    Holder,
-    LocksideError,
-    LockLost,
-    NotAcquired,
-    QueueEntry,
-    Rejected,
-    Unavailable,
-)
+from lockside._describe import Description, Holder, QueueEntry
+from lockside._errors import LocksideError, LockLost, NotAcquired, Rejected, Unavailable
+from lockside._sidecar import DEFAULT_ADDR
 from lockside._sync import Client, Lock, Watch
 
 __version__ = "0.1.0"

@@ -1,87 +1,30 @@
-"""What the sync and the asyncio clients share: errors, options, the answer routing of
-one session, and the state of one lock. Nothing here does I/O."""
+"""One session's decisions, shared by the sync and the asyncio clients (`SessionBase`):
+requests and the answers routed to them, holders' grants, `Lost`, suspension when the
+stream breaks, resuming and reconciling, the session's end. Nothing here does I/O: the
+clients' sessions (`_sync.py`, `_aio.py`) send, read and wait."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import os
-import socket
-import threading
 import time
-import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import grpc
 
-try:
-    from lockside._pb import lockside_pb2 as pb
-except ImportError as e:  # pragma: no cover - only a source tree without a build
-    raise ImportError(
-        "lockside: the generated stubs (lockside._pb) are missing; install the package "
-        "(`pip install ./clients/python`) rather than importing it from the source tree"
-    ) from e
-
 from lockside import _wire
-# Re-exported: the clients (and `lockside`) take these from here.
-from lockside._describe import Description as Description
-from lockside._describe import Holder as Holder
-from lockside._describe import QueueEntry as QueueEntry
-from lockside._describe import description as description
 from lockside._describe import seconds
-from lockside._errors import LocksideError as LocksideError
-from lockside._errors import LockLost as LockLost
-from lockside._errors import NotAcquired as NotAcquired
-from lockside._errors import Rejected as Rejected
-from lockside._errors import Unavailable as Unavailable
-from lockside._errors import call_error as call_error
-from lockside._errors import rpc_error_text as rpc_error_text
-from lockside._errors import status_code as status_code
-from lockside._wire import proclaim_request as proclaim_request
+from lockside._errors import LockLost, NotAcquired, Rejected, Unavailable
+from lockside._lock import LockBase, log_lost
+from lockside._pb import lockside_pb2 as pb
 from lockside._wire import release_request as release_request
-from lockside._wire import value_bytes as value_bytes
 
 log = logging.getLogger("lockside")
-
-#: Where clients find the sidecar unless told otherwise (the sidecar's default).
-DEFAULT_ADDR = "127.0.0.1:7420"
 
 #: How long past its own wait an answer may take before the client gives up on it:
 #: the sidecar answers every request, so only a broken sidecar or network hits this.
 ANSWER_SLACK = 10.0
-
-LEASE_METHOD = "/lockside.v1.LockService/Lease"
-#: The request metadata that resumes a session (`SessionStarted.resume_token`).
-RESUME_HEADER = "lockside-resume"
-DESCRIBE_METHOD = "/lockside.v1.LockService/Describe"
-WATCH_METHOD = "/lockside.v1.LockService/Watch"
-
-#: The longest holder value the sidecar accepts (`Acquire.value`, `Proclaim.value`).
-MAX_VALUE_BYTES = 4096
-
-#: HTTP/2 keepalive well below the lock TTL (README, "Client guidance"): a frozen or
-#: unreachable sidecar is noticed in about 2 s and the stream fails, which suspends
-#: every lock of the session before the store lets it go, for a TTL of 3 s or more (a
-#: frozen sidecar renews nothing: its locks expire 2/3 of a TTL after it froze at the
-#: earliest).
-KEEPALIVE_OPTIONS: List[Tuple[str, Any]] = [
-    ("grpc.keepalive_time_ms", 1000),
-    ("grpc.keepalive_timeout_ms", 1000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    # gRPC core closes a connection on an unanswered PING after this, and with grpcio
-    # 1.85 it is what governs keepalive pings too: without it a SIGSTOPped sidecar went
-    # unnoticed for 10 s; with it the stream failed 1.5 s after the freeze.
-    ("grpc.http2.ping_timeout_ms", 1000),
-    # The sidecar is local: after it restarts, reconnect within a second rather than
-    # after gRPC's default backoff (up to 120 s). Calls wait for the connection
-    # (`wait_for_ready`), bounded by the client's `connect_timeout`.
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
-
 
 #: First pause between resume attempts, doubled up to `MAX_RESUME_BACKOFF` (as the
 #: Rust client: the sidecar is local and comes back within seconds, or not in time).
@@ -118,22 +61,6 @@ FINAL_RESUME_CODES = frozenset(
 )
 
 
-def default_addr() -> str:
-    """$LOCKSIDE_ADDR, else 127.0.0.1:7420."""
-    return os.environ.get("LOCKSIDE_ADDR") or DEFAULT_ADDR
-
-
-def channel_target(addr: str) -> str:
-    """A gRPC target from what users write: `host:port`, `unix:/path`, or an
-    `http://host:port` URL as the sidecar's own CLI accepts."""
-    if addr.startswith("http://"):
-        return addr[len("http://") :].rstrip("/")
-    return addr
-
-
-# -- requests (encoded in _wire.py) ---------------------------------------------
-
-
 def acquire_request(
     request_id: int,
     key: str,
@@ -157,254 +84,6 @@ def acquire_request(
         request_id, key, wait, ttl, shared, limit, fair, value, holder
     )
     return data, wait_s + ANSWER_SLACK
-
-
-def call_metadata(client_name: Optional[str], auth_token: Optional[str]) -> Tuple:
-    md = []
-    if client_name:
-        md.append(("lockside-client-name", client_name))
-    if auth_token:
-        md.append(("authorization", f"Bearer {auth_token}"))
-    return tuple(md)
-
-
-# -- holders --------------------------------------------------------------------
-
-#: The longest holder name the sidecar accepts, in bytes of UTF-8.
-MAX_HOLDER_BYTES = 128
-
-# One numbering for threads and tasks, never reused in the process (thread idents and
-# `id(task)` are): a thread that died holding a lock, or a task that handed its lock
-# on, must not make a newcomer with the same ident reentrant on it.
-_holder_numbers = itertools.count(1)
-_thread_holder = threading.local()
-_task_holders: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
-_task_holders_mu = threading.Lock()
-
-
-def _holder_name(kind: str, name: str) -> str:
-    """`kind:N:name`: N a number of its own, the name (for `describe()`) with its
-    control characters replaced, the whole cut to `MAX_HOLDER_BYTES`."""
-    shown = "".join(c if c.isprintable() else "?" for c in name)
-    full = f"{kind}:{next(_holder_numbers)}:{shown}".encode("utf-8")
-    return full[:MAX_HOLDER_BYTES].decode("utf-8", "ignore")
-
-
-def thread_holder() -> str:
-    """The calling thread as a holder (`Client`): `thread:N:NAME`."""
-    name: Optional[str] = getattr(_thread_holder, "name", None)
-    if name is None:
-        name = _thread_holder.name = _holder_name("thread", threading.current_thread().name)
-    return name
-
-
-def task_holder() -> Optional[str]:
-    """The calling asyncio task as a holder (`AsyncClient`): `task:N:NAME`; None
-    outside a task."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no running loop
-        return None
-    if task is None:
-        return None
-    with _task_holders_mu:
-        name = _task_holders.get(task)
-        if name is None:
-            name = _task_holders[task] = _holder_name("task", task.get_name())
-    return name
-
-
-def _after_fork_in_child() -> None:
-    global _task_holders_mu
-    _task_holders_mu = threading.Lock()  # a parent's thread may have held it
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-# -- reaching the sidecar -----------------------------------------------------------
-
-
-def dial_address(addr: str) -> Optional[Tuple[str, Any]]:
-    """Where a plain socket finds the sidecar of `addr`: ("unix", path) or ("tcp",
-    (host, port)); None for targets this cannot tell (then gRPC's own wait decides)."""
-    target = channel_target(addr)
-    if target.startswith("unix:"):
-        path = target[len("unix:") :]
-        return ("unix", path[2:] if path.startswith("//") else path)
-    if target.startswith("unix-abstract:"):
-        return ("unix", "\0" + target[len("unix-abstract:") :])
-    if target.startswith("dns:///"):
-        target = target[len("dns:///") :]
-    host, sep, port = target.rpartition(":")
-    if not sep or not port.isdigit() or not host or "/" in host:
-        return None
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        return None
-    return ("tcp", (host, int(port)))
-
-
-def refusal(e: OSError) -> Optional[str]:
-    """Why a plain connect to the sidecar's address failed, when it shows that nothing
-    listens there; None when it does not tell (a timeout: something may be slow)."""
-    if isinstance(e, ConnectionRefusedError):
-        return "connection refused (nothing listens there)"
-    if isinstance(e, FileNotFoundError):
-        return "no such socket file"
-    if isinstance(e, (TimeoutError, socket.timeout)):  # (one class since 3.10)
-        return None
-    return e.strerror or str(e)
-
-
-def wait_after_refusal(
-    addr: str, cause: Optional[str], wait_for_sidecar: float, connect_timeout: float
-) -> float:
-    """A new session's first stream failed at once (UNAVAILABLE, not waiting for the
-    connection) and `cause` is why a plain connect to `addr` failed (None: something
-    listens there, say a sidecar that just restarted while gRPC backs off). Returns how
-    long to wait for the sidecar now, or raises `Unavailable` naming the address and
-    the cause when the caller did not ask to wait (`wait_for_sidecar`)."""
-    if cause is None:
-        return max(connect_timeout, wait_for_sidecar)
-    if wait_for_sidecar > 0:
-        log.warning(
-            "no sidecar at %s yet (%s): waiting up to %gs for it", addr, cause, wait_for_sidecar
-        )
-        return wait_for_sidecar
-    raise Unavailable(
-        f"no sidecar at {addr}: {cause}; start it first, or let the client wait for it "
-        "with wait_for_sidecar=SECONDS",
-        grpc.StatusCode.UNAVAILABLE,
-    )
-
-
-# -- one lock -------------------------------------------------------------------
-
-
-class LockBase:
-    """A granted lock; the sync and asyncio `Lock` add how `suspended` and `lost` are
-    signalled and how `release()` waits.
-
-    Attributes:
-      key            the lock's name.
-      holder         who in the session holds it: the thread (`Client`) or the task
-                     (`AsyncClient`) that locked, or the `holder=` named; "" for the
-                     session itself (and on a sidecar that predates holders).
-      fencing_token  pass it to the resource you protect; it must reject lower ones.
-      ttl            seconds of validity the sidecar reported with the grant (it renews
-                     the lock for as long as the session lives).
-      hold_count     how many times the holder held the key after this grant
-                     (reentrancy: each grant is released on its own).
-      session_id     the session shown by `describe()`; it stays the same when the
-                     session is resumed after a broken stream.
-      lost_reason    why the lock was lost, once it is.
-
-    A lock is usable while neither `suspended` nor `lost` is set. `suspended` is set
-    the moment the session's stream breaks (DESIGN.md, "A broken stream": a live
-    sidecar releases at once, so somebody else may hold the key within milliseconds),
-    and cleared when the resumed session lists the lock again with its token. It is
-    never cleared once the lock is lost: a lost lock (whether its stream broke or the
-    sidecar sent `Lost`) has both set, so `suspended` alone says "stop using it now"
-    and `lost` says "for good".
-    """
-
-    def __init__(
-        self, session: "SessionBase", key: str, holder: str, granted: Any, ttl_asked: float
-    ):
-        self._session = session
-        self.key = key
-        self.holder = holder
-        self.fencing_token: int = granted.fencing_token
-        self.ttl: float = seconds(granted.ttl)
-        self.hold_count: int = granted.hold_count
-        self.session_id: str = session.session_id
-        self.lost_reason: Optional[str] = None
-        # The TTL the store keeps the lock for without renewals (asked, else the
-        # sidecar's default): after a broken stream, the store has surely let the lock
-        # go once this has passed, so resuming stops then.
-        self._ttl_asked = ttl_asked
-        # held -> released | lost; a lost lock raises LockLost once, on release. A lock
-        # let go on purpose (its client closed) is "released" with `lost` set.
-        self._state = "held"
-        self._suspended = False  # what `suspended` says, readable from any thread
-
-    @property
-    def held(self) -> bool:
-        """True until the lock is released or lost. A suspended lock is still held (it
-        may come back): whether it may be used is `suspended`."""
-        return self._state == "held"
-
-    def _signal_lost(self) -> None:
-        raise NotImplementedError
-
-    def _signal_suspended(self, suspended: bool) -> None:
-        raise NotImplementedError
-
-    def _usable(self) -> bool:
-        """Held and not suspended: what `wait_restored` / `restored_wait` wait for."""
-        return self._state == "held" and not self._suspended
-
-    def _suspend(self) -> None:
-        """The stream broke: stop using the lock (mutex held / on the loop)."""
-        if self._state == "held":
-            self._suspended = True
-            self._signal_suspended(True)
-
-    def _restore(self) -> None:
-        """The resumed session listed the lock with its token: usable again."""
-        if self._state == "held" and self._suspended:
-            self._suspended = False
-            self._signal_suspended(False)
-
-    def _mark_lost(self, reason: str, quiet: bool = False) -> None:
-        """Called with the session's mutex held (sync) or on the loop (asyncio)."""
-        if self._state != "held":
-            return
-        if not quiet:
-            log.warning("lock %r lost: %s", self.key, reason)
-        self._state = "lost"
-        self.lost_reason = reason
-        self._suspended = True
-        self._signal_suspended(True)
-        self._signal_lost()
-
-    def _let_go(self, reason: str) -> None:
-        """The lock was let go on purpose (its client closed): `lost` (and `suspended`)
-        is set, so work under it stops, but `release()` has nothing to report."""
-        if self._state == "held":
-            self.lost_reason = reason
-            self._suspended = True
-            self._signal_suspended(True)
-            self._signal_lost()
-        self._state = "released"
-
-    def _lost_error(self) -> LockLost:
-        return LockLost(self.key, self.lost_reason or "lost", self.fencing_token)
-
-    def __repr__(self) -> str:
-        who = f" holder={self.holder!r}" if self.holder else ""
-        state = "suspended" if self._state == "held" and self._suspended else self._state
-        return (
-            f"<{type(self).__name__} {self.key!r}{who} token={self.fencing_token} "
-            f"state={state}>"
-        )
-
-
-def _log_lost(locks: Sequence[LockBase], reason: str) -> None:
-    """One log line for locks lost together (a session's end, a resume that came too
-    late), however many they are."""
-    if len(locks) == 1:
-        log.warning("lock %r lost: %s", locks[0].key, reason)
-    elif locks:
-        keys = ", ".join(repr(lock.key) for lock in locks[:3])
-        more = f" and {len(locks) - 3} more" if len(locks) > 3 else ""
-        log.warning("%d locks lost (%s%s): %s", len(locks), keys, more, reason)
-
-
-# -- one session -----------------------------------------------------------------
 
 
 class Pending:
@@ -640,7 +319,7 @@ class SessionBase:
         else:
             for lock in locks:
                 lock._mark_lost(reason, quiet=True)
-            _log_lost(locks, reason)
+            log_lost(locks, reason)
         self._gone_by.clear()
         self._locks_changed()
         self._state_changed()
@@ -746,7 +425,7 @@ class SessionBase:
                 expired.extend(self._held.pop(hk, ()))
         for lock in expired:
             lock._mark_lost(why, quiet=True)
-        _log_lost(expired, why)
+        log_lost(expired, why)
         if not self._held:
             self._end(why, grpc.StatusCode.UNAVAILABLE)
             return None
@@ -824,7 +503,7 @@ class SessionBase:
             give_back(hk, surplus)
         for hk, back in granted.items():
             give_back(hk, back.hold_count)
-        _log_lost(gone, "not held by the resumed session (each lock's lost_reason says why)")
+        log_lost(gone, "not held by the resumed session (each lock's lost_reason says why)")
         # Unanswered releases and proclaims go again, in their order; those of locks
         # that did not come back fail now (their locks are lost).
         for rid in sorted(self._pending):

@@ -6,7 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from lockside._pb import lockside_pb2 as pb
+try:
+    from lockside._pb import lockside_pb2 as pb
+except ImportError as e:  # pragma: no cover - only a source tree without a build
+    raise ImportError(
+        "lockside: the generated stubs (lockside._pb) are missing; install the package "
+        "(`pip install ./clients/python`) rather than importing it from the source tree"
+    ) from e
 
 
 def seconds(d: Any) -> float:

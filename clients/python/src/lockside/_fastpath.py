@@ -23,7 +23,8 @@ try:  # grpcio's private layer, for `_SegregatedStream`; the public API without 
 except ImportError:  # pragma: no cover - every grpcio has it today
     cygrpc = None
 
-from lockside._core import LEASE_METHOD, log, status_code
+from lockside._errors import status_code
+from lockside._sidecar import LEASE_METHOD, log
 from lockside._stream import _Stream, inherited
 
 #: Whether grpcio's private call layer is there at all (`_SegregatedStream` needs it).

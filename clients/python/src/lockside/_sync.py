@@ -15,40 +15,36 @@ import grpc
 
 from lockside._core import (
     ANSWER_SLACK,
-    DESCRIBE_METHOD,
     ENDED,
     FINAL_RESUME_CODES,
     FIRST_RESUME_BACKOFF,
-    KEEPALIVE_OPTIONS,
-    LEASE_METHOD,
     MAX_RESUME_BACKOFF,
     OPEN,
-    RESUME_HEADER,
     RESUMING,
-    WATCH_METHOD,
-    Description,
-    LockBase,
-    LocksideError,
     Pending,
     SessionBase,
-    Unavailable,
     acquire_request,
-    call_error,
+)
+from lockside._describe import Description, description
+from lockside._errors import LocksideError, Unavailable, call_error, rpc_error_text
+from lockside._holders import thread_holder
+from lockside._lock import LockBase
+from lockside._pb import lockside_pb2 as pb
+from lockside._sidecar import (
+    DESCRIBE_METHOD,
+    KEEPALIVE_OPTIONS,
+    LEASE_METHOD,
+    RESUME_HEADER,
+    WATCH_METHOD,
     call_metadata,
     channel_target,
     default_addr,
-    description,
     dial_address,
     log,
-    pb,
-    proclaim_request,
     refusal,
-    release_request,
-    rpc_error_text,
-    thread_holder,
-    value_bytes,
     wait_after_refusal,
 )
+from lockside._wire import proclaim_request, release_request, value_bytes
 from lockside._fastpath import HAVE_CYGRPC, _SegregatedStream
 from lockside._stream import _IteratorStream, _Stream, inherited
 

@@ -6,24 +6,15 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any, Coroutine, Generator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Coroutine, Generator, List, Optional, Sequence, Tuple
 
 import grpc
 import grpc.aio
 
 from lockside._aio_stream import _AioStream
-from lockside._core import (
-    ANSWER_SLACK,
-    ENDED,
-    FINAL_RESUME_CODES,
-    FIRST_RESUME_BACKOFF,
-    MAX_RESUME_BACKOFF,
-    OPEN,
-    RESUMING,
-    Pending,
-    SessionBase,
-    acquire_request,
-)
+from lockside._core import ENDED, OPEN, RESUMING, Options, Pending, SessionBase
+from lockside._greeting import Greeting
+from lockside._resume import FIRST_RESUME_BACKOFF, Cancellable, next_backoff
 from lockside._describe import Description, description
 from lockside._errors import LocksideError, Unavailable, call_error, rpc_error_text
 from lockside._holders import task_holder
@@ -115,20 +106,11 @@ class AsyncLock(LockBase):
 
 
 class _AioPending(Pending):
-    __slots__ = ("future", "timeout", "deadline")
+    __slots__ = ("future", "deadline")
 
-    def __init__(
-        self,
-        kind: str,
-        key: str,
-        loop: asyncio.AbstractEventLoop,
-        request: bytes = b"",
-        ttl: float = 0.0,
-        holder: str = "",
-    ):
-        super().__init__(kind, key, request, ttl, holder)
-        self.future: asyncio.Future = loop.create_future()
-        self.timeout = 0.0
+    def __init__(self, loop: asyncio.AbstractEventLoop, *request: Any):
+        super().__init__(*request)
+        self.future: "asyncio.Future[None]" = loop.create_future()
         self.deadline = 0.0  # loop.time() after which the answer is given up on
 
     def _notify(self) -> None:
@@ -144,28 +126,26 @@ class _AioPending(Pending):
 _fast_streams = True
 
 
-class _AioSession(SessionBase):
+class _AioSession(SessionBase[AsyncLock, _AioPending]):
     """One session: requests are sent as they are made (`_AioStream`); the stream's
     read callbacks route answers to futures and `Lost` to locks, and a reader task
     waits for the stream's end and resumes the session on a new stream when it broke
-    as if the sidecar died (see `SessionBase`)."""
+    as if the sidecar died (see `SessionBase`, which makes every decision)."""
 
     def __init__(self, client: "AsyncClient", call: Any, loop: asyncio.AbstractEventLoop):
-        super().__init__(client.resume)
+        super().__init__(client.resume, client._metadata)
         self._client = client
         self._call = call
         self._stream = _AioStream(call, self._on_message, _fast_streams)
         self._loop = loop
-        self._reader: Optional[asyncio.Task] = None
+        self._reader: "Optional[asyncio.Task[None]]" = None
         # Set when a resume ends (resumed, or the session ended); callers wait on it.
         self._settled = asyncio.Event()
         self._settled.set()
-        self._attempt: Optional[Any] = None
-        self._timers: List[asyncio.TimerHandle] = []
         # Gives up on answers that do not come (see `_watch_answers`).
         self._watchdog: Optional[asyncio.TimerHandle] = None
         # `restored_wait` callers, woken when locks are restored or lost.
-        self._lock_waiters: List[asyncio.Future] = []
+        self._lock_waiters: "List[asyncio.Future[None]]" = []
 
     @classmethod
     async def open(
@@ -209,36 +189,64 @@ class _AioSession(SessionBase):
                 call.cancel()
                 self._end(f"protocol error: {rpc_error_text(e)[0]}")
                 return
-            if self._closing:
-                reason = "client closed"
-            if not self._broke(reason, code, details or ""):
+            if not self._on_break(reason, code, details or ""):
                 return
             self._settled.clear()
-            self._arm_expiry()
             stream = await self._resume()
 
     def _on_message(self, data: bytes) -> None:
         self._dispatch(pb.LeaseResponse.FromString(data))
 
-    def _arm_expiry(self) -> None:
-        """Loses locks when their TTL since the break passes: one timer, for the next
-        such time (a timer that fires a little early is armed again)."""
-        if not self._gone_by:
-            return
-        at = min(self._gone_by.values())
-        self._timers.append(self._loop.call_later(max(0.0, at - time.monotonic()), self._on_expiry))
+    async def _resume(self) -> Optional[_AioStream]:
+        """Resumes the session on new streams until one answers or nothing is held
+        any more; returns the new stream, or None when the session ended."""
+        backoff = FIRST_RESUME_BACKOFF
+        while self.state is RESUMING:
+            metadata = self._resume_metadata()
+            call = self._attempt = self._client._lease(metadata=metadata, wait_for_ready=True)
+            greeting = Greeting()
+            try:
+                data = await call.read()
+                while data is not grpc.aio.EOF and greeting.feed(data):
+                    data = await call.read()
+            except asyncio.CancelledError:
+                if self.state is RESUMING:  # not ours: the task is cancelled
+                    call.cancel()
+                    raise
+            except grpc.RpcError as e:
+                greeting.fail(*rpc_error_text(e))
+            except Exception as e:  # noqa: BLE001 - a bad answer is a failed attempt
+                greeting.fail(rpc_error_text(e)[0])
+            self._attempt = None
+            resent = self._take_resume(greeting)
+            if resent is not None:
+                self._call = call
+                self._stream = _AioStream(call, self._on_message, _fast_streams)
+                for data in resent:
+                    self._send_nowait(data)
+                return self._stream
+            call.cancel()
+            if not self._retry_resume(greeting, backoff):
+                return None
+            try:
+                await asyncio.wait_for(self._settled.wait(), backoff)
+            except asyncio.TimeoutError:
+                pass
+            backoff = next_backoff(backoff)
+        return None
 
-    def _on_expiry(self) -> None:
-        if self._expire(time.monotonic()) is not None:
-            self._arm_expiry()
-        elif self.state is ENDED and self._attempt is not None:
-            self._attempt.cancel()
+    # -- what SessionBase asks of its client -----------------------------------------
 
-    def _state_changed(self) -> None:
-        timers, self._timers = self._timers, []
-        for timer in timers:
-            timer.cancel()
+    def _new_lock(self, key: str, holder: str, granted: Any, ttl: float) -> AsyncLock:
+        return AsyncLock(self, key, holder, granted, ttl)
+
+    def _settle(self) -> None:
         self._settled.set()
+
+    def _send_nowait(self, request: bytes) -> None:
+        # Not while resuming: the resume sends again what was not answered.
+        if self.state is OPEN:
+            self._stream.send(request)
 
     def _locks_changed(self) -> None:
         waiters, self._lock_waiters = self._lock_waiters, []
@@ -246,92 +254,24 @@ class _AioSession(SessionBase):
             if not waiter.done():
                 waiter.set_result(None)
 
+    def _call_later(self, delay: float, callback: Callable[[], None]) -> Cancellable:
+        return self._loop.call_later(delay, callback)
+
+    def _new_pending(self, *request: Any) -> _AioPending:
+        return _AioPending(self._loop, *request)
+
+    # -- callers ---------------------------------------------------------------------
+
     async def _locks_change(self) -> None:
         """Returns when locks of the session are next restored or lost."""
         waiter = self._loop.create_future()
         self._lock_waiters.append(waiter)
         await waiter
 
-    async def _resume(self) -> Optional[_AioStream]:
-        """Resumes the session on new streams until one answers or nothing is held
-        any more; returns the new stream, or None when the session ended."""
-        backoff = FIRST_RESUME_BACKOFF
-        last = "no attempt"
-        while self.state is RESUMING:
-            metadata = self._client._metadata + ((RESUME_HEADER, self.resume_token),)
-            call = self._attempt = self._client._lease(metadata=metadata, wait_for_ready=True)
-            started: Any = None
-            greeting: List[Any] = []
-            code: Optional[grpc.StatusCode] = None
-            try:
-                first = await call.read()
-                if first is not grpc.aio.EOF:
-                    started = pb.LeaseResponse.FromString(first)
-                    if started.WhichOneof("event") == "started":
-                        # A resume answers with a new token: the old one is spent.
-                        self.resume_token = started.started.resume_token
-                    for _ in range(started.started.resumed_locks):
-                        data = await call.read()
-                        if data is grpc.aio.EOF:
-                            break
-                        greeting.append(pb.LeaseResponse.FromString(data))
-            except asyncio.CancelledError:
-                if self.state is RESUMING:  # not ours: the task is cancelled
-                    call.cancel()
-                    raise
-            except grpc.RpcError as e:
-                last, code = rpc_error_text(e)
-                started = None
-            except Exception as e:  # noqa: BLE001 - a bad answer is a failed attempt
-                last = rpc_error_text(e)[0]
-                started = None
-            self._attempt = None
-            if self.state is not RESUMING:
-                call.cancel()
-                return None
-            if (
-                started is not None
-                and started.WhichOneof("event") == "started"
-                and len(greeting) == started.started.resumed_locks
-            ):
-                if started.started.session_id != self.session_id:
-                    call.cancel()
-                    self._end("a resume answered with another session")
-                    return None
-                self._call = call
-                self._stream = _AioStream(call, self._on_message, _fast_streams)
-                for data in self._resumed(started.started, greeting):
-                    self._send_nowait(data)
-                return self._stream
-            call.cancel()
-            if code in FINAL_RESUME_CODES:
-                self._end(f"{self._broke_reason}; resuming failed: {last}", code)
-                return None
-            if started is not None:
-                last = "the resumed stream broke before it said which locks came back"
-            log.info("resuming session %s: %s; again in %.2fs", self.session_id, last, backoff)
-            try:
-                await asyncio.wait_for(self._settled.wait(), backoff)
-            except asyncio.TimeoutError:
-                pass
-            backoff = min(backoff * 2, MAX_RESUME_BACKOFF)
-        return None
-
-    # -- callers ---------------------------------------------------------------------
-
-    def _send_nowait(self, request: bytes) -> None:
-        # Not while resuming: the resume sends again what was not answered.
-        if self.state is OPEN:
-            self._stream.send(request)
-
-    def _new_lock(self, key: str, holder: str, granted: Any, ttl: float) -> AsyncLock:
-        return AsyncLock(self, key, holder, granted, ttl)
-
     async def _ready(self) -> None:
         while self.state is RESUMING:
             await self._settled.wait()
-        if self.state is ENDED:
-            raise Unavailable(f"lease stream ended: {self.ended}")
+        self._check_not_ended()
 
     def _watch_answers(self) -> None:
         """Once a second while answers are awaited: gives up on those past their
@@ -341,86 +281,53 @@ class _AioSession(SessionBase):
         self._watchdog = None
         now = self._loop.time()
         for rid, pending in list(self._pending.items()):
-            if pending.deadline > now or not isinstance(pending, _AioPending):
+            if pending.deadline > now:
                 continue
-            if self.state is RESUMING and pending.kind != "acquire":
+            error = self._overdue(rid, pending)
+            if error is None:
                 # Sent again once resumed, or failed when not: wait for that.
                 pending.deadline = now + pending.timeout
                 continue
             pending.deadline = float("inf")
-            self._abandon(rid, pending)
-            pending.resolve(
-                error=Unavailable(f"no answer from the sidecar within {pending.timeout:g}s")
-            )
+            pending.resolve(error=error)
         if self._pending and self.state is not ENDED:
             self._watchdog = self._loop.call_later(1.0, self._watch_answers)
 
-    async def _request(self, rid: int, pending: _AioPending, timeout: float) -> None:
-        pending.timeout = timeout
-        pending.deadline = self._loop.time() + timeout
-        self._pending[rid] = pending
+    async def _request(self, rid: int, pending: _AioPending) -> None:
+        pending.deadline = self._loop.time() + pending.timeout
+        self._submit(rid, pending)
         if self._watchdog is None:
             self._watchdog = self._loop.call_later(1.0, self._watch_answers)
-        self._send_nowait(pending.request)
         try:
             await pending.future
         except asyncio.CancelledError:
             self._abandon(rid, pending)
             raise
 
-    async def acquire(
-        self,
-        key: str,
-        wait: Optional[float],
-        ttl: Optional[float],
-        shared: bool,
-        limit: int,
-        fair: bool,
-        value: "bytes | str",
-        holder: str,
-    ) -> AsyncLock:
+    async def acquire(self, key: str, options: Options, holder: str) -> AsyncLock:
         if self.state is not OPEN:
             await self._ready()
-        rid = next(self._ids)
-        data, timeout = acquire_request(rid, key, wait, ttl, shared, limit, fair, value, holder)
-        pending = _AioPending("acquire", key, self._loop, data, ttl or 0.0, holder)
-        await self._request(rid, pending, timeout)
+        rid, pending = self._acquiring(key, options, holder)
+        await self._request(rid, pending)
         return self._answer(key, pending)
 
     async def release(self, lock: AsyncLock) -> None:
-        if lock._state == "released":
-            return
-        if lock._state == "lost":
-            lock._state = "released"  # LockLost is raised once
-            raise lock._lost_error()
-        rid = next(self._ids)
-        data = release_request(rid, lock.key, lock.holder)
-        pending = _AioPending("release", lock.key, self._loop, data, holder=lock.holder)
-        await self._request(rid, pending, ANSWER_SLACK)
-        self._released(lock, pending)
+        request = self._releasing(lock)
+        if request is not None:
+            await self._request(*request)
+            self._released(lock, request[1])
 
     async def proclaim(self, lock: AsyncLock, value: "bytes | str") -> None:
-        value = value_bytes(value)  # a bad value fails before anything is sent
-        if lock._state == "lost":
-            raise lock._lost_error()
-        if lock._state == "released":
-            raise LocksideError(f"lock {lock.key!r} was released")
-        rid = next(self._ids)
-        data = proclaim_request(rid, lock.key, value, lock.holder)
-        pending = _AioPending("proclaim", lock.key, self._loop, data, holder=lock.holder)
-        await self._request(rid, pending, ANSWER_SLACK)
+        # (a bad value fails before anything is sent)
+        rid, pending = self._proclaiming(lock, value_bytes(value))
+        await self._request(rid, pending)
         self._proclaimed(lock, pending)
 
     async def close(self, timeout: float = 2.0) -> None:
         """Half-closes the stream (the sidecar then releases everything and ends it),
         waits up to `timeout` for that, and cancels the stream after. A session that
         is resuming ends at once (its locks stay in the store until their TTL)."""
-        self._closing = True
-        if self.state is RESUMING:
-            self._end("client closed")
-            if self._attempt is not None:
-                self._attempt.cancel()
-        else:
+        if self._start_closing():
             await self._stream.close_sending()
         reader = self._reader
         if reader is not None and not reader.done():
@@ -432,11 +339,6 @@ class _AioSession(SessionBase):
         self._end("client closed")
 
 
-#: `lock()`'s options as `_AioSession.acquire` takes them: wait, ttl, shared, limit,
-#: fair, value.
-_Options = Tuple[Optional[float], Optional[float], bool, int, bool, Any]
-
-
 class _LockRequest(Coroutine[Any, Any, AsyncLock]):
     """What `AsyncClient.lock()` returns: await it for the lock, use it in `async with`
     (released on exit), or hand it to `asyncio.create_task()`, `ensure_future()` or
@@ -445,20 +347,20 @@ class _LockRequest(Coroutine[Any, Any, AsyncLock]):
     runs it)."""
 
     def __init__(
-        self, client: "AsyncClient", key: str, options: _Options, holder: Optional[str]
+        self, client: "AsyncClient", key: str, options: Options, holder: Optional[str]
     ):
         self._coro = self._acquire(client, key, options, holder)
         self._lock: Optional[AsyncLock] = None
 
     @staticmethod
     async def _acquire(
-        client: "AsyncClient", key: str, options: _Options, holder: Optional[str]
+        client: "AsyncClient", key: str, options: Options, holder: Optional[str]
     ) -> AsyncLock:
         session = client._sess
         if session is None or session.ended is not None or session.pid != os.getpid():
             session = await client._session()
         who = holder if holder is not None else (task_holder() or "")
-        return await session.acquire(key, *options, holder=who)
+        return await session.acquire(key, options, who)
 
     def send(self, value: Any) -> Any:
         return self._coro.send(value)

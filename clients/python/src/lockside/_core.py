@@ -1,7 +1,15 @@
 """One session's decisions, shared by the sync and the asyncio clients (`SessionBase`):
-requests and the answers routed to them, holders' grants, `Lost`, suspension when the
-stream breaks, resuming and reconciling, the session's end. Nothing here does I/O: the
-clients' sessions (`_sync.py`, `_aio.py`) send, read and wait."""
+the requests it sends and how long each may wait, the answers routed to them,
+holders' grants, `Lost` and `Jeopardy`, the checks of a release or a proclaim, and the
+session's end (closed, or inherited by a forked child); what a broken stream does is
+`Resuming` (`_resume.py`), which `SessionBase` is built on. Nothing here does I/O: the
+clients' sessions (`_sync.py`, `_aio.py`) send, read, wait and run timers.
+
+The rest of the package without I/O: `_resume.py` and `_greeting.py` (a broken
+stream, resuming and reconciling), `_lock.py` (one lock's states), `_holders.py`
+(thread and task holders), `_wire.py` (requests encoded), `_describe.py` (the store's
+view of a key, watches), `_sidecar.py` (addresses, channel options, refusals),
+`_client.py` (a client's options and calls), `_errors.py`."""
 
 from __future__ import annotations
 
@@ -9,15 +17,20 @@ import itertools
 import logging
 import os
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple, TypeVar, cast
 
 import grpc
 
 from lockside import _wire
 from lockside._describe import seconds
-from lockside._errors import LockLost, NotAcquired, Rejected, Unavailable
-from lockside._lock import LockBase, log_lost
+from lockside._errors import LocksideError, NotAcquired, Rejected, Unavailable
+from lockside._lock import HolderKey, LockBase, log_lost
 from lockside._pb import lockside_pb2 as pb
+from lockside._resume import ENDED as ENDED
+from lockside._resume import OPEN as OPEN
+from lockside._resume import RESUMING as RESUMING
+from lockside._resume import Resuming
+from lockside._wire import proclaim_request
 from lockside._wire import release_request as release_request
 
 log = logging.getLogger("lockside")
@@ -26,82 +39,37 @@ log = logging.getLogger("lockside")
 #: the sidecar answers every request, so only a broken sidecar or network hits this.
 ANSWER_SLACK = 10.0
 
-#: First pause between resume attempts, doubled up to `MAX_RESUME_BACKOFF` (as the
-#: Rust client: the sidecar is local and comes back within seconds, or not in time).
-FIRST_RESUME_BACKOFF = 0.05
-MAX_RESUME_BACKOFF = 0.5
-
-#: Stream endings that may mean the sidecar died or the connection to it broke (a
-#: crash, SIGKILL, OOM kill, a reset connection, a frozen sidecar noticed by
-#: keepalive): the locks are suspended and the session may be resumed. Anything else
-#: (RESOURCE_EXHAUSTED for unread answers, FAILED_PRECONDITION, an authentication
-#: error, a clean end) was the sidecar's decision: it released everything.
-RESUMABLE_CODES = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.UNKNOWN,
-        grpc.StatusCode.CANCELLED,
-    }
-)
-
-#: Resume attempts that end with these codes will not succeed by retrying: the sidecar
-#: cannot resume (Redlock: UNIMPLEMENTED) or refuses this client. FAILED_PRECONDITION
-#: is retried until the lock's TTL has passed since the break: the restarted sidecar
-#: refuses while the dead one's attachment lives (up to `--attachment-ttl`, 3 s), and
-#: says the same for a token it does not know (a live sidecar that released the
-#: session when its stream broke): the two cannot be told apart.
-FINAL_RESUME_CODES = frozenset(
-    {
-        grpc.StatusCode.UNIMPLEMENTED,
-        grpc.StatusCode.UNAUTHENTICATED,
-        grpc.StatusCode.PERMISSION_DENIED,
-        grpc.StatusCode.INVALID_ARGUMENT,
-    }
-)
-
-
-def acquire_request(
-    request_id: int,
-    key: str,
-    wait: Optional[float],
-    ttl: Optional[float],
-    shared: bool,
-    limit: int,
-    fair: bool,
-    value: Any = b"",
-    holder: str = "",
-) -> Tuple[bytes, float]:
-    """The encoded `LeaseRequest` for one acquire, and how long to wait for its
-    answer: the wait it asks for, and `ANSWER_SLACK`.
-
-    Only what cannot be encoded is checked here (types, negative or infinite numbers);
-    the rules on values (key length and characters, TTL range, mode with limit, holder
-    names) are the sidecar's, and break them and it answers `Rejected` with a clear
-    message.
-    """
-    data, wait_s = _wire.acquire_request(
-        request_id, key, wait, ttl, shared, limit, fair, value, holder
-    )
-    return data, wait_s + ANSWER_SLACK
+#: `lock()`'s options as a session's `acquire` takes them: wait, ttl, shared, limit,
+#: fair, value.
+Options = Tuple[Optional[float], Optional[float], bool, int, bool, Any]
 
 
 class Pending:
     """A request waiting for its answer. `kind` is "acquire", "release" or "proclaim";
     `request` is what was sent (a release or a proclaim is sent again after a resume,
-    since the old stream may have broken before it arrived). The sync and asyncio
-    sessions subclass it with how the waiter is woken (`_notify`)."""
+    since the old stream may have broken before it arrived); `timeout` is how long its
+    answer may take. The sync and asyncio sessions subclass it with how the waiter is
+    woken (`_notify`)."""
 
-    __slots__ = ("kind", "key", "holder", "request", "ttl", "abandoned", "response", "error")
+    __slots__ = (
+        "kind", "key", "holder", "request", "ttl", "timeout", "abandoned", "response", "error"
+    )
 
     def __init__(
-        self, kind: str, key: str, request: bytes = b"", ttl: float = 0.0, holder: str = ""
+        self,
+        kind: str,
+        key: str,
+        request: bytes = b"",
+        ttl: float = 0.0,
+        holder: str = "",
+        timeout: float = ANSWER_SLACK,
     ):
         self.kind = kind
         self.key = key
         self.holder = holder
         self.request = request
         self.ttl = ttl  # an acquire's TTL (asked, or the session's default)
+        self.timeout = timeout
         self.abandoned = False  # the caller gave up (timeout, interrupt, cancel)
         self.response: Any = None
         self.error: Optional[BaseException] = None
@@ -118,17 +86,13 @@ class Pending:
 #: The events that answer a request, by `request_id`.
 _ANSWERS = frozenset({"granted", "not_acquired", "rejected", "released", "proclaimed"})
 
-#: The states of a session: requests go out on the stream (OPEN), wait for a resume
-#: to end (RESUMING), or fail (ENDED).
-OPEN, RESUMING, ENDED = "open", "resuming", "ended"
-
-#: A holder and a key: what the session's bookkeeping is per (reentrancy is per
-#: session, holder and key).
-HolderKey = Tuple[str, str]
+L = TypeVar("L", bound=LockBase)
+P = TypeVar("P", bound=Pending)
 
 
-class SessionBase:
-    """The answer routing of one session, shared by both clients; no I/O here.
+class SessionBase(Resuming[L, P]):
+    """Every decision of one session, shared by both clients (`L` is their lock, `P`
+    their pending request); no I/O here.
 
     The session owns its `Lease` stream; requests carry ids from one counter so
     answers are matched by `request_id`, and `Lost`, `Jeopardy` and `Restored` are
@@ -144,16 +108,20 @@ class SessionBase:
     progress (the sidecar does not resume them) and notes when the store has surely let
     each lock go (its TTL after the break, or what `Jeopardy` said); the client's I/O
     layer then opens new streams with the resume token (DESIGN.md, "Sessions that
-    survive a sidecar restart"), with backoff, until one answers (`_resumed` restores
-    the locks it lists with their tokens, holder by holder, loses the others, and says
-    what to send again) or every lock's time has passed (`_expire` loses them). A
-    session without a resume token (a store that cannot resume: the embedded memory
-    store) loses every lock at the break. Otherwise, when the stream ends, every pending
-    request fails and every held lock is lost, and the client opens a new session for
-    the next request.
+    survive a sidecar restart"), with backoff, until one answers (`_take_resume`:
+    `_resumed` restores the locks it lists with their tokens, holder by holder, loses
+    the others, and says what to send again) or every lock's time has passed (`_expire`
+    loses them); see `Resuming`. A session without a resume token (a store that cannot
+    resume: the embedded memory store) loses every lock at the break. Otherwise, when
+    the stream ends, every pending request fails and every held lock is lost, and the
+    client opens a new session for the next request.
+
+    The sync session calls every method here with its mutex held; the asyncio session
+    on its event loop.
     """
 
-    def __init__(self, resume: bool = True) -> None:
+    def __init__(self, resume: bool = True, metadata: Tuple[Tuple[str, str], ...] = ()):
+        super().__init__()
         self.session_id = ""
         self.default_ttl = 0.0
         self.resume_token = ""
@@ -162,35 +130,31 @@ class SessionBase:
         self.ended: Optional[str] = None  # why the session ended, once it has
         # The process the session belongs to: a forked child has its own (`_inherited`).
         self.pid = os.getpid()
+        self._metadata = metadata  # the client's, on every stream of the session
         self._closing = False
         self._ids = itertools.count(1)
-        self._pending: Dict[int, Pending] = {}
-        self._held: Dict[HolderKey, List[LockBase]] = {}
+        self._pending: Dict[int, P] = {}
+        self._held: Dict[HolderKey, List[L]] = {}
         # Locks in Jeopardy: when the store lets them go unless a renewal succeeds
         # (time.monotonic()).
         self._jeopardy: Dict[HolderKey, float] = {}
-        # While resuming: why the stream broke, and when the store has surely let each
-        # lock go (its TTL after the break): resuming it stops being worth it then.
-        self._broke_reason = ""
-        self._gone_by: Dict[HolderKey, float] = {}
         # The sidecar answered a holder's grant without its holder: it predates holders
         # and grants to the session, so every lock is the session's ("" holder).
         self._legacy = False
 
     # Subclasses: how to send an encoded request without waiting (dropped unless the
-    # session is OPEN: a resume reconciles hold counts), how to make a lock, and how to
-    # tell waiters that the state changed (after a resume or the end).
+    # session is OPEN: a resume reconciles hold counts), how to make a lock and a
+    # pending request; and (see `Resuming`) how to run a timer and wake waiters.
     def _send_nowait(self, request: bytes) -> None:
         raise NotImplementedError
 
-    def _new_lock(self, key: str, holder: str, granted: Any, ttl: float) -> LockBase:
+    def _new_lock(self, key: str, holder: str, granted: Any, ttl: float) -> L:
         raise NotImplementedError
 
-    def _state_changed(self) -> None:
-        pass
-
-    def _locks_changed(self) -> None:
-        """Locks were restored or lost: wake `wait_restored` / `restored_wait`."""
+    def _new_pending(
+        self, kind: str, key: str, request: bytes, ttl: float, holder: str, timeout: float
+    ) -> P:
+        raise NotImplementedError
 
     def _started(self, resp: Any) -> None:
         if resp.WhichOneof("event") != "started":
@@ -201,6 +165,73 @@ class SessionBase:
         self.session_id = resp.started.session_id
         self.default_ttl = seconds(resp.started.default_ttl)
         self.resume_token = resp.started.resume_token
+
+    # -- requests ---------------------------------------------------------------
+
+    def _acquiring(self, key: str, options: Options, holder: str) -> Tuple[int, P]:
+        """An acquire's id and its request, not sent yet; it may take the wait it asks
+        for and `ANSWER_SLACK`.
+
+        Only what cannot be encoded is checked here (types, negative or infinite
+        numbers: `TypeError`, `ValueError`); the rules on values (key length and
+        characters, TTL range, mode with limit, holder names) are the sidecar's, and
+        break them and it answers `Rejected` with a clear message.
+        """
+        wait, ttl, shared, limit, fair, value = options
+        rid = next(self._ids)
+        data, wait_s = _wire.acquire_request(
+            rid, key, wait, ttl, shared, limit, fair, value, holder
+        )
+        return rid, self._new_pending(
+            "acquire", key, data, ttl or 0.0, holder, wait_s + ANSWER_SLACK
+        )
+
+    def _releasing(self, lock: L) -> Optional[Tuple[int, P]]:
+        """A release's id and its request, not sent yet; None when `lock` is released
+        already. Raises `LockLost` (once) for a lock lost while held."""
+        if lock._state == "released":
+            return None
+        if lock._state == "lost":
+            lock._state = "released"  # LockLost is raised once
+            raise lock._lost_error()
+        rid = next(self._ids)
+        data = release_request(rid, lock.key, lock.holder)
+        return rid, self._new_pending("release", lock.key, data, 0.0, lock.holder, ANSWER_SLACK)
+
+    def _proclaiming(self, lock: L, value: bytes) -> Tuple[int, P]:
+        """A proclaim's id and its request, not sent yet; raises `LockLost` for a lock
+        lost, `LocksideError` for one released."""
+        if lock._state == "lost":
+            raise lock._lost_error()
+        if lock._state == "released":
+            raise LocksideError(f"lock {lock.key!r} was released")
+        rid = next(self._ids)
+        data = proclaim_request(rid, lock.key, value, lock.holder)
+        return rid, self._new_pending("proclaim", lock.key, data, 0.0, lock.holder, ANSWER_SLACK)
+
+    def _submit(self, rid: int, pending: P) -> None:
+        """Awaits the answer to `rid` and sends it (at once while the session is open;
+        while it resumes, the resume sends it)."""
+        self._pending[rid] = pending
+        self._send_nowait(pending.request)
+
+    def _overdue(self, rid: int, pending: P) -> Optional[Unavailable]:
+        """The answer to `rid` took longer than `pending.timeout`: the error its caller
+        gets (the request is then abandoned), or None to wait on (answered meanwhile, or
+        a release or proclaim that a resume sends again, or fails)."""
+        if self._pending.get(rid) is not pending:
+            return None
+        if self.state is RESUMING and pending.kind != "acquire":
+            return None
+        self._abandon(rid, pending)
+        return Unavailable(f"no answer from the sidecar within {pending.timeout:g}s")
+
+    def _check_not_ended(self) -> None:
+        """Once a resume is over: raises if it ended the session."""
+        if self.state is ENDED:
+            raise Unavailable(f"lease stream ended: {self.ended}")
+
+    # -- answers routed ----------------------------------------------------------
 
     def _dispatch(self, resp: Any) -> None:
         """Routes one message (called with the mutex held / on the loop)."""
@@ -270,7 +301,7 @@ class SessionBase:
         session does)."""
         return (holder, key) in self._held or (self._legacy and ("", key) in self._held)
 
-    def _abandon(self, rid: int, pending: Pending) -> None:
+    def _abandon(self, rid: int, pending: P) -> None:
         """The caller stopped waiting for `rid` (mutex held / on the loop).
 
         A Release of a key the holder only waits for cancels the wait; if the holder
@@ -279,7 +310,7 @@ class SessionBase:
         """
         if self._pending.get(rid) is not pending:
             # Answered meanwhile. A grant nobody will use is given back at once.
-            lock = pending.response
+            lock = cast(Optional[L], pending.response)
             if isinstance(lock, LockBase) and lock.held and self.state is not ENDED:
                 lock._state = "released"
                 self._forget(lock)
@@ -293,6 +324,8 @@ class SessionBase:
         ):
             del self._pending[rid]
             self._send_nowait(release_request(next(self._ids), pending.key, pending.holder))
+
+    # -- the end -----------------------------------------------------------------
 
     def _end(self, reason: str, code: Optional[grpc.StatusCode] = None) -> None:
         """The session is over: fail what waits, lose what is held (mutex held /
@@ -338,207 +371,27 @@ class SessionBase:
         self._gone_by.clear()
         self._jeopardy.clear()
 
-    # -- resuming -------------------------------------------------------------
-
-    def _broke(self, reason: str, code: Optional[grpc.StatusCode], details: str = "") -> bool:
-        """The stream ended with `code` (None: without a status). Either ends the
-        session or suspends its locks and starts resuming it; True when the caller is
-        to resume it."""
-        if self.state is ENDED:
-            return False
-        if self._closing:
-            self._end("client closed", code)
-            return False
-        why_not = self._not_resumable(code, details)
-        if why_not is not None:
-            self._end(f"{reason}{why_not}", code)
-            return False
-        # First of all: a live sidecar releases these locks within milliseconds of
-        # seeing the stream end (its --broken-grace), and a waiter elsewhere is granted.
-        for locks in self._held.values():
-            for lock in locks:
-                lock._suspend()
-        self.state = RESUMING
-        self._broke_reason = reason
-        log.warning(
-            "lease stream broke (%s): %d lock(s) suspended; resuming session %s",
-            reason,
-            sum(len(locks) for locks in self._held.values()),
-            self.session_id,
-        )
-        # The sidecar does not resume waits in progress: their callers hear it now.
-        for rid, p in list(self._pending.items()):
-            if p.kind == "acquire":
-                del self._pending[rid]
-                p.resolve(
-                    error=Unavailable(
-                        f"the stream to the sidecar broke while waiting ({reason}); the "
-                        "sidecar does not resume waits in progress: ask again",
-                        code,
-                    )
-                )
-        # The store keeps a lock at most its TTL after the last renewal, which came
-        # before the break (or until the time an open Jeopardy gave): after that no
-        # resume can bring it back.
-        now = time.monotonic()
-        for hk, locks in self._held.items():
-            until = self._jeopardy.get(hk)
-            if until is None:
-                until = now + max(lock._ttl_asked for lock in locks)
-            self._gone_by[hk] = until
-        return self._expire(now) is not None
-
-    def _not_resumable(self, code: Optional[grpc.StatusCode], details: str) -> Optional[str]:
-        """Why the session cannot be resumed after its stream ended with `code` (a
-        suffix for the reason its locks are lost), or None when it can be."""
-        if not self._held:
-            return ""  # nothing to resume: the next lock() opens a new session
-        if code not in RESUMABLE_CODES:
-            return ""  # the sidecar ended the stream on purpose: it released everything
-        # A sidecar stopping cleanly (SIGTERM) sends `Lost` for every lock, releases,
-        # then ends its streams UNAVAILABLE saying so: nothing is left to resume.
-        if "shutting down" in details:
-            return ""
-        if not self.resume:
-            return " (resume=False)"
-        if not self.resume_token:
-            return (
-                "; the sidecar's store cannot resume sessions (it gave no resume token: "
-                "the embedded memory store), so its locks are gone"
-            )
-        return None
-
-    def _expire(self, now: float) -> Optional[float]:
-        """While resuming: loses every lock whose TTL has passed since the break (the
-        store has let it go); returns the next time one will, or None when nothing is
-        held any more (the session then ends)."""
+    def _start_closing(self) -> bool:
+        """The client closes the session: True when its stream is to be half-closed
+        (the sidecar then releases everything and ends it); False when the session was
+        resuming: it ends at once (its locks stay in the store until their TTL)."""
+        self._closing = True
         if self.state is not RESUMING:
-            return None
-        why = (
-            f"the stream to the sidecar broke ({self._broke_reason}) and the session was "
-            "not resumed before the lock's TTL passed (the store has let it go)"
-        )
-        expired: List[LockBase] = []
-        for hk, until in list(self._gone_by.items()):
-            if until <= now:
-                del self._gone_by[hk]
-                expired.extend(self._held.pop(hk, ()))
-        for lock in expired:
-            lock._mark_lost(why, quiet=True)
-        log_lost(expired, why)
-        if not self._held:
-            self._end(why, grpc.StatusCode.UNAVAILABLE)
-            return None
-        if expired:
-            self._locks_changed()
-        return min(self._gone_by.values())
-
-    def _resumed(self, started: Any, greeting: Sequence[Any]) -> List[bytes]:
-        """A resume attempt was answered: `started` (the new `SessionStarted`), then
-        `greeting`, a `Granted` (request_id 0, with its holder) or `Lost` per grant of
-        the session's record. Reconciles what each holder holds with what came back
-        and returns the requests to send on the new stream, in order (mutex held /
-        loop).
-
-        A holder's key comes back with its hold count in the store; a Release that was
-        not answered may have been applied before the sidecar died, so as many of those
-        as the count says were are taken as answered, and the others are sent again.
-        Holds the store has and nobody here knows of (a grant whose answer was lost, a
-        lock already reported lost) are given back.
-        """
-        self.state = OPEN
-        self.resume_token = started.resume_token
-        self._gone_by.clear()
-        self._jeopardy.clear()
-        granted: Dict[HolderKey, Any] = {}
-        lost: Dict[HolderKey, str] = {}
-        for resp in greeting:
-            kind = resp.WhichOneof("event")
-            if kind == "granted":
-                granted[(resp.granted.holder, resp.granted.key)] = resp.granted
-            elif kind == "lost":
-                lost[(resp.lost.holder, resp.lost.key)] = resp.lost.reason
-        out: List[bytes] = []
-        gone: List[LockBase] = []
-
-        def give_back(hk: HolderKey, holds: int) -> None:
-            for _ in range(holds):
-                out.append(release_request(next(self._ids), hk[1], hk[0]))
-
-        def lose(hk: HolderKey, reason: str) -> None:
-            for lock in self._held.pop(hk):
-                lock._mark_lost(reason, quiet=True)
-                gone.append(lock)
-
-        releases: Dict[HolderKey, List[int]] = {}
-        for rid in sorted(self._pending):
-            p = self._pending[rid]
-            if p.kind == "release":
-                releases.setdefault((p.holder, p.key), []).append(rid)
-        for hk in list(self._held):
-            locks = self._held[hk]
-            back = granted.pop(hk, None)
-            if back is None or back.fencing_token != locks[0].fencing_token:
-                reason = lost.get(hk) or "the resumed session did not list it"
-                lose(hk, f"lost while the sidecar was away: {reason}")
-                if back is not None:
-                    give_back(hk, back.hold_count)
-                continue
-            unanswered = releases.get(hk, [])
-            applied = min(len(unanswered), max(0, len(locks) - back.hold_count))
-            for rid in unanswered[:applied]:
-                done = self._pending.pop(rid)
-                done.resolve(
-                    pb.LeaseResponse(
-                        released=pb.Released(request_id=rid, key=hk[1], holder=hk[0])
-                    )
-                )
-            surplus = back.hold_count + applied - len(locks)
-            if surplus < 0:
-                # Fewer holds than grants known here: nothing explains it; do not
-                # count on any of them.
-                lose(hk, "the resumed session holds the key fewer times than granted")
-                give_back(hk, back.hold_count)
-                continue
-            give_back(hk, surplus)
-        for hk, back in granted.items():
-            give_back(hk, back.hold_count)
-        log_lost(gone, "not held by the resumed session (each lock's lost_reason says why)")
-        # Unanswered releases and proclaims go again, in their order; those of locks
-        # that did not come back fail now (their locks are lost).
-        for rid in sorted(self._pending):
-            p = self._pending[rid]
-            if p.kind != "acquire" and (p.holder, p.key) in self._held:
-                out.append(p.request)
-                continue
-            del self._pending[rid]
-            if p.kind == "acquire":  # (none: acquires wait for the resume to end)
-                p.resolve(error=Unavailable("the session was resumed: ask again"))
-            else:
-                p.resolve(error=Unavailable("the lock was lost while the sidecar was away"))
-        # Listed with their tokens: nobody else can have held them in between.
-        for locks in self._held.values():
-            for lock in locks:
-                lock._restore()
-        log.warning(
-            "session %s resumed: %d lock(s) restored, %d request(s) sent again",
-            self.session_id,
-            sum(len(locks) for locks in self._held.values()),
-            len(out),
-        )
-        self._locks_changed()
-        self._state_changed()
-        return out
+            return True
+        self._end("client closed")
+        if self._attempt is not None:
+            self._attempt.cancel()
+        return False
 
     # -- answers ----------------------------------------------------------------
 
-    def _answer(self, key: str, pending: Pending) -> Any:
+    def _answer(self, key: str, pending: P) -> L:
         """Turns a resolved acquire into a lock or an exception."""
         if pending.error is not None:
             raise pending.error
         resp = pending.response
         if isinstance(resp, LockBase):
-            return resp
+            return cast(L, resp)
         kind = resp.WhichOneof("event")
         if kind == "not_acquired":
             reason = pb.NotAcquired.Reason.Name(resp.not_acquired.reason)
@@ -547,7 +400,7 @@ class SessionBase:
             raise Rejected(key, resp.rejected.code, resp.rejected.message)
         raise Unavailable(f"protocol error: {kind!r} answered an acquire")
 
-    def _released(self, lock: LockBase, pending: Pending) -> None:
+    def _released(self, lock: L, pending: P) -> None:
         """Turns a resolved release into done or an exception (mutex held / loop)."""
         if pending.error is None and pending.response.WhichOneof("event") == "released":
             lock._state = "released"
@@ -567,7 +420,7 @@ class SessionBase:
         r = pending.response.rejected
         raise Rejected(lock.key, r.code, r.message)
 
-    def _proclaimed(self, lock: LockBase, pending: Pending) -> None:
+    def _proclaimed(self, lock: L, pending: P) -> None:
         """Turns a resolved proclaim into done or an exception (mutex held / loop)."""
         if pending.error is None and pending.response.WhichOneof("event") == "proclaimed":
             return
@@ -579,7 +432,7 @@ class SessionBase:
         r = pending.response.rejected
         raise Rejected(lock.key, r.code, r.message)
 
-    def _forget(self, lock: LockBase) -> None:
+    def _forget(self, lock: L) -> None:
         hk = (lock.holder, lock.key)
         locks = self._held.get(hk)
         if locks and lock in locks:

@@ -4,7 +4,7 @@ states (held, suspended, lost, released) and the rules between them. No I/O."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
 
 from lockside._describe import seconds
 from lockside._errors import LockLost
@@ -13,6 +13,10 @@ if TYPE_CHECKING:
     from lockside._core import SessionBase
 
 log = logging.getLogger("lockside")
+
+#: A holder and a key: what a session's bookkeeping is per (reentrancy is per
+#: session, holder and key).
+HolderKey = Tuple[str, str]
 
 
 class LockBase:
@@ -43,7 +47,7 @@ class LockBase:
     """
 
     def __init__(
-        self, session: "SessionBase", key: str, holder: str, granted: Any, ttl_asked: float
+        self, session: "SessionBase[Any, Any]", key: str, holder: str, granted: Any, ttl_asked: float
     ):
         self._session = session
         self.key = key

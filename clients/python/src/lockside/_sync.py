@@ -9,22 +9,13 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import grpc
 
-from lockside._core import (
-    ANSWER_SLACK,
-    ENDED,
-    FINAL_RESUME_CODES,
-    FIRST_RESUME_BACKOFF,
-    MAX_RESUME_BACKOFF,
-    OPEN,
-    RESUMING,
-    Pending,
-    SessionBase,
-    acquire_request,
-)
+from lockside._core import OPEN, RESUMING, Options, Pending, SessionBase
+from lockside._greeting import Greeting
+from lockside._resume import FIRST_RESUME_BACKOFF, Cancellable, next_backoff
 from lockside._describe import Description, description
 from lockside._errors import LocksideError, Unavailable, call_error, rpc_error_text
 from lockside._holders import thread_holder
@@ -128,9 +119,9 @@ class _SyncPending(Pending):
     __slots__ = ("done",)
 
     def __init__(
-        self, kind: str, key: str, request: bytes = b"", ttl: float = 0.0, holder: str = ""
+        self, kind: str, key: str, request: bytes, ttl: float, holder: str, timeout: float
     ):
-        super().__init__(kind, key, request, ttl, holder)
+        super().__init__(kind, key, request, ttl, holder, timeout)
         # A bare lock is CPython's cheapest cross-thread wake-up (an Event is a
         # Condition around one): taken now, released by the reader with the answer.
         self.done = threading.Lock()
@@ -341,11 +332,11 @@ def _pump(ref: "weakref.ref[_Session]", stream: _Stream) -> bool:
         del sess
 
 
-class _Session(SessionBase):
+class _Session(SessionBase[Lock, _SyncPending]):
     """One session: a reader thread reads its stream, routes every answer to its
     waiter and every `Lost` to its locks, and resumes the session on a new stream when
     the stream breaks as if the sidecar died (see `SessionBase`). Callers send
-    directly.
+    directly; every decision is `SessionBase`'s, made with the mutex held.
 
     The reader holds the session only weakly between messages: a client dropped
     without `close()` is collected with its session, and its finalizer ends the stream
@@ -358,15 +349,12 @@ class _Session(SessionBase):
         wait_for_ready: bool,
         timeout: float,
     ):
-        super().__init__(client.resume)
+        super().__init__(client.resume, client._metadata)
         self._conn = conn
-        self._metadata = client._metadata
         self._mu = threading.Lock()
-        # Notified when the state changes (resumed, ended): callers wait on it while
-        # the session resumes.
+        # Notified when the state changes (resumed, ended) and when locks are restored
+        # or lost: callers wait on it while the session resumes.
         self._changed = threading.Condition(self._mu)
-        self._attempt: Optional[_Stream] = None
-        self._timers: List[threading.Timer] = []
         self._stream = _open_stream(conn, self._metadata, wait_for_ready)
         opened = threading.Lock()
         opened.acquire()
@@ -392,7 +380,8 @@ class _Session(SessionBase):
     def _opened(self, stream: _Stream, first: Optional[bytes]) -> None:
         with self._mu:
             if first is None:
-                self._end(self._ending(stream), stream.status[0])
+                code, details = stream.status
+                self._end(self._end_reason(code, details), code)
             else:
                 self._started(pb.LeaseResponse.FromString(first))
 
@@ -400,118 +389,75 @@ class _Session(SessionBase):
         """The stream ended: resumes the session on a new one (returned), or ends it."""
         code, details = stream.status
         with self._mu:
-            resuming = self._broke(self._ending(stream), code, details)
-            if resuming:
-                self._arm_expiry()
+            resuming = self._on_break(self._end_reason(code, details), code, details)
         return self._resume() if resuming else None
-
-    def _ending(self, stream: _Stream) -> str:
-        if self._closing:
-            return "client closed"
-        code, details = stream.status
-        if code is None or code is grpc.StatusCode.OK:
-            return "closed by the sidecar"
-        return f"{code.name}: {details}"
-
-    def _arm_expiry(self) -> None:
-        """Loses locks when their TTL since the break passes: one timer, for the next
-        such time (mutex held; a timer that fires a little early is armed again)."""
-        if not self._gone_by:
-            return
-        at = min(self._gone_by.values())
-        timer = threading.Timer(max(0.0, at - time.monotonic()), self._on_expiry)
-        timer.daemon = True
-        timer.start()
-        self._timers.append(timer)
-
-    def _on_expiry(self) -> None:
-        with self._mu:
-            if self._expire(time.monotonic()) is not None:
-                self._arm_expiry()
-            elif self.state is ENDED and self._attempt is not None:
-                self._attempt.cancel()
-
-    def _state_changed(self) -> None:
-        timers, self._timers = self._timers, []
-        for timer in timers:
-            timer.cancel()
-        self._changed.notify_all()
-
-    def _locks_changed(self) -> None:
-        self._changed.notify_all()
 
     def _resume(self) -> Optional[_Stream]:
         """Resumes the session on new streams until one answers or nothing is held
         any more; returns the new stream, or None when the session ended."""
         backoff = FIRST_RESUME_BACKOFF
-        last = "no attempt"
         while True:
             with self._mu:
                 if self.state is not RESUMING:
                     return None
-                metadata = self._metadata + ((RESUME_HEADER, self.resume_token),)
                 try:
-                    attempt = self._attempt = _open_stream(self._conn, metadata)
+                    attempt = _open_stream(self._conn, self._resume_metadata())
                 except ValueError as e:  # the channel is closed
-                    self._end(f"{self._broke_reason}; resuming failed: {e}")
+                    self._cannot_resume(str(e))
                     return None
-            greeting: List[Any] = []
-            started = None
+                self._attempt = attempt
+            greeting = Greeting()
             try:
-                first = attempt.read()
-                if first is not None:
-                    started = pb.LeaseResponse.FromString(first)
-                    if started.WhichOneof("event") == "started":
-                        with self._mu:  # a resume answers with a new token: the old is spent
-                            self.resume_token = started.started.resume_token
-                    for _ in range(started.started.resumed_locks):
-                        data = attempt.read()
-                        if data is None:
-                            break
-                        greeting.append(pb.LeaseResponse.FromString(data))
+                data = attempt.read()
+                while data is not None and greeting.feed(data):
+                    data = attempt.read()
             except Exception as e:  # noqa: BLE001 - a bad answer is a failed attempt
-                last = rpc_error_text(e)[0]
-                started = None
-            answered = (
-                started is not None
-                and started.WhichOneof("event") == "started"
-                and len(greeting) == started.started.resumed_locks
-            )
+                greeting.fail(rpc_error_text(e)[0])
             with self._mu:
                 self._attempt = None
-                taken = answered and self.state is RESUMING
-                if taken and started.started.session_id != self.session_id:
-                    self._end("a resume answered with another session")
-                    taken = False
-                if taken:
-                    for data in self._resumed(started.started, greeting):
+                resent = self._take_resume(greeting)
+                if resent is not None:
+                    for data in resent:
                         attempt.send(data)
                     self._stream = self._conn.stream = attempt
                     return attempt
             attempt.discard()  # (outside the mutex: it reads the stream to its end)
-            code, details = attempt.status
+            greeting.ended(*attempt.status)
             with self._mu:
-                if self.state is not RESUMING:
+                if not self._retry_resume(greeting, backoff):
                     return None
-                if started is None and code is not None:
-                    last = f"{code.name}: {details}"
-                    if code in FINAL_RESUME_CODES:
-                        self._end(f"{self._broke_reason}; resuming failed: {last}", code)
-                        return None
-                elif started is not None:
-                    last = "the resumed stream broke before it said which locks came back"
-                log.info("resuming session %s: %s; again in %.2fs", self.session_id, last, backoff)
                 self._changed.wait(backoff)
-            backoff = min(backoff * 2, MAX_RESUME_BACKOFF)
+            backoff = next_backoff(backoff)
 
-    # -- callers ---------------------------------------------------------------------
+    # -- what SessionBase asks of its client (mutex held) ---------------------------
 
     def _send_nowait(self, request: bytes) -> None:
         if self.state is OPEN:
             self._stream.send(request)
 
+    def _call_later(self, delay: float, callback: Callable[[], None]) -> Cancellable:
+        def locked() -> None:
+            with self._mu:
+                callback()
+
+        timer = threading.Timer(delay, locked)
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def _settle(self) -> None:
+        self._changed.notify_all()
+
+    def _locks_changed(self) -> None:
+        self._changed.notify_all()
+
     def _new_lock(self, key: str, holder: str, granted: Any, ttl: float) -> Lock:
         return Lock(self, key, holder, granted, ttl)
+
+    def _new_pending(
+        self, kind: str, key: str, request: bytes, ttl: float, holder: str, timeout: float
+    ) -> _SyncPending:
+        return _SyncPending(kind, key, request, ttl, holder, timeout)
 
     def _inherited(self) -> None:
         # In a forked child, before any other thread runs: locks and events that a
@@ -521,7 +467,6 @@ class _Session(SessionBase):
         self._timers = []
         for grants in self._held.values():
             for lock in grants:
-                assert isinstance(lock, Lock)
                 for name in ("lost", "suspended"):
                     reinit = getattr(getattr(lock, name), "_at_fork_reinit", None)
                     if reinit is not None:
@@ -530,23 +475,21 @@ class _Session(SessionBase):
                         setattr(lock, name, threading.Event())
         super()._inherited()
 
+    # -- callers -------------------------------------------------------------------
+
     def _ready(self) -> None:
         """Waits while the session resumes (mutex held); raises if it ended."""
         while self.state is RESUMING:
             self._changed.wait()
-        if self.state is ENDED:
-            raise Unavailable(f"lease stream ended: {self.ended}")
+        self._check_not_ended()
 
-    def _wait(self, rid: int, pending: _SyncPending, timeout: float) -> None:
+    def _wait(self, rid: int, pending: _SyncPending) -> None:
         try:
-            while not pending.done.acquire(timeout=timeout):
+            while not pending.done.acquire(timeout=pending.timeout):
                 with self._mu:
-                    if rid not in self._pending:
-                        continue  # answered meanwhile: `done` is released
-                    if self.state is RESUMING and pending.kind != "acquire":
-                        continue  # sent again once resumed, or failed when not
-                    self._abandon(rid, pending)
-                    raise Unavailable(f"no answer from the sidecar within {timeout:g}s")
+                    error = self._overdue(rid, pending)
+                if error is not None:
+                    raise error
         except BaseException as e:  # KeyboardInterrupt while waiting
             if isinstance(e, Unavailable):
                 raise
@@ -554,59 +497,31 @@ class _Session(SessionBase):
                 self._abandon(rid, pending)
             raise
 
-    def acquire(
-        self,
-        key: str,
-        wait: Optional[float],
-        ttl: Optional[float],
-        shared: bool,
-        limit: int,
-        fair: bool,
-        value: "bytes | str",
-        holder: str,
-    ) -> Lock:
-        rid = next(self._ids)
-        data, timeout = acquire_request(rid, key, wait, ttl, shared, limit, fair, value, holder)
-        pending = _SyncPending("acquire", key, ttl=ttl or 0.0, holder=holder)
+    def acquire(self, key: str, options: Options, holder: str) -> Lock:
+        rid, pending = self._acquiring(key, options, holder)
         with self._mu:
             if self.state is not OPEN:
                 self._ready()
-            self._pending[rid] = pending
-            self._stream.send(data)
-        self._wait(rid, pending, timeout)
+            self._submit(rid, pending)
+        self._wait(rid, pending)
         return self._answer(key, pending)
 
     def release(self, lock: Lock) -> None:
         with self._mu:
-            if lock._state == "released":
+            request = self._releasing(lock)
+            if request is None:
                 return
-            if lock._state == "lost":
-                lock._state = "released"  # LockLost is raised once
-                raise lock._lost_error()
-            rid = next(self._ids)
-            data = release_request(rid, lock.key, lock.holder)
-            pending = _SyncPending("release", lock.key, data, holder=lock.holder)
-            self._pending[rid] = pending
-            if self.state is OPEN:
-                self._stream.send(data)
-        self._wait(rid, pending, ANSWER_SLACK)
+            self._submit(*request)
+        self._wait(*request)
         with self._mu:
-            self._released(lock, pending)
+            self._released(lock, request[1])
 
     def proclaim(self, lock: Lock, value: "bytes | str") -> None:
-        value = value_bytes(value)  # a bad value fails before anything is sent
+        data = value_bytes(value)  # a bad value fails before anything is sent
         with self._mu:
-            if lock._state == "lost":
-                raise lock._lost_error()
-            if lock._state == "released":
-                raise LocksideError(f"lock {lock.key!r} was released")
-            rid = next(self._ids)
-            data = proclaim_request(rid, lock.key, value, lock.holder)
-            pending = _SyncPending("proclaim", lock.key, data, holder=lock.holder)
-            self._pending[rid] = pending
-            if self.state is OPEN:
-                self._stream.send(data)
-        self._wait(rid, pending, ANSWER_SLACK)
+            rid, pending = self._proclaiming(lock, data)
+            self._submit(rid, pending)
+        self._wait(rid, pending)
         with self._mu:
             self._proclaimed(lock, pending)
 
@@ -615,11 +530,7 @@ class _Session(SessionBase):
         and waits up to `timeout` for that; cancels the stream after. A session that
         is resuming ends at once (its locks stay in the store until their TTL)."""
         with self._mu:
-            self._closing = True
-            if self.state is RESUMING:
-                self._end("client closed")
-                if self._attempt is not None:
-                    self._attempt.cancel()
+            self._start_closing()
             stream = self._stream
         stream.close_sending()
         self._reader.join(timeout)
@@ -823,7 +734,7 @@ class Client:
         `TypeError`/`ValueError` for values that are not numbers of seconds.
         """
         who = thread_holder() if holder is None else holder
-        lock = self._session().acquire(key, wait, ttl, shared, limit, fair, value, who)
+        lock = self._session().acquire(key, (wait, ttl, shared, limit, fair, value), who)
         lock._client = self
         return lock
 
@@ -843,7 +754,7 @@ class Client:
         changes the value followers see; `release()` (or leaving a `with` block) hands
         leadership to the next candidate. `wait`, `ttl` and `holder` as in `lock()`."""
         who = thread_holder() if holder is None else holder
-        lock = self._session().acquire(key, wait, ttl, False, 0, True, value, who)
+        lock = self._session().acquire(key, (wait, ttl, False, 0, True, value), who)
         lock._client = self
         return lock
 

@@ -13,7 +13,7 @@ import grpc.aio
 from lockside._fastpath import aio_call_ops
 
 
-def _advance(coro: Coroutine[Any, Any, Any]) -> Tuple[Optional[asyncio.Future], Any]:
+def _advance(coro: Coroutine[Any, Any, Any]) -> Tuple[Optional["asyncio.Future[Any]"], Any]:
     """Runs `coro` on until it waits: returns the future it waits on and None, or None
     and its result once it ended; raises what it raises.
 
@@ -67,13 +67,13 @@ class _AioStream:
         # The send last started and the future it waits on, until collected: that
         # future done means the send completed (gRPC allows one send in flight).
         self._sending: Optional[Coroutine[Any, Any, Any]] = None
-        self._sent: Optional[asyncio.Future] = None
+        self._sent: Optional["asyncio.Future[Any]"] = None
         self._queued: "deque[bytes]" = deque()
         self._watching = False  # `_on_sent` is to be called (see `_watch`)
-        self._drained: List[asyncio.Future] = []  # set when the queue is empty
+        self._drained: "List[asyncio.Future[None]]" = []  # set when the queue is empty
         self._over = False  # no more sends: the stream broke or was half-closed
         self._reading: Optional[Coroutine[Any, Any, Any]] = None
-        self._ended: Optional[asyncio.Future] = None
+        self._ended: "Optional[asyncio.Future[Optional[BaseException]]]" = None
 
     # -- sending ---------------------------------------------------------------
 

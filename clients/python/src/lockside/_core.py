@@ -3,13 +3,8 @@ the requests it sends and how long each may wait, the answers routed to them,
 holders' grants, `Lost` and `Jeopardy`, the checks of a release or a proclaim, and the
 session's end (closed, or inherited by a forked child); what a broken stream does is
 `Resuming` (`_resume.py`), which `SessionBase` is built on. Nothing here does I/O: the
-clients' sessions (`_sync.py`, `_aio.py`) send, read, wait and run timers.
-
-The rest of the package without I/O: `_resume.py` and `_greeting.py` (a broken
-stream, resuming and reconciling), `_lock.py` (one lock's states), `_holders.py`
-(thread and task holders), `_wire.py` (requests encoded), `_describe.py` (the store's
-view of a key, watches), `_sidecar.py` (addresses, channel options, refusals),
-`_client.py` (a client's options and calls), `_errors.py`."""
+clients' sessions (`_sync_session.py`, `_aio_session.py`) send, read, wait and run
+timers. The package's layout is listed in `__init__.py`."""
 
 from __future__ import annotations
 
@@ -179,12 +174,9 @@ class SessionBase(Resuming[L, P]):
         """
         wait, ttl, shared, limit, fair, value = options
         rid = next(self._ids)
-        data, wait_s = _wire.acquire_request(
-            rid, key, wait, ttl, shared, limit, fair, value, holder
-        )
-        return rid, self._new_pending(
-            "acquire", key, data, ttl or 0.0, holder, wait_s + ANSWER_SLACK
-        )
+        data, wait = _wire.acquire_request(rid, key, wait, ttl, shared, limit, fair, value, holder)
+        timeout = wait + ANSWER_SLACK
+        return rid, self._new_pending("acquire", key, data, ttl or 0.0, holder, timeout)
 
     def _releasing(self, lock: L) -> Optional[Tuple[int, P]]:
         """A release's id and its request, not sent yet; None when `lock` is released

@@ -4,10 +4,11 @@ states (held, suspended, lost, released) and the rules between them. No I/O."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, Tuple, Type
 
 from lockside._describe import seconds
-from lockside._errors import LockLost
+from lockside._errors import LocksideError, LockLost
 
 if TYPE_CHECKING:
     from lockside._core import SessionBase
@@ -19,9 +20,20 @@ log = logging.getLogger("lockside")
 HolderKey = Tuple[str, str]
 
 
+class Flag(Protocol):
+    """`lost` and `suspended`: a `threading.Event` on `Lock`, an `asyncio.Event` on
+    `AsyncLock`."""
+
+    def set(self) -> None: ...
+
+    def clear(self) -> None: ...
+
+    def is_set(self) -> bool: ...
+
+
 class LockBase:
-    """A granted lock; the sync and asyncio `Lock` add how `suspended` and `lost` are
-    signalled and how `release()` waits.
+    """A granted lock; the sync and asyncio `Lock` add which events `suspended` and
+    `lost` are and how `release()` waits.
 
     Attributes:
       key            the lock's name.
@@ -46,9 +58,22 @@ class LockBase:
     and `lost` says "for good".
     """
 
+    lost: Flag
+    suspended: Flag
+    #: Makes `lost` and `suspended`: `threading.Event` (`Lock`), `asyncio.Event`
+    #: (`AsyncLock`).
+    _new_flag: Callable[[], Flag] = threading.Event
+
     def __init__(
-        self, session: "SessionBase[Any, Any]", key: str, holder: str, granted: Any, ttl_asked: float
+        self,
+        session: "SessionBase[Any, Any]",
+        key: str,
+        holder: str,
+        granted: Any,
+        ttl_asked: float,
     ):
+        self.lost = self._new_flag()
+        self.suspended = self._new_flag()
         self._session = session
         self.key = key
         self.holder = holder
@@ -73,10 +98,13 @@ class LockBase:
         return self._state == "held"
 
     def _signal_lost(self) -> None:
-        raise NotImplementedError
+        self.lost.set()
 
     def _signal_suspended(self, suspended: bool) -> None:
-        raise NotImplementedError
+        if suspended:
+            self.suspended.set()
+        else:
+            self.suspended.clear()
 
     def _usable(self) -> bool:
         """Held and not suspended: what `wait_restored` / `restored_wait` wait for."""
@@ -118,6 +146,11 @@ class LockBase:
 
     def _lost_error(self) -> LockLost:
         return LockLost(self.key, self.lost_reason or "lost", self.fencing_token)
+
+    def _left_on(self, exc_type: Type[BaseException], e: LocksideError) -> None:
+        """Leaving a `with` block on `exc_type`, the release failed with `e`: logged,
+        not raised, so as not to hide the exception leaving the block."""
+        log.warning("releasing %r while leaving on %s: %s", self.key, exc_type.__name__, e)
 
     def __repr__(self) -> str:
         who = f" holder={self.holder!r}" if self.holder else ""

@@ -10,7 +10,19 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, Generic, List, Optional, Sequence, Tuple, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Generic,
+    List,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    TypeVar,
+)
 
 import grpc
 
@@ -21,11 +33,6 @@ from lockside._sidecar import RESUME_HEADER
 
 if TYPE_CHECKING:
     from lockside._core import Pending
-
-try:
-    from typing import Protocol
-except ImportError:  # pragma: no cover - Python 3.7
-    from typing_extensions import Protocol  # type: ignore[assignment]
 
 log = logging.getLogger("lockside")
 
@@ -107,7 +114,6 @@ def not_resumable(
     return None
 
 
-
 class Resuming(Generic[L, P]):
     """The rules a session (`SessionBase`) follows when its stream breaks. `_on_break`
     either ends the session or suspends every lock and starts resuming: the client then
@@ -176,9 +182,7 @@ class Resuming(Generic[L, P]):
         if self._closing:
             self._end("client closed", code)
             return False
-        why_not = not_resumable(
-            bool(self._held), code, details, self.resume, self.resume_token
-        )
+        why_not = not_resumable(bool(self._held), code, details, self.resume, self.resume_token)
         if why_not is not None:
             self._end(f"{reason}{why_not}", code)
             return False
@@ -258,6 +262,7 @@ class Resuming(Generic[L, P]):
             self._attempt.cancel()
 
     def _state_changed(self) -> None:
+        """The session resumed or ended: its expiry timers stop, its waiters wake."""
         timers, self._timers = self._timers, []
         for timer in timers:
             timer.cancel()
@@ -295,13 +300,11 @@ class Resuming(Generic[L, P]):
             self._cannot_resume(self._resume_failure, greeting.code)
             return False
         if greeting.started is not None:
-            self._resume_failure = "the resumed stream broke before it said which locks came back"
-        log.info(
-            "resuming session %s: %s; again in %.2fs",
-            self.session_id,
-            self._resume_failure,
-            backoff,
-        )
+            self._resume_failure = (
+                "the resumed stream broke before it said which locks came back"
+            )
+        why = self._resume_failure
+        log.info("resuming session %s: %s; again in %.2fs", self.session_id, why, backoff)
         return True
 
     def _cannot_resume(self, failure: str, code: Optional[grpc.StatusCode] = None) -> None:

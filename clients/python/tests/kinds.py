@@ -15,10 +15,10 @@ import threading
 import time
 from typing import Any, Callable, Coroutine
 
-import lockside._aio
-import lockside._sync
+import lockside._aio_session
+import lockside._sync_session
 from lockside import AsyncClient, Client
-from lockside._core import thread_holder
+from lockside._holders import thread_holder
 
 KINDS = ("sync", "sync-public-api", "async", "async-public-api")
 
@@ -123,9 +123,9 @@ class _AsyncClientFace:
 def client_factory(kind: str, monkeypatch: Any) -> Callable[..., Any]:
     """What makes a client of `kind` (`KINDS`): `factory(addr, **options)`."""
     if kind.startswith("async"):
-        monkeypatch.setattr(lockside._aio, "_fast_streams", kind == "async")
+        monkeypatch.setattr(lockside._aio_session, "_fast_streams", kind == "async")
         return _AsyncClientFace
-    monkeypatch.setattr(lockside._sync, "_fast_streams", kind == "sync")
+    monkeypatch.setattr(lockside._sync_session, "_fast_streams", kind == "sync")
     return Client
 
 

@@ -9,14 +9,14 @@ import asyncio
 
 import pytest
 
-import lockside._aio
+import lockside._aio_session
 from lockside import AsyncClient, Client, LockLost, NotAcquired, Rejected, Unavailable
 
 
 @pytest.fixture(autouse=True, params=["call-layer", "public-api"])
 def streams(request, monkeypatch) -> str:
-    """How the sessions' streams are driven (`lockside._aio._AioStream`)."""
-    monkeypatch.setattr(lockside._aio, "_fast_streams", request.param == "call-layer")
+    """How the sessions' streams are driven (`lockside._aio_stream._AioStream`)."""
+    monkeypatch.setattr(lockside._aio_session, "_fast_streams", request.param == "call-layer")
     return request.param
 
 

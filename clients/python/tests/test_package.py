@@ -31,9 +31,9 @@ def test_public_names():
 
 
 def test_requests_are_encoded_as_the_generated_classes_encode_them():
-    # The package encodes its requests itself (_core.py says why); the bytes must be
+    # The package encodes its requests itself (_wire.py says why); the bytes must be
     # the generated classes' own, field for field, for every shape of request.
-    from lockside._core import acquire_request, proclaim_request, release_request
+    from lockside._wire import acquire_request, proclaim_request, release_request
 
     pb = lockside_pb2
 
@@ -89,7 +89,7 @@ def test_requests_are_encoded_as_the_generated_classes_encode_them():
 def test_holder_names_are_unique_short_and_printable():
     import threading
 
-    from lockside._core import MAX_HOLDER_BYTES, thread_holder
+    from lockside._holders import MAX_HOLDER_BYTES, thread_holder
 
     names = []
 

@@ -1,444 +1,25 @@
-"""The asyncio client, on grpc.aio: the stream is written and read on the event loop,
-with no thread of its own."""
+"""The asyncio client, on grpc.aio: `AsyncClient`, what its `lock()` returns
+(`_LockRequest`) and its `AsyncWatch`. Every decision is `ClientBase`'s (`_client.py`)
+and `SessionBase`'s (`_core.py`); the session's I/O and its `AsyncLock`s are in
+`_aio_session.py`."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import time
-from typing import Any, Coroutine, Generator, List, Optional, Sequence, Tuple
+from typing import Any, Coroutine, Generator, List, Optional
 
 import grpc
 import grpc.aio
 
-from lockside._aio_stream import _AioStream
-from lockside._core import (
-    ANSWER_SLACK,
-    DESCRIBE_METHOD,
-    ENDED,
-    FINAL_RESUME_CODES,
-    FIRST_RESUME_BACKOFF,
-    KEEPALIVE_OPTIONS,
-    LEASE_METHOD,
-    MAX_RESUME_BACKOFF,
-    OPEN,
-    RESUME_HEADER,
-    RESUMING,
-    WATCH_METHOD,
-    Description,
-    LockBase,
-    LocksideError,
-    Pending,
-    SessionBase,
-    Unavailable,
-    acquire_request,
-    call_error,
-    call_metadata,
-    channel_target,
-    default_addr,
-    description,
-    dial_address,
-    log,
-    pb,
-    proclaim_request,
-    refusal,
-    release_request,
-    rpc_error_text,
-    task_holder,
-    value_bytes,
-    wait_after_refusal,
-)
-
-
-class AsyncLock(LockBase):
-    """A held lock (from `AsyncClient.lock`); an async context manager that releases
-    on exit.
-
-    `suspended` and `lost` are `asyncio.Event`s with the meaning they have on
-    `lockside.Lock`: use the resource only while `suspended` is not set (it is set the
-    moment the session's stream breaks, cleared when the resumed session lists the lock
-    again, and stays set once the lock is lost); `await lock.restored_wait()` waits
-    while it is suspended, `await lock.lost_wait()` until it is lost. `release()` (and
-    so leaving the `async with` block without another exception) raises `LockLost` if
-    the lock was lost before it.
-    """
-
-    _session: "_AioSession"
-
-    def __init__(
-        self, session: "_AioSession", key: str, holder: str, granted: Any, ttl_asked: float
-    ):
-        super().__init__(session, key, holder, granted, ttl_asked)
-        self.lost = asyncio.Event()
-        self.suspended = asyncio.Event()
-
-    def _signal_lost(self) -> None:
-        self.lost.set()
-
-    def _signal_suspended(self, suspended: bool) -> None:
-        if suspended:
-            self.suspended.set()
-        else:
-            self.suspended.clear()
-
-    async def restored_wait(self) -> bool:
-        """Waits while the lock is suspended: True once it may be used (at once when it
-        is not suspended), False when it is lost or released. The outcome comes at the
-        latest when the lock's TTL has passed since the break; bound the wait with
-        `asyncio.wait_for` to give up sooner."""
-        while self._suspended and self._state == "held":
-            await self._session._locks_change()
-        return self._usable()
-
-    async def lost_wait(self) -> str:
-        """Returns (with the reason) once the lock is lost. Never returns after a clean
-        release: race it against your work (`asyncio.wait`, a TaskGroup)."""
-        await self.lost.wait()
-        return self.lost_reason or "lost"
-
-    async def proclaim(self, value: "bytes | str") -> None:
-        """Replaces the lock's value; see `lockside.Lock.proclaim`."""
-        await self._session.proclaim(self, value)
-
-    async def release(self) -> None:
-        """Gives the lock back and waits for the sidecar to confirm; see
-        `lockside.Lock.release`."""
-        await self._session.release(self)
-
-    async def __aenter__(self) -> "AsyncLock":
-        return self
-
-    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            await self.release()
-            return
-        try:
-            await self.release()
-        except LocksideError as e:  # do not hide the exception leaving the block
-            log.warning("releasing %r while leaving on %s: %s", self.key, exc_type.__name__, e)
-
-
-class _AioPending(Pending):
-    __slots__ = ("future", "timeout", "deadline")
-
-    def __init__(
-        self,
-        kind: str,
-        key: str,
-        loop: asyncio.AbstractEventLoop,
-        request: bytes = b"",
-        ttl: float = 0.0,
-        holder: str = "",
-    ):
-        super().__init__(kind, key, request, ttl, holder)
-        self.future: asyncio.Future = loop.create_future()
-        self.timeout = 0.0
-        self.deadline = 0.0  # loop.time() after which the answer is given up on
-
-    def _notify(self) -> None:
-        if not self.future.done():
-            self.future.set_result(None)
-
-
-# -- the stream ------------------------------------------------------------------
-
-#: Whether streams use grpc.aio's private call layer (`call._cython_call`) for their
-#: messages; `_AioStream` (`_aio_stream.py`) uses the public `write`/`read` when this
-#: is False or the layer is not there (tests run both).
-_fast_streams = True
-
-
-class _AioSession(SessionBase):
-    """One session: requests are sent as they are made (`_AioStream`); the stream's
-    read callbacks route answers to futures and `Lost` to locks, and a reader task
-    waits for the stream's end and resumes the session on a new stream when it broke
-    as if the sidecar died (see `SessionBase`)."""
-
-    def __init__(self, client: "AsyncClient", call: Any, loop: asyncio.AbstractEventLoop):
-        super().__init__(client.resume)
-        self._client = client
-        self._call = call
-        self._stream = _AioStream(call, self._on_message, _fast_streams)
-        self._loop = loop
-        self._reader: Optional[asyncio.Task] = None
-        # Set when a resume ends (resumed, or the session ended); callers wait on it.
-        self._settled = asyncio.Event()
-        self._settled.set()
-        self._attempt: Optional[Any] = None
-        self._timers: List[asyncio.TimerHandle] = []
-        # Gives up on answers that do not come (see `_watch_answers`).
-        self._watchdog: Optional[asyncio.TimerHandle] = None
-        # `restored_wait` callers, woken when locks are restored or lost.
-        self._lock_waiters: List[asyncio.Future] = []
-
-    @classmethod
-    async def open(
-        cls, client: "AsyncClient", wait_for_ready: bool, timeout: float
-    ) -> "_AioSession":
-        client._get_channel()
-        call = client._lease(metadata=client._metadata, wait_for_ready=wait_for_ready)
-        self = cls(client, call, asyncio.get_running_loop())
-        try:
-            first = await asyncio.wait_for(call.read(), timeout)
-        except asyncio.TimeoutError:
-            call.cancel()
-            raise Unavailable(
-                f"no answer from the sidecar at {client.addr} within {timeout:g}s",
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-            ) from None
-        except grpc.RpcError as e:
-            text, code = rpc_error_text(e)
-            raise Unavailable(f"cannot open a session at {client.addr}: {text}", code) from None
-        if first is grpc.aio.EOF:
-            raise Unavailable(f"cannot open a session at {client.addr}: stream ended")
-        self._started(pb.LeaseResponse.FromString(first))
-        self._reader = asyncio.ensure_future(self._run())
-        return self
-
-    # -- the reader task -------------------------------------------------------------
-
-    async def _run(self) -> None:
-        stream: Optional[_AioStream] = self._stream
-        while stream is not None:
-            call = stream.call
-            reason, code, details = "closed by the sidecar", None, ""
-            try:
-                await stream.run()
-            except asyncio.CancelledError:
-                reason = "client closed"
-            except grpc.RpcError as e:
-                reason, code = rpc_error_text(e)
-                details = e.details() if hasattr(e, "details") else ""
-            except Exception as e:  # noqa: BLE001 - a bad message ends the session
-                call.cancel()
-                self._end(f"protocol error: {rpc_error_text(e)[0]}")
-                return
-            if self._closing:
-                reason = "client closed"
-            if not self._broke(reason, code, details or ""):
-                return
-            self._settled.clear()
-            self._arm_expiry()
-            stream = await self._resume()
-
-    def _on_message(self, data: bytes) -> None:
-        self._dispatch(pb.LeaseResponse.FromString(data))
-
-    def _arm_expiry(self) -> None:
-        """Loses locks when their TTL since the break passes: one timer, for the next
-        such time (a timer that fires a little early is armed again)."""
-        if not self._gone_by:
-            return
-        at = min(self._gone_by.values())
-        self._timers.append(self._loop.call_later(max(0.0, at - time.monotonic()), self._on_expiry))
-
-    def _on_expiry(self) -> None:
-        if self._expire(time.monotonic()) is not None:
-            self._arm_expiry()
-        elif self.state is ENDED and self._attempt is not None:
-            self._attempt.cancel()
-
-    def _state_changed(self) -> None:
-        timers, self._timers = self._timers, []
-        for timer in timers:
-            timer.cancel()
-        self._settled.set()
-
-    def _locks_changed(self) -> None:
-        waiters, self._lock_waiters = self._lock_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-
-    async def _locks_change(self) -> None:
-        """Returns when locks of the session are next restored or lost."""
-        waiter = self._loop.create_future()
-        self._lock_waiters.append(waiter)
-        await waiter
-
-    async def _resume(self) -> Optional[_AioStream]:
-        """Resumes the session on new streams until one answers or nothing is held
-        any more; returns the new stream, or None when the session ended."""
-        backoff = FIRST_RESUME_BACKOFF
-        last = "no attempt"
-        while self.state is RESUMING:
-            metadata = self._client._metadata + ((RESUME_HEADER, self.resume_token),)
-            call = self._attempt = self._client._lease(metadata=metadata, wait_for_ready=True)
-            started: Any = None
-            greeting: List[Any] = []
-            code: Optional[grpc.StatusCode] = None
-            try:
-                first = await call.read()
-                if first is not grpc.aio.EOF:
-                    started = pb.LeaseResponse.FromString(first)
-                    if started.WhichOneof("event") == "started":
-                        # A resume answers with a new token: the old one is spent.
-                        self.resume_token = started.started.resume_token
-                    for _ in range(started.started.resumed_locks):
-                        data = await call.read()
-                        if data is grpc.aio.EOF:
-                            break
-                        greeting.append(pb.LeaseResponse.FromString(data))
-            except asyncio.CancelledError:
-                if self.state is RESUMING:  # not ours: the task is cancelled
-                    call.cancel()
-                    raise
-            except grpc.RpcError as e:
-                last, code = rpc_error_text(e)
-                started = None
-            except Exception as e:  # noqa: BLE001 - a bad answer is a failed attempt
-                last = rpc_error_text(e)[0]
-                started = None
-            self._attempt = None
-            if self.state is not RESUMING:
-                call.cancel()
-                return None
-            if (
-                started is not None
-                and started.WhichOneof("event") == "started"
-                and len(greeting) == started.started.resumed_locks
-            ):
-                if started.started.session_id != self.session_id:
-                    call.cancel()
-                    self._end("a resume answered with another session")
-                    return None
-                self._call = call
-                self._stream = _AioStream(call, self._on_message, _fast_streams)
-                for data in self._resumed(started.started, greeting):
-                    self._send_nowait(data)
-                return self._stream
-            call.cancel()
-            if code in FINAL_RESUME_CODES:
-                self._end(f"{self._broke_reason}; resuming failed: {last}", code)
-                return None
-            if started is not None:
-                last = "the resumed stream broke before it said which locks came back"
-            log.info("resuming session %s: %s; again in %.2fs", self.session_id, last, backoff)
-            try:
-                await asyncio.wait_for(self._settled.wait(), backoff)
-            except asyncio.TimeoutError:
-                pass
-            backoff = min(backoff * 2, MAX_RESUME_BACKOFF)
-        return None
-
-    # -- callers ---------------------------------------------------------------------
-
-    def _send_nowait(self, request: bytes) -> None:
-        # Not while resuming: the resume sends again what was not answered.
-        if self.state is OPEN:
-            self._stream.send(request)
-
-    def _new_lock(self, key: str, holder: str, granted: Any, ttl: float) -> AsyncLock:
-        return AsyncLock(self, key, holder, granted, ttl)
-
-    async def _ready(self) -> None:
-        while self.state is RESUMING:
-            await self._settled.wait()
-        if self.state is ENDED:
-            raise Unavailable(f"lease stream ended: {self.ended}")
-
-    def _watch_answers(self) -> None:
-        """Once a second while answers are awaited: gives up on those past their
-        time (the sidecar answers every request; only a broken one does not, and
-        keepalive ends its stream first). One timer per session rather than one per
-        request: the fast path stays free of timers."""
-        self._watchdog = None
-        now = self._loop.time()
-        for rid, pending in list(self._pending.items()):
-            if pending.deadline > now or not isinstance(pending, _AioPending):
-                continue
-            if self.state is RESUMING and pending.kind != "acquire":
-                # Sent again once resumed, or failed when not: wait for that.
-                pending.deadline = now + pending.timeout
-                continue
-            pending.deadline = float("inf")
-            self._abandon(rid, pending)
-            pending.resolve(
-                error=Unavailable(f"no answer from the sidecar within {pending.timeout:g}s")
-            )
-        if self._pending and self.state is not ENDED:
-            self._watchdog = self._loop.call_later(1.0, self._watch_answers)
-
-    async def _request(self, rid: int, pending: _AioPending, timeout: float) -> None:
-        pending.timeout = timeout
-        pending.deadline = self._loop.time() + timeout
-        self._pending[rid] = pending
-        if self._watchdog is None:
-            self._watchdog = self._loop.call_later(1.0, self._watch_answers)
-        self._send_nowait(pending.request)
-        try:
-            await pending.future
-        except asyncio.CancelledError:
-            self._abandon(rid, pending)
-            raise
-
-    async def acquire(
-        self,
-        key: str,
-        wait: Optional[float],
-        ttl: Optional[float],
-        shared: bool,
-        limit: int,
-        fair: bool,
-        value: "bytes | str",
-        holder: str,
-    ) -> AsyncLock:
-        if self.state is not OPEN:
-            await self._ready()
-        rid = next(self._ids)
-        data, timeout = acquire_request(rid, key, wait, ttl, shared, limit, fair, value, holder)
-        pending = _AioPending("acquire", key, self._loop, data, ttl or 0.0, holder)
-        await self._request(rid, pending, timeout)
-        return self._answer(key, pending)
-
-    async def release(self, lock: AsyncLock) -> None:
-        if lock._state == "released":
-            return
-        if lock._state == "lost":
-            lock._state = "released"  # LockLost is raised once
-            raise lock._lost_error()
-        rid = next(self._ids)
-        data = release_request(rid, lock.key, lock.holder)
-        pending = _AioPending("release", lock.key, self._loop, data, holder=lock.holder)
-        await self._request(rid, pending, ANSWER_SLACK)
-        self._released(lock, pending)
-
-    async def proclaim(self, lock: AsyncLock, value: "bytes | str") -> None:
-        value = value_bytes(value)  # a bad value fails before anything is sent
-        if lock._state == "lost":
-            raise lock._lost_error()
-        if lock._state == "released":
-            raise LocksideError(f"lock {lock.key!r} was released")
-        rid = next(self._ids)
-        data = proclaim_request(rid, lock.key, value, lock.holder)
-        pending = _AioPending("proclaim", lock.key, self._loop, data, holder=lock.holder)
-        await self._request(rid, pending, ANSWER_SLACK)
-        self._proclaimed(lock, pending)
-
-    async def close(self, timeout: float = 2.0) -> None:
-        """Half-closes the stream (the sidecar then releases everything and ends it),
-        waits up to `timeout` for that, and cancels the stream after. A session that
-        is resuming ends at once (its locks stay in the store until their TTL)."""
-        self._closing = True
-        if self.state is RESUMING:
-            self._end("client closed")
-            if self._attempt is not None:
-                self._attempt.cancel()
-        else:
-            await self._stream.close_sending()
-        reader = self._reader
-        if reader is not None and not reader.done():
-            try:
-                await asyncio.wait_for(asyncio.shield(reader), timeout)
-            except asyncio.TimeoutError:
-                self._call.cancel()
-                reader.cancel()
-        self._end("client closed")
-
-
-#: `lock()`'s options as `_AioSession.acquire` takes them: wait, ttl, shared, limit,
-#: fair, value.
-_Options = Tuple[Optional[float], Optional[float], bool, int, bool, Any]
+from lockside._aio_session import AsyncLock, _AioSession
+from lockside._client import ClientBase
+from lockside._core import Options
+from lockside._describe import Description, WatchBase, call_errors, description
+from lockside._errors import Unavailable
+from lockside._holders import task_holder
+from lockside._pb import lockside_pb2 as pb
+from lockside._sidecar import dial_address, refusal
 
 
 class _LockRequest(Coroutine[Any, Any, AsyncLock]):
@@ -449,20 +30,20 @@ class _LockRequest(Coroutine[Any, Any, AsyncLock]):
     runs it)."""
 
     def __init__(
-        self, client: "AsyncClient", key: str, options: _Options, holder: Optional[str]
+        self, client: "AsyncClient", key: str, options: Options, holder: Optional[str]
     ):
         self._coro = self._acquire(client, key, options, holder)
         self._lock: Optional[AsyncLock] = None
 
     @staticmethod
     async def _acquire(
-        client: "AsyncClient", key: str, options: _Options, holder: Optional[str]
+        client: "AsyncClient", key: str, options: Options, holder: Optional[str]
     ) -> AsyncLock:
         session = client._sess
         if session is None or session.ended is not None or session.pid != os.getpid():
             session = await client._session()
         who = holder if holder is not None else (task_holder() or "")
-        return await session.acquire(key, *options, holder=who)
+        return await session.acquire(key, options, who)
 
     def send(self, value: Any) -> Any:
         return self._coro.send(value)
@@ -488,13 +69,8 @@ class _LockRequest(Coroutine[Any, Any, AsyncLock]):
             await lock.__aexit__(exc_type, exc, tb)
 
 
-async def _probe(addr: str) -> Optional[str]:
-    """Why nothing listens at `addr` (a plain connect fails), or None when something
-    does or this cannot tell (see `wait_after_refusal`)."""
-    where = dial_address(addr)
-    if where is None:
-        return None
-    kind, address = where
+async def _probe(kind: str, address: Any) -> Optional[str]:
+    """`_sync_channel._probe` on the event loop."""
     try:
         if kind == "unix":
             connecting = asyncio.open_unix_connection(address)
@@ -513,15 +89,10 @@ async def _probe(addr: str) -> Optional[str]:
 _inherited: List[Any] = []
 
 
-class AsyncWatch:
+class AsyncWatch(WatchBase):
     """The states of a watched key, from `AsyncClient.watch`: `async for state in
     watch`; see `lockside.Watch`. `cancel()`, or leaving an `async with` block, ends
     it."""
-
-    def __init__(self, call: Any, key: str):
-        self._call = call
-        self._key = key
-        self._cancelled = False
 
     def __aiter__(self) -> "AsyncWatch":
         return self
@@ -534,17 +105,10 @@ class AsyncWatch:
                 raise StopAsyncIteration from None
             raise
         except grpc.RpcError as e:
-            if self._cancelled:
-                raise StopAsyncIteration from None
-            raise call_error(self._key, e) from None
+            raise (self._failed(e) or StopAsyncIteration()) from None
         if resp is grpc.aio.EOF:
             raise StopAsyncIteration
         return description(resp.state)
-
-    def cancel(self) -> None:
-        """Ends the watch."""
-        self._cancelled = True
-        self._call.cancel()
 
     async def __aenter__(self) -> "AsyncWatch":
         return self
@@ -553,7 +117,7 @@ class AsyncWatch:
         self.cancel()
 
 
-class AsyncClient:
+class AsyncClient(ClientBase[_LockRequest]):
     """The asyncio client (grpc.aio): one session per client, as `lockside.Client`;
     each task is a holder of its own (tasks sharing a client exclude each other, a task
     re-enters the keys it holds).
@@ -567,53 +131,20 @@ class AsyncClient:
     `lockside.Client`'s does; `resume` and `wait_for_sidecar` as there.
     """
 
-    def __init__(
-        self,
-        addr: Optional[str] = None,
-        *,
-        client_name: Optional[str] = None,
-        auth_token: Optional[str] = None,
-        credentials: Optional[grpc.ChannelCredentials] = None,
-        options: Sequence[Tuple[str, Any]] = (),
-        connect_timeout: float = 10.0,
-        resume: bool = True,
-        wait_for_sidecar: float = 0.0,
-    ):
-        self.addr = addr or default_addr()
-        self.connect_timeout = connect_timeout
-        self.resume = resume
-        self.wait_for_sidecar = wait_for_sidecar
+    _sess: Optional[_AioSession]
+
+    def _setup(self) -> None:
         self._pid = os.getpid()
-        self._credentials = credentials
-        self._options = KEEPALIVE_OPTIONS + list(options)
-        self._metadata = call_metadata(client_name, auth_token)
+        # The channel, made on first use, on the running loop.
         self._channel: Optional[grpc.aio.Channel] = None
-        self._sess: Optional[_AioSession] = None
         self._opening: Optional[asyncio.Lock] = None
-        self._closed = False
 
     def _get_channel(self) -> "grpc.aio.Channel":
         if self._pid != os.getpid():
             self._after_fork()
         if self._channel is None:
-            target = channel_target(self.addr)
-            if self._credentials is None:
-                self._channel = grpc.aio.insecure_channel(target, options=self._options)
-            else:
-                self._channel = grpc.aio.secure_channel(
-                    target, self._credentials, options=self._options
-                )
-            # Raw bytes both ways: the session encodes and decodes itself.
-            self._lease = self._channel.stream_stream(LEASE_METHOD)
-            self._describe = self._channel.unary_unary(
-                DESCRIBE_METHOD,
-                request_serializer=pb.DescribeRequest.SerializeToString,
-                response_deserializer=pb.DescribeResponse.FromString,
-            )
-            self._watch = self._channel.unary_stream(
-                WATCH_METHOD,
-                request_serializer=pb.WatchRequest.SerializeToString,
-                response_deserializer=pb.WatchResponse.FromString,
+            self._channel, self._lease, self._describe, self._watch = self._make_channel(
+                grpc.aio
             )
         return self._channel
 
@@ -635,11 +166,10 @@ class AsyncClient:
         try:
             return await _AioSession.open(self, False, self.connect_timeout)
         except Unavailable as e:
-            if e.code is not grpc.StatusCode.UNAVAILABLE:
-                raise
-        cause = await _probe(self.addr)
-        wait = wait_after_refusal(self.addr, cause, self.wait_for_sidecar, self.connect_timeout)
-        return await _AioSession.open(self, True, wait)
+            self._refused(e)
+        where = dial_address(self.addr)
+        cause = None if where is None else await _probe(*where)
+        return await _AioSession.open(self, True, self._sidecar_wait(cause))
 
     async def _session(self) -> _AioSession:
         if self._pid != os.getpid():
@@ -647,84 +177,33 @@ class AsyncClient:
         sess = self._sess
         if sess is not None and sess.ended is None:
             return sess
-        if self._closed:
-            raise LocksideError("the client is closed")
+        self._check_open()
         if self._opening is None:
             self._opening = asyncio.Lock()
         async with self._opening:
-            if self._closed:
-                raise LocksideError("the client is closed")
+            self._check_open()
             if self._sess is None or self._sess.ended is not None:
                 self._sess = None
                 self._sess = await self._open()
             return self._sess
 
-    @property
-    def session_id(self) -> Optional[str]:
-        """The current session's id, None before the first lock."""
-        s = self._sess
-        return s.session_id if s is not None and s.ended is None else None
-
-    def lock(
-        self,
-        key: str,
-        *,
-        wait: Optional[float] = None,
-        ttl: Optional[float] = None,
-        shared: bool = False,
-        limit: int = 0,
-        fair: bool = False,
-        value: "bytes | str" = b"",
-        holder: Optional[str] = None,
-    ) -> _LockRequest:
-        """Takes `key` for the calling task: `await c.lock(...)` returns the
-        `AsyncLock`; `async with c.lock(...) as lock` releases it on exit; it is a
-        coroutine too (`asyncio.create_task(c.lock(...))`). Tasks sharing a client
-        exclude each other; a task locking a key it holds re-enters it. `holder`: None
-        (the default) is the calling task (`task:N:NAME`), "" the session itself.
-        Options and errors as `lockside.Client.lock`. Cancelling the awaiting task
-        cancels the wait."""
-        who = task_holder() if holder is None else holder
-        return _LockRequest(self, key, (wait, ttl, shared, limit, fair, value), who)
-
-    def campaign(
-        self,
-        key: str,
-        value: "bytes | str" = b"",
-        *,
-        wait: Optional[float] = None,
-        ttl: Optional[float] = None,
-        holder: Optional[str] = None,
-    ) -> _LockRequest:
-        """Campaigns for leadership of `key` with `value`: `await c.campaign(...)`
-        returns once this client leads (an `AsyncLock`: leadership); `async with`
-        resigns on exit. See `lockside.Client.campaign`."""
-        who = task_holder() if holder is None else holder
-        return _LockRequest(self, key, (wait, ttl, False, 0, True, value), who)
+    def _take(self, key: str, options: Options, holder: Optional[str]) -> _LockRequest:
+        return _LockRequest(self, key, options, task_holder() if holder is None else holder)
 
     def watch(self, key: str) -> AsyncWatch:
         """Follows `key`: `async for state in c.watch(key)`, its state now first; see
         `lockside.Client.watch`."""
-        if self._closed:
-            raise LocksideError("the client is closed")
+        self._check_open()
         self._get_channel()
-        call = self._watch(pb.WatchRequest(key=key), metadata=self._metadata)
-        return AsyncWatch(call, key)
+        return AsyncWatch(self._watch(pb.WatchRequest(key=key), metadata=self._metadata), key)
 
     async def describe(self, key: str, timeout: float = 5.0) -> Description:
         """The store's view of `key`: holders, waiters, fair queue, last fencing token."""
-        if self._closed:
-            raise LocksideError("the client is closed")
+        self._check_open()
         self._get_channel()
-        try:
-            resp = await self._describe(
-                pb.DescribeRequest(key=key),
-                timeout=timeout,
-                metadata=self._metadata,
-                wait_for_ready=True,
-            )
-        except grpc.RpcError as e:
-            raise call_error(key, e) from None
+        request = pb.DescribeRequest(key=key)
+        with call_errors(key):
+            resp = await self._describe(request, **self._describe_options(timeout))
         return description(resp)
 
     async def close(self) -> None:

@@ -10,8 +10,10 @@ from typing import Any, Callable, Coroutine, List, Optional, Tuple
 import grpc
 import grpc.aio
 
+from lockside._fastpath import aio_call_ops
 
-def _advance(coro: Coroutine[Any, Any, Any]) -> Tuple[Optional[asyncio.Future], Any]:
+
+def _advance(coro: Coroutine[Any, Any, Any]) -> Tuple[Optional["asyncio.Future[Any]"], Any]:
     """Runs `coro` on until it waits: returns the future it waits on and None, or None
     and its result once it ended; raises what it raises.
 
@@ -49,7 +51,7 @@ class _AioStream:
     message left, so a send's completion is only collected when the next send starts,
     and costs no wake-up of its own unless messages queue behind it.
 
-    On grpc.aio's private call layer (`call._cython_call`, what `call.write` and
+    On grpc.aio's private call layer (`_fastpath.aio_call_ops`: what `call.write` and
     `call.read` end in) the messages skip two coroutines each way; without it (another
     grpcio, or `fast` False) the public `write`/`read` are stepped alike.
     """
@@ -58,26 +60,20 @@ class _AioStream:
         self.call = call
         self._on_message = on_message
         self._loop = asyncio.get_running_loop()
-        cy = getattr(call, "_cython_call", None) if fast else None
-        if cy is not None and hasattr(cy, "send_serialized_message") and hasattr(
-            cy, "receive_serialized_message"
-        ):
-            self._send_op: Callable[[bytes], Any] = cy.send_serialized_message
-            self._recv_op: Callable[[], Any] = cy.receive_serialized_message
-            self.fast = True
-        else:
-            self._send_op, self._recv_op = call.write, call.read
-            self.fast = False
+        ops = aio_call_ops(call) if fast else None
+        self.fast = ops is not None
+        self._send_op: Callable[[bytes], Any] = call.write if ops is None else ops[0]
+        self._recv_op: Callable[[], Any] = call.read if ops is None else ops[1]
         # The send last started and the future it waits on, until collected: that
         # future done means the send completed (gRPC allows one send in flight).
         self._sending: Optional[Coroutine[Any, Any, Any]] = None
-        self._sent: Optional[asyncio.Future] = None
+        self._sent: Optional["asyncio.Future[Any]"] = None
         self._queued: "deque[bytes]" = deque()
         self._watching = False  # `_on_sent` is to be called (see `_watch`)
-        self._drained: List[asyncio.Future] = []  # set when the queue is empty
+        self._drained: "List[asyncio.Future[None]]" = []  # set when the queue is empty
         self._over = False  # no more sends: the stream broke or was half-closed
         self._reading: Optional[Coroutine[Any, Any, Any]] = None
-        self._ended: Optional[asyncio.Future] = None
+        self._ended: "Optional[asyncio.Future[Optional[BaseException]]]" = None
 
     # -- sending ---------------------------------------------------------------
 

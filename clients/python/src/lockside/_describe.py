@@ -1,17 +1,30 @@
 """The store's view of one key, as `describe()` and `watch()` give it: `Description`,
-its `Holder`s (one per holder of a session) and its fair `QueueEntry`s. No I/O."""
+its `Holder`s (one per holder of a session) and its fair `QueueEntry`s; what the sync
+and asyncio watches share (`WatchBase`), and how a failed Describe or Watch call
+becomes this package's error (`call_errors`). No I/O."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
-from lockside._pb import lockside_pb2 as pb
+import grpc
+
+from lockside._errors import LocksideError, call_error
+
+try:
+    from lockside._pb import lockside_pb2 as pb
+except ImportError as e:  # pragma: no cover - only a source tree without a build
+    raise ImportError(
+        "lockside: the generated stubs (lockside._pb) are missing; install the package "
+        "(`pip install ./clients/python`) rather than importing it from the source tree"
+    ) from e
 
 
 def seconds(d: Any) -> float:
     """A `google.protobuf.Duration` in seconds."""
-    return d.seconds + d.nanos / 1e9
+    return float(d.seconds + d.nanos / 1e9)
 
 
 @dataclass(frozen=True)
@@ -69,7 +82,8 @@ class Description:
 
 
 def _mode_name(mode: int) -> str:
-    return pb.LockMode.Name(mode).replace("LOCK_MODE_", "")
+    name: str = pb.LockMode.Name(mode)
+    return name.replace("LOCK_MODE_", "")
 
 
 def description(r: Any) -> Description:
@@ -96,3 +110,32 @@ def description(r: Any) -> Description:
             for q in r.queue
         ),
     )
+
+
+@contextlib.contextmanager
+def call_errors(key: str) -> Iterator[None]:
+    """Raises a failed Describe or Watch call (`grpc.RpcError`) as this package's
+    error (`call_error`)."""
+    try:
+        yield
+    except grpc.RpcError as e:
+        raise call_error(key, e) from None
+
+
+class WatchBase:
+    """What `Watch` and `AsyncWatch` share: the call, and how it ends."""
+
+    def __init__(self, call: Any, key: str):
+        self._call = call
+        self._key = key
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        """Ends the watch."""
+        self._cancelled = True
+        self._call.cancel()
+
+    def _failed(self, e: grpc.RpcError) -> Optional[LocksideError]:
+        """What iterating raises when the call failed with `e`; None when the watch
+        was cancelled: the iteration stops."""
+        return None if self._cancelled else call_error(self._key, e)

@@ -1,656 +1,35 @@
-"""The blocking client, on grpcio's threaded API."""
+"""The blocking client, on grpcio's threaded API: `Client` and its `Watch`. Every
+decision is `ClientBase`'s (`_client.py`) and `SessionBase`'s (`_core.py`); the
+session's I/O and its `Lock`s are in `_sync_session.py`, the channel and what
+outlives a client in `_sync_channel.py`."""
 
 from __future__ import annotations
 
-import os
-import queue
-import socket
 import threading
-import time
-import warnings
 import weakref
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Optional
 
 import grpc
 
-from lockside._core import (
-    ANSWER_SLACK,
-    DESCRIBE_METHOD,
-    ENDED,
-    FINAL_RESUME_CODES,
-    FIRST_RESUME_BACKOFF,
-    KEEPALIVE_OPTIONS,
-    LEASE_METHOD,
-    MAX_RESUME_BACKOFF,
-    OPEN,
-    RESUME_HEADER,
-    RESUMING,
-    WATCH_METHOD,
-    Description,
-    LockBase,
-    LocksideError,
-    Pending,
-    SessionBase,
-    Unavailable,
-    acquire_request,
-    call_error,
-    call_metadata,
-    channel_target,
-    default_addr,
-    description,
-    dial_address,
-    log,
-    pb,
-    proclaim_request,
-    refusal,
-    release_request,
-    rpc_error_text,
-    thread_holder,
-    value_bytes,
-    wait_after_refusal,
-)
-from lockside._stream import (
-    _IteratorStream,
-    _SegregatedStream,
-    _Stream,
-    HAVE_CYGRPC,
-    inherited,
-)
-
-class Lock(LockBase):
-    """A held lock (from `Client.lock`); a context manager that releases on exit.
-
-    Use the resource only while `suspended` is not set:
-
-    - `suspended` (a `threading.Event`) is set the moment the session's stream breaks
-      (a live sidecar releases the lock within milliseconds then, and another holder
-      may have it), and cleared when the resumed session lists the lock again with its
-      token; `wait_restored(timeout)` waits for that. It stays set once the lock is
-      lost.
-    - `lost` (a `threading.Event`) is set, with `suspended`, when the lock is gone for
-      good: the sidecar sent `Lost` for the key, or the stream broke and the lock did
-      not come back (see `Client`). `release()` (and so leaving the `with` block
-      without another exception) then raises `LockLost`.
-    """
-
-    _session: "_Session"
-
-    def __init__(
-        self, session: "_Session", key: str, holder: str, granted: Any, ttl_asked: float
-    ):
-        super().__init__(session, key, holder, granted, ttl_asked)
-        self.lost = threading.Event()
-        self.suspended = threading.Event()
-        # The client, kept alive while its lock is (`Client.lock` sets it): a lock in
-        # hand is held, even when the client itself is no longer referenced.
-        self._client: Optional["Client"] = None
-
-    def _signal_lost(self) -> None:
-        self.lost.set()
-
-    def _signal_suspended(self, suspended: bool) -> None:
-        if suspended:
-            self.suspended.set()
-        else:
-            self.suspended.clear()
-
-    def wait_restored(self, timeout: Optional[float] = None) -> bool:
-        """Waits while the lock is suspended: True once it may be used (at once when it
-        is not suspended), False when it is lost or released, or still suspended after
-        `timeout` seconds (None: wait for the outcome; it comes at the latest when the
-        lock's TTL has passed since the break)."""
-        changed = self._session._changed
-        with changed:
-            changed.wait_for(lambda: not self._suspended or self._state != "held", timeout)
-            return self._usable()
-
-    def proclaim(self, value: "bytes | str") -> None:
-        """Replaces the lock's value (what `describe()` and `watch()` show of this
-        holder): a leader telling its followers where it now is, without giving up
-        leadership. At most 4 KiB. Raises `LockLost` if the lock is no longer held,
-        `Rejected` for a value too large or a store it cannot reach."""
-        self._session.proclaim(self, value)
-
-    def release(self) -> None:
-        """Gives the lock back and waits for the sidecar to confirm.
-
-        Does nothing if already released. Raises `LockLost` (once) if the lock was lost
-        while held, and `Unavailable` if the sidecar does not confirm in time (the lock
-        is then released when the session ends, at the latest when the client closes).
-        """
-        self._session.release(self)
-
-    def __enter__(self) -> "Lock":
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            self.release()
-            return
-        try:
-            self.release()
-        except LocksideError as e:  # do not hide the exception leaving the block
-            log.warning("releasing %r while leaving on %s: %s", self.key, exc_type.__name__, e)
-
-
-class _SyncPending(Pending):
-    __slots__ = ("done",)
-
-    def __init__(
-        self, kind: str, key: str, request: bytes = b"", ttl: float = 0.0, holder: str = ""
-    ):
-        super().__init__(kind, key, request, ttl, holder)
-        # A bare lock is CPython's cheapest cross-thread wake-up (an Event is a
-        # Condition around one): taken now, released by the reader with the answer.
-        self.done = threading.Lock()
-        self.done.acquire()
-
-    def _notify(self) -> None:
-        self.done.release()
-
-
-#: Whether sessions use `_SegregatedStream`; set to False when it cannot be made.
-_fast_streams = HAVE_CYGRPC
-
-
-def _open_stream(conn: "_Conn", metadata: Tuple[Any, ...], wait_for_ready: bool = True) -> _Stream:
-    global _fast_streams
-    if _fast_streams:
-        try:
-            return _SegregatedStream(conn.channel, metadata, wait_for_ready)
-        except (AttributeError, TypeError) as e:
-            # Not the grpcio this was written for: the public API, slower, works.
-            log.info("grpcio's segregated calls are not usable (%s): using its public API", e)
-            _fast_streams = False
-    return _IteratorStream(conn.raw_lease, metadata, wait_for_ready)
-
-
-# -- the connection ----------------------------------------------------------------------
-
-
-class _Conn:
-    """A client's channel, and what its finalizer needs to end its session: the
-    session's stream and reader thread. It refers to neither the client nor the
-    session, so it keeps neither alive (see `Client`)."""
-
-    def __init__(self, client: "Client"):
-        self.addr = client.addr
-        self.pid = os.getpid()
-        target = channel_target(client.addr)
-        opts = client._options
-        if client._credentials is None:
-            self.channel = grpc.insecure_channel(target, options=opts)
-        else:
-            self.channel = grpc.secure_channel(target, client._credentials, options=opts)
-        # Raw bytes both ways: the session encodes and decodes (for _IteratorStream).
-        self.raw_lease = self.channel.stream_stream(LEASE_METHOD)
-        self.describe = self.channel.unary_unary(
-            DESCRIBE_METHOD,
-            request_serializer=pb.DescribeRequest.SerializeToString,
-            response_deserializer=pb.DescribeResponse.FromString,
-        )
-        self.watch = self.channel.unary_stream(
-            WATCH_METHOD,
-            request_serializer=pb.WatchRequest.SerializeToString,
-            response_deserializer=pb.WatchResponse.FromString,
-        )
-        self.stream: Optional[_Stream] = None  # the open session's
-        self.reader: Optional[threading.Thread] = None
-
-    def shutdown(self) -> None:
-        """Ends the session (a half-close: the sidecar releases every lock and ends
-        the stream) and closes the channel; for a client nobody closed (`_closer`)."""
-        stream, reader = self.stream, self.reader
-        if stream is not None:
-            stream.close_sending()
-            if reader is not None:
-                reader.join(2.0)
-                if reader.is_alive():
-                    stream.cancel()
-                    reader.join(2.0)
-        self.channel.close()
-
-
-def _collected(conn: _Conn) -> None:
-    """A `Client` was garbage-collected without `close()`: warn, and have its session
-    ended (on `_closer`'s thread: this runs wherever the collector happens to run,
-    perhaps inside one of this package's critical sections)."""
-    if conn.pid != os.getpid():
-        return  # the parent's, in a forked child: never touched here
-    if conn.stream is not None:
-        warnings.warn(
-            f"lockside.Client({conn.addr!r}) was garbage-collected without close(): its "
-            "session ends now and the sidecar releases its locks",
-            ResourceWarning,
-            stacklevel=2,
-        )
-    _closer.put(conn)
-
-
-_closer: "queue.SimpleQueue[_Conn]" = queue.SimpleQueue()  # reentrant: a finalizer may put
-_closer_thread: Optional[threading.Thread] = None
-_closer_mu = threading.Lock()
-
-
-def _closing() -> None:
-    while True:
-        conn = _closer.get()
-        if conn.pid != os.getpid():
-            continue  # queued in the parent before a fork: the parent's to end
-        try:
-            conn.shutdown()
-        except Exception as e:  # noqa: BLE001 - one client's end must not stop the others'
-            log.warning("ending the session of a collected client: %s", e)
-
-
-def _start_closer() -> None:
-    """Starts the thread that ends collected clients' sessions (once per process)."""
-    global _closer_thread
-    with _closer_mu:
-        if _closer_thread is None or not _closer_thread.is_alive():
-            _closer_thread = threading.Thread(target=_closing, name="lockside-closer", daemon=True)
-            _closer_thread.start()
-
-
-# -- fork() ----------------------------------------------------------------------------
-
-#: Every client: a forked child gives each a session of its own (`Client._after_fork`);
-#: `_stream.py` keeps gRPC sound across the fork itself.
-_clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    global _closer, _closer_mu, _closer_thread
-    _closer, _closer_mu, _closer_thread = queue.SimpleQueue(), threading.Lock(), None
-    for client in list(_clients):
-        client._after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _probe(addr: str) -> Optional[str]:
-    """Why nothing listens at `addr` (a plain connect fails), or None when something
-    does or this cannot tell (see `wait_after_refusal`)."""
-    where = dial_address(addr)
-    if where is None:
-        return None
-    kind, address = where
-    try:
-        if kind == "unix":
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                s.settimeout(1.0)
-                s.connect(address)
-        else:
-            socket.create_connection(address, timeout=1.0).close()
-    except OSError as e:
-        return refusal(e)
-    return None
-
-
-# -- the session -----------------------------------------------------------------
-
-
-def _read(ref: "weakref.ref[_Session]", stream: _Stream, opened: threading.Lock) -> None:
-    """The reader thread of a session: reads its streams and hands each message to
-    the session while it lives."""
-    try:
-        first = stream.read()
-        sess = ref()
-        if sess is None:
-            return
-        sess._opened(stream, first)
-        if first is None:
-            return
-    except Exception as e:  # noqa: BLE001 - a bad first message ends the session
-        stream.discard()
-        sess = ref()
-        if sess is not None:
-            with sess._mu:
-                sess._end(rpc_error_text(e)[0])
-        return
-    finally:
-        opened.release()
-    del sess
-    next_stream: Optional[_Stream] = stream
-    while next_stream is not None:
-        stream = next_stream
-        try:
-            alive = _pump(ref, stream)
-        except Exception as e:  # noqa: BLE001 - a bad message ends the stream
-            stream.discard()
-            sess = ref()
-            if sess is not None:
-                with sess._mu:
-                    sess._end(f"protocol error: {rpc_error_text(e)[0]}")
-            return
-        sess = ref() if alive else None
-        if sess is None:  # collected: its finalizer ended the stream
-            stream.discard()
-            return
-        next_stream = sess._stream_ended(stream)
-        del sess
-
-
-def _pump(ref: "weakref.ref[_Session]", stream: _Stream) -> bool:
-    """Hands the stream's messages to the session until the stream ends (True) or the
-    session is gone (False)."""
-    read, parse = stream.read, pb.LeaseResponse.FromString
-    while True:
-        data = read()
-        if data is None:
-            return True
-        resp = parse(data)
-        sess = ref()
-        if sess is None:
-            return False
-        with sess._mu:
-            sess._dispatch(resp)
-        del sess
-
-
-class _Session(SessionBase):
-    """One session: a reader thread reads its stream, routes every answer to its
-    waiter and every `Lost` to its locks, and resumes the session on a new stream when
-    the stream breaks as if the sidecar died (see `SessionBase`). Callers send
-    directly.
-
-    The reader holds the session only weakly between messages: a client dropped
-    without `close()` is collected with its session, and its finalizer ends the stream
-    (`_collected`)."""
-
-    def __init__(
-        self,
-        client: "Client",
-        conn: _Conn,
-        wait_for_ready: bool,
-        timeout: float,
-    ):
-        super().__init__(client.resume)
-        self._conn = conn
-        self._metadata = client._metadata
-        self._mu = threading.Lock()
-        # Notified when the state changes (resumed, ended): callers wait on it while
-        # the session resumes.
-        self._changed = threading.Condition(self._mu)
-        self._attempt: Optional[_Stream] = None
-        self._timers: List[threading.Timer] = []
-        self._stream = _open_stream(conn, self._metadata, wait_for_ready)
-        opened = threading.Lock()
-        opened.acquire()
-        self._reader = threading.Thread(
-            target=_read, args=(weakref.ref(self), self._stream, opened), name="lockside-session",
-            daemon=True,
-        )
-        self._reader.start()
-        if not opened.acquire(timeout=timeout):
-            self._stream.cancel()
-            raise Unavailable(
-                f"no answer from the sidecar at {conn.addr} within {timeout:g}s",
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-            )
-        if self.ended is not None:
-            raise Unavailable(
-                f"cannot open a session at {conn.addr}: {self.ended}", self._stream.status[0]
-            )
-        conn.stream, conn.reader = self._stream, self._reader
-
-    # -- the reader thread (`_read`) ------------------------------------------------
-
-    def _opened(self, stream: _Stream, first: Optional[bytes]) -> None:
-        with self._mu:
-            if first is None:
-                self._end(self._ending(stream), stream.status[0])
-            else:
-                self._started(pb.LeaseResponse.FromString(first))
-
-    def _stream_ended(self, stream: _Stream) -> Optional[_Stream]:
-        """The stream ended: resumes the session on a new one (returned), or ends it."""
-        code, details = stream.status
-        with self._mu:
-            resuming = self._broke(self._ending(stream), code, details)
-            if resuming:
-                self._arm_expiry()
-        return self._resume() if resuming else None
-
-    def _ending(self, stream: _Stream) -> str:
-        if self._closing:
-            return "client closed"
-        code, details = stream.status
-        if code is None or code is grpc.StatusCode.OK:
-            return "closed by the sidecar"
-        return f"{code.name}: {details}"
-
-    def _arm_expiry(self) -> None:
-        """Loses locks when their TTL since the break passes: one timer, for the next
-        such time (mutex held; a timer that fires a little early is armed again)."""
-        if not self._gone_by:
-            return
-        at = min(self._gone_by.values())
-        timer = threading.Timer(max(0.0, at - time.monotonic()), self._on_expiry)
-        timer.daemon = True
-        timer.start()
-        self._timers.append(timer)
-
-    def _on_expiry(self) -> None:
-        with self._mu:
-            if self._expire(time.monotonic()) is not None:
-                self._arm_expiry()
-            elif self.state is ENDED and self._attempt is not None:
-                self._attempt.cancel()
-
-    def _state_changed(self) -> None:
-        timers, self._timers = self._timers, []
-        for timer in timers:
-            timer.cancel()
-        self._changed.notify_all()
-
-    def _locks_changed(self) -> None:
-        self._changed.notify_all()
-
-    def _resume(self) -> Optional[_Stream]:
-        """Resumes the session on new streams until one answers or nothing is held
-        any more; returns the new stream, or None when the session ended."""
-        backoff = FIRST_RESUME_BACKOFF
-        last = "no attempt"
-        while True:
-            with self._mu:
-                if self.state is not RESUMING:
-                    return None
-                metadata = self._metadata + ((RESUME_HEADER, self.resume_token),)
-                try:
-                    attempt = self._attempt = _open_stream(self._conn, metadata)
-                except ValueError as e:  # the channel is closed
-                    self._end(f"{self._broke_reason}; resuming failed: {e}")
-                    return None
-            greeting: List[Any] = []
-            started = None
-            try:
-                first = attempt.read()
-                if first is not None:
-                    started = pb.LeaseResponse.FromString(first)
-                    if started.WhichOneof("event") == "started":
-                        with self._mu:  # a resume answers with a new token: the old is spent
-                            self.resume_token = started.started.resume_token
-                    for _ in range(started.started.resumed_locks):
-                        data = attempt.read()
-                        if data is None:
-                            break
-                        greeting.append(pb.LeaseResponse.FromString(data))
-            except Exception as e:  # noqa: BLE001 - a bad answer is a failed attempt
-                last = rpc_error_text(e)[0]
-                started = None
-            answered = (
-                started is not None
-                and started.WhichOneof("event") == "started"
-                and len(greeting) == started.started.resumed_locks
-            )
-            with self._mu:
-                self._attempt = None
-                taken = answered and self.state is RESUMING
-                if taken and started.started.session_id != self.session_id:
-                    self._end("a resume answered with another session")
-                    taken = False
-                if taken:
-                    for data in self._resumed(started.started, greeting):
-                        attempt.send(data)
-                    self._stream = self._conn.stream = attempt
-                    return attempt
-            attempt.discard()  # (outside the mutex: it reads the stream to its end)
-            code, details = attempt.status
-            with self._mu:
-                if self.state is not RESUMING:
-                    return None
-                if started is None and code is not None:
-                    last = f"{code.name}: {details}"
-                    if code in FINAL_RESUME_CODES:
-                        self._end(f"{self._broke_reason}; resuming failed: {last}", code)
-                        return None
-                elif started is not None:
-                    last = "the resumed stream broke before it said which locks came back"
-                log.info("resuming session %s: %s; again in %.2fs", self.session_id, last, backoff)
-                self._changed.wait(backoff)
-            backoff = min(backoff * 2, MAX_RESUME_BACKOFF)
-
-    # -- callers ---------------------------------------------------------------------
-
-    def _send_nowait(self, request: bytes) -> None:
-        if self.state is OPEN:
-            self._stream.send(request)
-
-    def _new_lock(self, key: str, holder: str, granted: Any, ttl: float) -> Lock:
-        return Lock(self, key, holder, granted, ttl)
-
-    def _inherited(self) -> None:
-        # In a forked child, before any other thread runs: locks and events that a
-        # thread of the parent held at the fork would never be let go here.
-        self._mu = threading.Lock()
-        self._changed = threading.Condition(self._mu)
-        self._timers = []
-        for grants in self._held.values():
-            for lock in grants:
-                assert isinstance(lock, Lock)
-                for name in ("lost", "suspended"):
-                    reinit = getattr(getattr(lock, name), "_at_fork_reinit", None)
-                    if reinit is not None:
-                        reinit()
-                    else:  # pragma: no cover - CPython has it since 3.9
-                        setattr(lock, name, threading.Event())
-        super()._inherited()
-
-    def _ready(self) -> None:
-        """Waits while the session resumes (mutex held); raises if it ended."""
-        while self.state is RESUMING:
-            self._changed.wait()
-        if self.state is ENDED:
-            raise Unavailable(f"lease stream ended: {self.ended}")
-
-    def _wait(self, rid: int, pending: _SyncPending, timeout: float) -> None:
-        try:
-            while not pending.done.acquire(timeout=timeout):
-                with self._mu:
-                    if rid not in self._pending:
-                        continue  # answered meanwhile: `done` is released
-                    if self.state is RESUMING and pending.kind != "acquire":
-                        continue  # sent again once resumed, or failed when not
-                    self._abandon(rid, pending)
-                    raise Unavailable(f"no answer from the sidecar within {timeout:g}s")
-        except BaseException as e:  # KeyboardInterrupt while waiting
-            if isinstance(e, Unavailable):
-                raise
-            with self._mu:
-                self._abandon(rid, pending)
-            raise
-
-    def acquire(
-        self,
-        key: str,
-        wait: Optional[float],
-        ttl: Optional[float],
-        shared: bool,
-        limit: int,
-        fair: bool,
-        value: "bytes | str",
-        holder: str,
-    ) -> Lock:
-        rid = next(self._ids)
-        data, timeout = acquire_request(rid, key, wait, ttl, shared, limit, fair, value, holder)
-        pending = _SyncPending("acquire", key, ttl=ttl or 0.0, holder=holder)
-        with self._mu:
-            if self.state is not OPEN:
-                self._ready()
-            self._pending[rid] = pending
-            self._stream.send(data)
-        self._wait(rid, pending, timeout)
-        return self._answer(key, pending)
-
-    def release(self, lock: Lock) -> None:
-        with self._mu:
-            if lock._state == "released":
-                return
-            if lock._state == "lost":
-                lock._state = "released"  # LockLost is raised once
-                raise lock._lost_error()
-            rid = next(self._ids)
-            data = release_request(rid, lock.key, lock.holder)
-            pending = _SyncPending("release", lock.key, data, holder=lock.holder)
-            self._pending[rid] = pending
-            if self.state is OPEN:
-                self._stream.send(data)
-        self._wait(rid, pending, ANSWER_SLACK)
-        with self._mu:
-            self._released(lock, pending)
-
-    def proclaim(self, lock: Lock, value: "bytes | str") -> None:
-        value = value_bytes(value)  # a bad value fails before anything is sent
-        with self._mu:
-            if lock._state == "lost":
-                raise lock._lost_error()
-            if lock._state == "released":
-                raise LocksideError(f"lock {lock.key!r} was released")
-            rid = next(self._ids)
-            data = proclaim_request(rid, lock.key, value, lock.holder)
-            pending = _SyncPending("proclaim", lock.key, data, holder=lock.holder)
-            self._pending[rid] = pending
-            if self.state is OPEN:
-                self._stream.send(data)
-        self._wait(rid, pending, ANSWER_SLACK)
-        with self._mu:
-            self._proclaimed(lock, pending)
-
-    def close(self, timeout: float = 2.0) -> None:
-        """Half-closes the stream (the sidecar then releases everything and ends it)
-        and waits up to `timeout` for that; cancels the stream after. A session that
-        is resuming ends at once (its locks stay in the store until their TTL)."""
-        with self._mu:
-            self._closing = True
-            if self.state is RESUMING:
-                self._end("client closed")
-                if self._attempt is not None:
-                    self._attempt.cancel()
-            stream = self._stream
-        stream.close_sending()
-        self._reader.join(timeout)
-        if self._reader.is_alive():
-            stream.cancel()
-            self._reader.join(timeout)
-        with self._mu:
-            self._end("client closed")
-
-
-class Watch:
+from lockside._client import ClientBase
+from lockside._core import Options
+from lockside._describe import Description, WatchBase, call_errors, description
+from lockside._errors import Unavailable
+from lockside._holders import thread_holder
+from lockside._pb import lockside_pb2 as pb
+from lockside._sidecar import dial_address
+from lockside._stream import inherited
+from lockside._sync_channel import _clients, _collected, _Conn, _probe, _start_closer
+from lockside._sync_session import Lock, _Session
+
+
+class Watch(WatchBase):
     """The states of a watched key, from `Client.watch`: iterate it for
     `Description`s, the key's state now and then one per change (a grant, a release,
     an expiry, a holder's value). A slow reader gets the latest state, skipping those
     in between. `cancel()`, or leaving a `with` block, ends it (the iteration then
     stops); iterating raises `Rejected` for a bad key or a watch limit reached and
     `Unavailable` when the sidecar or its store cannot be reached."""
-
-    def __init__(self, call: Any, key: str):
-        self._call = call
-        self._key = key
-        self._cancelled = False
 
     def __iter__(self) -> "Watch":
         return self
@@ -659,15 +38,8 @@ class Watch:
         try:
             resp = next(self._call)
         except grpc.RpcError as e:
-            if self._cancelled:
-                raise StopIteration from None
-            raise call_error(self._key, e) from None
+            raise (self._failed(e) or StopIteration()) from None
         return description(resp.state)
-
-    def cancel(self) -> None:
-        """Ends the watch."""
-        self._cancelled = True
-        self._call.cancel()
 
     def __enter__(self) -> "Watch":
         return self
@@ -676,7 +48,7 @@ class Watch:
         self.cancel()
 
 
-class Client:
+class Client(ClientBase[Lock]):
     """A connection to a Lockside sidecar and one session on it.
 
     `addr` is `host:port` or `unix:/path`; it defaults to $LOCKSIDE_ADDR, then
@@ -717,37 +89,18 @@ class Client:
     yet, logging one line; 0, the default: nothing listening at `addr` fails at once).
     """
 
-    def __init__(
-        self,
-        addr: Optional[str] = None,
-        *,
-        client_name: Optional[str] = None,
-        auth_token: Optional[str] = None,
-        credentials: Optional[grpc.ChannelCredentials] = None,
-        options: Sequence[Tuple[str, Any]] = (),
-        connect_timeout: float = 10.0,
-        resume: bool = True,
-        wait_for_sidecar: float = 0.0,
-    ):
-        self.addr = addr or default_addr()
-        self.connect_timeout = connect_timeout
-        self.resume = resume
-        self.wait_for_sidecar = wait_for_sidecar
-        self._credentials = credentials
-        self._options = KEEPALIVE_OPTIONS + list(options)
-        self._metadata = call_metadata(client_name, auth_token)
+    _sess: Optional[_Session]
+
+    def _setup(self) -> None:
         self._mu = threading.Lock()
         # The channel, made on first use (so in a forked child, its own).
         self._conn: Optional[_Conn] = None
         self._finalizer: "Optional[weakref.finalize[Any, Any]]" = None
-        self._sess: Optional[_Session] = None
-        self._closed = False
         _clients.add(self)
 
     def _connection(self) -> _Conn:
         """The channel (mutex held)."""
-        if self._closed:
-            raise LocksideError("the client is closed")
+        self._check_open()
         if self._conn is None:
             _start_closer()
             self._conn = _Conn(self)
@@ -771,12 +124,10 @@ class Client:
         try:
             return _Session(self, conn, False, self.connect_timeout)
         except Unavailable as e:
-            if e.code is not grpc.StatusCode.UNAVAILABLE:
-                raise
-        wait = wait_after_refusal(
-            self.addr, _probe(self.addr), self.wait_for_sidecar, self.connect_timeout
-        )
-        return _Session(self, conn, True, wait)
+            self._refused(e)
+        where = dial_address(self.addr)
+        cause = None if where is None else _probe(*where)
+        return _Session(self, conn, True, self._sidecar_wait(cause))
 
     def _after_fork(self) -> None:
         """In a forked child, before any other thread of it runs: the session and the
@@ -791,68 +142,9 @@ class Client:
             sess._inherited()
         inherited.append((conn, sess))
 
-    @property
-    def session_id(self) -> Optional[str]:
-        """The current session's id (as `describe()` shows it), None before the first
-        lock."""
-        s = self._sess
-        return s.session_id if s is not None and s.ended is None else None
-
-    def lock(
-        self,
-        key: str,
-        *,
-        wait: Optional[float] = None,
-        ttl: Optional[float] = None,
-        shared: bool = False,
-        limit: int = 0,
-        fair: bool = False,
-        value: "bytes | str" = b"",
-        holder: Optional[str] = None,
-    ) -> Lock:
-        """Takes `key` for the calling thread and returns the held `Lock` (also a
-        context manager).
-
-        wait:   seconds to wait while the key is busy; 0 fails at once; None (the
-                default) waits as long as the sidecar allows (24 h).
-        ttl:    seconds the store keeps the lock if the sidecar stops renewing it
-                (1 s to the sidecar's maximum); None: the sidecar's default (10 s).
-        shared: a reader lock: shared holders coexist and exclude exclusive ones.
-        limit:  N > 1 makes the key a semaphore of N permits (not with `shared`).
-        fair:   wait in arrival order.
-        value:  the holder's value, shown by `describe()` and `watch()` (bytes, or
-                str in UTF-8; at most 4 KiB). On a key this session already holds, a
-                non-empty value replaces the value (as `proclaim`).
-        holder: who holds it in the session; None (the default) is the calling
-                thread (`thread:N:NAME`), "" the session itself. At most 128 bytes,
-                no control characters. `release()` may come from any thread.
-
-        Raises `NotAcquired` (busy, timed out), `Rejected` (a bad value, a conflicting
-        mode or limit, the store unreachable), `Unavailable` (no sidecar), and
-        `TypeError`/`ValueError` for values that are not numbers of seconds.
-        """
+    def _take(self, key: str, options: Options, holder: Optional[str]) -> Lock:
         who = thread_holder() if holder is None else holder
-        lock = self._session().acquire(key, wait, ttl, shared, limit, fair, value, who)
-        lock._client = self
-        return lock
-
-    def campaign(
-        self,
-        key: str,
-        value: "bytes | str" = b"",
-        *,
-        wait: Optional[float] = None,
-        ttl: Optional[float] = None,
-        holder: Optional[str] = None,
-    ) -> Lock:
-        """Campaigns for leadership of `key` with `value` (who you are, where to reach
-        you) and returns once this client leads: the returned `Lock` is leadership.
-        Candidates lead in the order they campaigned, across every sidecar of the
-        store (a fair EXCLUSIVE lock). Lead while `lock.lost` is not set; `proclaim()`
-        changes the value followers see; `release()` (or leaving a `with` block) hands
-        leadership to the next candidate. `wait`, `ttl` and `holder` as in `lock()`."""
-        who = thread_holder() if holder is None else holder
-        lock = self._session().acquire(key, wait, ttl, False, 0, True, value, who)
+        lock = self._session().acquire(key, options, who)
         lock._client = self
         return lock
 
@@ -863,23 +155,15 @@ class Client:
         `fencing_token`."""
         with self._mu:
             conn = self._connection()
-        call = conn.watch(pb.WatchRequest(key=key), metadata=self._metadata)
-        return Watch(call, key)
+        return Watch(conn.watch(pb.WatchRequest(key=key), metadata=self._metadata), key)
 
     def describe(self, key: str, timeout: float = 5.0) -> Description:
         """The store's view of `key`: holders (one per holder of a session), waiters,
         fair queue, last fencing token."""
         with self._mu:
             conn = self._connection()
-        try:
-            resp = conn.describe(
-                pb.DescribeRequest(key=key),
-                timeout=timeout,
-                metadata=self._metadata,
-                wait_for_ready=True,
-            )
-        except grpc.RpcError as e:
-            raise call_error(key, e) from None
+        with call_errors(key):
+            resp = conn.describe(pb.DescribeRequest(key=key), **self._describe_options(timeout))
         return description(resp)
 
     def close(self) -> None:

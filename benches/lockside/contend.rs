@@ -12,10 +12,11 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::harness::context::{Ctx, WAIT, plain_redis};
+use super::harness::load::{join_all, sampling};
+use super::harness::report::{Report, Stats, us};
+use super::harness::session::{Ask, Session, Want};
 use super::many_locks::{Sample, sample};
-use super::report::{Report, Stats, us};
-use super::session::{Ask, Session, Want};
-use super::{Ctx, WAIT, join_all, plain_redis, sampling};
 
 /// One handoff run: its JSON id prefix, how many sessions wait while one holds, and
 /// whether they queue fairly.

@@ -8,7 +8,7 @@
 //!   command;
 //! - the sidecar's own CPU per cycle, on Redis and on the memory store, against Redis'
 //!   CPU per classic cycle, and against the floor of the stack it is built on (see
-//!   [`super::floor`]: tonic answering without a store, and with one EVALSHA per
+//!   [`super::harness::floor`]: tonic answering without a store, and with one EVALSHA per
 //!   request), so the figure says how much of it is Lockside's own;
 //! - Redis memory (`used_memory`) and keys per held exclusive lock, against `SET PX` keys
 //!   of the same names;
@@ -24,14 +24,15 @@ use std::time::{Duration, Instant};
 use deadpool_redis::redis::{self, Script, aio::MultiplexedConnection};
 use tonic::transport::Channel;
 
-use super::floor::Floor;
+use super::harness::args::BenchArgs;
+use super::harness::context::{DIRECT_TTL, err, random_hex, sub_namespace};
+use super::harness::floor::Floor;
+use super::harness::process::{Sidecar, Spawn, cpu_ns, stop_all, user_system_ticks};
+use super::harness::redis_side::{CommandStats, RedisProcs, delete, set_px, used_memory};
+use super::harness::report::{Report, Table};
+use super::harness::servers::Servers;
+use super::harness::session::{Session, Want};
 use super::many_locks::take_locks;
-use super::process::{Sidecar, Spawn, cpu_ns, stop_all, user_system_ticks};
-use super::redis_side::{CommandStats, RedisProcs, delete, set_px, used_memory};
-use super::report::{Report, Table};
-use super::servers::Servers;
-use super::session::{Session, Want};
-use super::{BenchArgs, DIRECT_TTL, err, random_hex, sub_namespace};
 use lockside::proto::lease_response::Event as E;
 
 /// Rounds each side's cycles are split into (alternating sidecar and classic).
@@ -489,7 +490,7 @@ async fn burn(channel: Channel, key: &str, pid: u32, cycles: u64) -> Result<Burn
     })
 }
 
-/// The floor's CPU per cycle (see [`super::floor`]; with `redis`, one EVALSHA per
+/// The floor's CPU per cycle (see [`super::harness::floor`]; with `redis`, one EVALSHA per
 /// request), by the same client as the sidecar's.
 async fn floor_cycles(redis: Option<&str>, key: &str, cycles: u64) -> Result<Burn, String> {
     let (floor, channel) = Floor::start(redis).await?;

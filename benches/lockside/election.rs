@@ -15,10 +15,11 @@ use tokio::process::{Child, Command};
 use tokio::time::{Instant, timeout};
 use tonic::transport::Channel;
 
-use super::process::Sidecar;
-use super::report::{Report, Stats, ms};
-use super::session::{Ask, Session, Want};
-use super::{BenchArgs, Ctx, WAIT, err};
+use super::harness::args::BenchArgs;
+use super::harness::context::{Ctx, WAIT, err};
+use super::harness::process::Sidecar;
+use super::harness::report::{Report, Stats, ms};
+use super::harness::session::{Ask, Session, Want};
 use lockside::proto::lock_service_client::LockServiceClient;
 use lockside::proto::{DescribeResponse, WatchRequest, WatchResponse};
 

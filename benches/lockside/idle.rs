@@ -11,12 +11,14 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::contend::{LastRelease, Pace, contend, pool};
-use super::notices::NoticeTap;
-use super::process::{Sidecar, Spawn, cpu_ns_all, stop_all};
-use super::redis_side::RedisProcs;
-use super::report::Report;
-use super::session::{Ask, Session};
-use super::{BenchArgs, join_all, plain_redis, sub_namespace};
+use super::harness::args::BenchArgs;
+use super::harness::context::{plain_redis, sub_namespace};
+use super::harness::load::join_all;
+use super::harness::notices::NoticeTap;
+use super::harness::process::{Sidecar, Spawn, cpu_ns_all, stop_all};
+use super::harness::redis_side::RedisProcs;
+use super::harness::report::Report;
+use super::harness::session::{Ask, Session};
 
 /// Sessions on the busy sidecar, taking turns on one key.
 const BUSY_SESSIONS: usize = 4;

@@ -10,12 +10,13 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, timeout};
 use tonic::transport::Channel;
 
-use super::process::{clock_ticks, cpu_ticks, rss_kb};
-use super::redis_side::{CommandStats, RedisProcs, info, info_value, percent_of_core};
-use super::report::{Report, mb};
-use super::servers::Servers;
-use super::session::Session;
-use super::{Ctx, err, join_all, plain_redis};
+use super::harness::context::{Ctx, err, plain_redis};
+use super::harness::load::join_all;
+use super::harness::process::{clock_ticks, cpu_ticks, rss_kb};
+use super::harness::redis_side::{CommandStats, RedisProcs, info, info_value, percent_of_core};
+use super::harness::report::{Report, mb};
+use super::harness::servers::Servers;
+use super::harness::session::Session;
 use lockside::proto::LeaseResponse;
 use lockside::proto::lease_response::Event as E;
 

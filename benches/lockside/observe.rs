@@ -19,10 +19,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::process::{Sidecar, free_port};
-use super::report::{Report, Stats, us};
-use super::session::Session;
-use super::{BenchArgs, cycles, err};
+use super::harness::args::BenchArgs;
+use super::harness::context::err;
+use super::harness::load::cycles;
+use super::harness::process::{Sidecar, free_port};
+use super::harness::report::{Report, Stats, us};
+use super::harness::session::Session;
 
 /// Rounds per sidecar; each is a tenth of `--seconds`, at least 300 ms.
 const ROUNDS: u32 = 10;
@@ -84,7 +86,7 @@ pub(super) async fn observability_phase(
         let round = (Duration::from_secs(args.seconds) / ROUNDS).max(Duration::from_millis(300));
         let (mut on_samples, mut off_samples) = (Vec::new(), Vec::new());
         let (mut on_time, mut off_time) = (Duration::ZERO, Duration::ZERO);
-        let key = format!("{}/observe", super::namespace(tag));
+        let key = format!("{}/observe", super::harness::context::namespace(tag));
         for _ in 0..ROUNDS {
             let start = Instant::now();
             on_samples.extend(cycles(&mut on, &key, start + round).await?);

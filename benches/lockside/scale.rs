@@ -10,12 +10,14 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, timeout};
 use tonic::transport::Channel;
 
+use super::harness::args::BenchArgs;
+use super::harness::context::{err, plain_redis, sub_namespace};
+use super::harness::load::join_all;
+use super::harness::process::{Sidecar, Spawn, connect, rss_kb};
+use super::harness::report::{Report, mb};
+use super::harness::session::{Session, Want};
+use super::harness::watchdog::classic_hold;
 use super::many_locks::{HOLD_ROUNDS, LOCKS_PER_SESSION, hold, take_locks};
-use super::process::{Sidecar, Spawn, connect, rss_kb};
-use super::report::{Report, mb};
-use super::session::{Session, Want};
-use super::watchdog::classic_hold;
-use super::{BenchArgs, err, join_all, plain_redis, sub_namespace};
 
 /// Sessions per HTTP/2 connection: below the sidecar's 1,024 concurrent streams.
 const SESSIONS_PER_CONNECTION: u64 = 1000;

@@ -9,9 +9,9 @@ use std::time::Duration;
 use deadpool_redis::redis::{self, Script};
 use tokio::time::Instant;
 
+use super::context::{err, random_hex};
 use super::redis_side::{RedisProcs, delete, per_name, percent_of_core, set_px};
 use super::servers::Servers;
-use super::{err, random_hex};
 
 /// Redisson's renewal, for a string lock: extend only while the token is ours.
 const RENEW: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then \
@@ -21,7 +21,7 @@ const RENEW: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then \
 /// periods (TTL/3 each), renewing each key once a period; returns Redis' CPU over that
 /// window in % of a core (`None` when Redis is not a process of this machine, or on a
 /// Cluster: one connection here serves one server). The keys are deleted after.
-pub(super) async fn classic_hold(
+pub(crate) async fn classic_hold(
     url: &str,
     servers: &mut Servers,
     ns: &str,

@@ -4,22 +4,22 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::BenchArgs;
-use super::cost::MAIN_MEMORY_CYCLE_US;
+use super::super::cost::MAIN_MEMORY_CYCLE_US;
+use super::args::BenchArgs;
 
 /// Latency percentiles and a rate.
-pub(super) struct Stats {
-    pub(super) p50: Duration,
-    pub(super) p99: Duration,
-    pub(super) max: Duration,
+pub(crate) struct Stats {
+    pub(crate) p50: Duration,
+    pub(crate) p99: Duration,
+    pub(crate) max: Duration,
     /// Samples per second of `elapsed`.
-    pub(super) rate: f64,
+    pub(crate) rate: f64,
 }
 
 impl Stats {
     /// Statistics of `samples` taken over `elapsed`; no sample at all is an error named
     /// by `what`.
-    pub(super) fn new(
+    pub(crate) fn new(
         mut samples: Vec<Duration>,
         elapsed: Duration,
         what: &str,
@@ -46,17 +46,17 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 /// A duration as a figure in microseconds.
-pub(super) fn us(d: Duration) -> Option<f64> {
+pub(crate) fn us(d: Duration) -> Option<f64> {
     Some(d.as_secs_f64() * 1e6)
 }
 
 /// A duration as a figure in milliseconds.
-pub(super) fn ms(d: Duration) -> Option<f64> {
+pub(crate) fn ms(d: Duration) -> Option<f64> {
     Some(d.as_secs_f64() * 1e3)
 }
 
 /// kB as MB.
-pub(super) fn mb(kb: u64) -> f64 {
+pub(crate) fn mb(kb: u64) -> f64 {
     kb as f64 / 1024.0
 }
 
@@ -220,26 +220,26 @@ impl Figures {
 
 /// Everything measured, by JSON id.
 #[derive(Default)]
-pub(super) struct Report {
+pub(crate) struct Report {
     figures: HashMap<String, Figures>,
     /// Tables of their own (commandstats per cycle, the fleet), printed after the main
     /// one and listed in the JSON.
-    pub(super) tables: Vec<Table>,
+    pub(crate) tables: Vec<Table>,
     /// Printed under the tables and listed in the JSON.
-    pub(super) notes: Vec<String>,
+    pub(crate) notes: Vec<String>,
     /// Phases that failed, with their errors (also in the notes).
-    pub(super) failed: Vec<String>,
+    pub(crate) failed: Vec<String>,
 }
 
 /// A table of figures with its own columns: one labelled row per item.
-pub(super) struct Table {
-    pub(super) title: String,
-    pub(super) columns: Vec<String>,
-    pub(super) rows: Vec<(String, Vec<Option<f64>>)>,
+pub(crate) struct Table {
+    pub(crate) title: String,
+    pub(crate) columns: Vec<String>,
+    pub(crate) rows: Vec<(String, Vec<Option<f64>>)>,
 }
 
 impl Table {
-    pub(super) fn new(title: &str, columns: &[&str]) -> Self {
+    pub(crate) fn new(title: &str, columns: &[&str]) -> Self {
         Self {
             title: title.into(),
             columns: columns.iter().map(|c| (*c).to_owned()).collect(),
@@ -248,7 +248,7 @@ impl Table {
     }
 
     /// Adds a row; `cells` go with [`Self::columns`] in order.
-    pub(super) fn row(&mut self, label: impl Into<String>, cells: Vec<Option<f64>>) {
+    pub(crate) fn row(&mut self, label: impl Into<String>, cells: Vec<Option<f64>>) {
         self.rows.push((label.into(), cells));
     }
 
@@ -289,12 +289,12 @@ impl Table {
 
 impl Report {
     /// Records figure `id`; `direct` is `None` where Redis alone has no counterpart.
-    pub(super) fn put(&mut self, id: impl Into<String>, sidecar: Option<f64>, direct: Option<f64>) {
+    pub(crate) fn put(&mut self, id: impl Into<String>, sidecar: Option<f64>, direct: Option<f64>) {
         self.figures.insert(id.into(), Figures { sidecar, direct });
     }
 
     /// Records a phase's failure, if it failed, as a note and in [`Self::failed`].
-    pub(super) fn check(&mut self, phase: &str, result: Result<(), String>) {
+    pub(crate) fn check(&mut self, phase: &str, result: Result<(), String>) {
         if let Err(e) = result {
             eprintln!("bench: {phase} FAILED: {e}");
             self.notes.push(format!("{phase} FAILED: {e}"));
@@ -319,7 +319,7 @@ impl Report {
     }
 
     /// Prints the lines that were measured, the other tables, then the notes.
-    pub(super) fn print(&self) {
+    pub(crate) fn print(&self) {
         let head = ("phase", "sidecar", "baseline", "ratio");
         let measured = |(_, _, f): &(&str, &str, Figures)| f.sidecar.or(f.direct).is_some();
         if self.rows().any(|row| measured(&row)) {
@@ -348,7 +348,7 @@ impl Report {
     }
 
     /// The whole result as one line of JSON, with the flags that shaped it.
-    pub(super) fn json(&self, args: &BenchArgs) -> String {
+    pub(crate) fn json(&self, args: &BenchArgs) -> String {
         let result = |(id, _, f): (&str, &str, Figures)| {
             let (text, met) = self
                 .target(id, f)

@@ -21,24 +21,22 @@
 
 use std::time::{Duration, Instant};
 
-use deadpool_redis::redis::{self, Script, aio::MultiplexedConnection};
 use tonic::transport::Channel;
 
 use super::harness::args::BenchArgs;
-use super::harness::context::{DIRECT_TTL, err, random_hex, sub_namespace};
-use super::harness::floor::Floor;
-use super::harness::process::{Sidecar, Spawn, cpu_ns, stop_all, user_system_ticks};
+use super::harness::classic::Classic;
+use super::harness::context::{DIRECT_TTL, random_hex, sub_namespace};
+use super::harness::floor::floor_cycles;
+use super::harness::load::{WARMUP, burn, lock_and_release, n_cycles};
+use super::harness::locks::take_locks;
+use super::harness::process::{Sidecar, Spawn, cpu_ns, stop_all};
 use super::harness::redis_side::{CommandStats, RedisProcs, delete, set_px, used_memory};
 use super::harness::report::{Report, Table};
 use super::harness::servers::Servers;
-use super::harness::session::{Session, Want};
-use super::many_locks::take_locks;
-use lockside::proto::lease_response::Event as E;
+use super::harness::session::Session;
 
 /// Rounds each side's cycles are split into (alternating sidecar and classic).
 const ROUNDS: u64 = 5;
-/// Unmeasured cycles per side first: scripts loaded, connections and caches warm.
-const WARMUP: u64 = 100;
 /// TTL of the locks whose leftovers are counted: the shortest a client may ask for.
 const LEFT_TTL: Duration = Duration::from_secs(1);
 /// Time for the journal to write every held grant into its session's record.
@@ -46,9 +44,6 @@ const JOURNALED: Duration = Duration::from_secs(1);
 /// Margin after that TTL before counting: Redis' clock and the bench's drift apart by
 /// far less.
 const LEFT_MARGIN: Duration = Duration::from_millis(500);
-/// The classic recipe's release: delete the key only if it still holds our token.
-const RELEASE: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then \
-     return redis.call('del', KEYS[1]) else return 0 end";
 /// The sidecar's CPU per uncontended cycle on the memory store as main measured it
 /// before issue 13 (acb1cde, this project's 2-core machine, `--phases cost`: 73 to
 /// 87 µs in five runs, 112 in one at load average 5.5); the issue's goal is half.
@@ -66,7 +61,7 @@ pub(super) struct CostArgs {
 }
 
 /// Runs phase 8 and records its lines.
-pub(super) async fn cost_phase(
+pub(super) async fn run(
     args: &BenchArgs,
     cost: CostArgs,
     tag: &str,
@@ -81,16 +76,11 @@ pub(super) async fn cost_phase(
     let mut servers = Servers::connect(&args.redis).await?;
     let procs = RedisProcs::find(&mut servers).await?;
     report.notes.extend(procs.note());
-    let client = redis::Client::open(args.redis.as_str()).map_err(err("--redis"))?;
-    let classic = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(err("connecting to Redis"))?;
+    let classic = Classic::connect(&args.redis).await?;
     let mut meter = Meter {
         servers,
         procs,
         classic,
-        release: Script::new(RELEASE),
     };
 
     let mut spawned = Vec::new();
@@ -193,8 +183,7 @@ struct Meter {
     servers: Servers,
     procs: RedisProcs,
     /// The classic recipe's connection.
-    classic: MultiplexedConnection,
-    release: Script,
+    classic: Classic,
 }
 
 impl Meter {
@@ -215,21 +204,23 @@ impl Meter {
     ) -> Result<Cycles, String> {
         let mut session = Session::open(channel.clone()).await?;
         let classic_key = format!("{}/cycle", sub_namespace(tag, "classic"));
-        sidecar_cycles(&mut session, key, WARMUP).await?;
-        self.classic_cycles(&classic_key, WARMUP, DIRECT_TTL, None)
+        n_cycles(&mut session, key, WARMUP).await?;
+        self.classic
+            .cycles(&classic_key, WARMUP, DIRECT_TTL, None)
             .await?;
         let mut spent = Cycles::default();
         let per_round = cycles.div_ceil(ROUNDS);
         for _ in 0..ROUNDS {
             let before = self.reading(pid).await?;
             let started = Instant::now();
-            sidecar_cycles(&mut session, key, per_round).await?;
+            n_cycles(&mut session, key, per_round).await?;
             let pace = started.elapsed() / per_round as u32;
             let after = self.reading(pid).await?;
             self.spent(&mut spent.sidecar, per_round, before, after);
             for (pace, into) in [(None, &mut spent.classic), (Some(pace), &mut spent.paced)] {
                 let before = self.reading(None).await?;
-                self.classic_cycles(&classic_key, per_round, DIRECT_TTL, pace)
+                self.classic
+                    .cycles(&classic_key, per_round, DIRECT_TTL, pace)
                     .await?;
                 let after = self.reading(None).await?;
                 self.spent(into, per_round, before, after);
@@ -265,50 +256,6 @@ impl Meter {
         );
     }
 
-    /// `n` classic cycles on `key`: SET NX PX, then the compare-and-delete script; with
-    /// a `pace`, each cycle lasts that long, its release half of it after its SET.
-    async fn classic_cycles(
-        &mut self,
-        key: &str,
-        n: u64,
-        ttl: Duration,
-        pace: Option<Duration>,
-    ) -> Result<(), String> {
-        for _ in 0..n {
-            let started = Instant::now();
-            let token = random_hex(16)?;
-            let set: Option<String> = redis::cmd("SET")
-                .arg(key)
-                .arg(&token)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl.as_millis() as u64)
-                .query_async(&mut self.classic)
-                .await
-                .map_err(err("classic SET"))?;
-            if let Some(pace) = pace {
-                wait_until(started + pace / 2);
-            }
-            if set.is_none() {
-                return Err(format!("classic SET NX of {key}: the key was taken"));
-            }
-            let deleted: i64 = self
-                .release
-                .key(key)
-                .arg(&token)
-                .invoke_async(&mut self.classic)
-                .await
-                .map_err(err("classic release"))?;
-            if deleted != 1 {
-                return Err(format!("classic release of {key}: nothing deleted"));
-            }
-            if let Some(pace) = pace {
-                wait_until(started + pace);
-            }
-        }
-        Ok(())
-    }
-
     /// Redis memory and keys per held lock: `locks` `SET PX` keys first (then deleted),
     /// then as many locks held through the sidecar, with the same key names.
     async fn memory(
@@ -322,11 +269,14 @@ impl Meter {
         let pattern = format!("*{ns}*");
         let before = used_memory(&mut self.servers).await?;
         let keys_before = self.servers.count_matching(&pattern).await?;
-        set_px(&mut self.classic, &names, DIRECT_TTL, || random_hex(16)).await?;
+        set_px(&mut self.classic.conn, &names, DIRECT_TTL, || {
+            random_hex(16)
+        })
+        .await?;
         let set_bytes = used_memory(&mut self.servers).await?.saturating_sub(before);
         let set_keys = self.servers.count_matching(&pattern).await?;
         let set_keys = set_keys.saturating_sub(keys_before);
-        delete(&mut self.classic, &names).await?;
+        delete(&mut self.classic.conn, &names).await?;
 
         let before = used_memory(&mut self.servers).await?;
         let keys_before = self.servers.count_matching(&pattern).await?;
@@ -371,7 +321,7 @@ impl Meter {
         }
         for i in 0..n {
             let key = format!("{classic_ns}/left/{i}");
-            self.classic_cycles(&key, 1, LEFT_TTL, None).await?;
+            self.classic.cycles(&key, 1, LEFT_TTL, None).await?;
         }
         // Waiting for Redis' clock to pass the TTLs: no event says so.
         tokio::time::sleep(LEFT_TTL + LEFT_MARGIN).await;
@@ -398,16 +348,6 @@ impl Meter {
     }
 }
 
-/// Sleeps this thread (not the task) until `deadline`: the pauses of a paced cycle are
-/// a fraction of a millisecond, finer than tokio's timer. The bench's runtime has other
-/// workers, which drive the Redis connection meanwhile.
-fn wait_until(deadline: Instant) {
-    let now = Instant::now();
-    if deadline > now {
-        std::thread::sleep(deadline - now);
-    }
-}
-
 /// What the cycles of [`Meter::cycles`] cost, each side.
 #[derive(Default)]
 struct Cycles {
@@ -425,77 +365,6 @@ struct Reading {
     stats: CommandStats,
     redis_ns: Option<u64>,
     sidecar_ns: Option<u64>,
-}
-
-/// `n` acquire→release cycles of `key` on `s`.
-async fn sidecar_cycles(s: &mut Session, key: &str, n: u64) -> Result<(), String> {
-    for _ in 0..n {
-        let id = s.acquire(key, None, None).await?;
-        s.wait_for(id, Want::Granted).await?;
-        let id = s.release(key).await?;
-        s.wait_for(id, Want::Released).await?;
-    }
-    Ok(())
-}
-
-/// Locks every key of `keys` on `s` with `ttl`, all requests in flight at once, then
-/// releases them all; the answers may come in any order.
-async fn lock_and_release(s: &mut Session, keys: &[String], ttl: Duration) -> Result<(), String> {
-    for key in keys {
-        s.acquire(key, None, Some(ttl)).await?;
-    }
-    answers(s, keys.len(), Want::Granted).await?;
-    for key in keys {
-        s.release(key).await?;
-    }
-    answers(s, keys.len(), Want::Released).await
-}
-
-/// The next `n` events on `s`, each of them a `want`.
-async fn answers(s: &mut Session, n: usize, want: Want) -> Result<(), String> {
-    for _ in 0..n {
-        match (s.event().await?, want) {
-            (E::Granted(_), Want::Granted) | (E::Released(_), Want::Released) => {}
-            (other, _) => return Err(format!("expected {want:?} for {n} keys, got {other:?}")),
-        }
-    }
-    Ok(())
-}
-
-/// A process's CPU per cycle, and the kernel's part of it.
-#[derive(Clone, Copy, Debug)]
-struct Burn {
-    /// Microseconds per cycle (schedstat).
-    us: f64,
-    /// Of which in the kernel: `us` split as /proc/PID/stat's stime and utime are (10 ms
-    /// ticks, too coarse to count a cycle but fine for a share of thousands).
-    kernel_us: f64,
-}
-
-/// The CPU per cycle of the process `pid` serving `channel`: `cycles` cycles after a
-/// warm-up, on a session of their own.
-async fn burn(channel: Channel, key: &str, pid: u32, cycles: u64) -> Result<Burn, String> {
-    let mut session = Session::open(channel).await?;
-    sidecar_cycles(&mut session, key, WARMUP).await?;
-    let (ns, ticks) = (cpu_ns(pid)?, user_system_ticks(pid)?);
-    sidecar_cycles(&mut session, key, cycles).await?;
-    let ns = cpu_ns(pid)?.saturating_sub(ns);
-    let (user, system) = user_system_ticks(pid)?;
-    let (user, system) = (user.saturating_sub(ticks.0), system.saturating_sub(ticks.1));
-    let us = ns as f64 / 1e3 / cycles as f64;
-    let share = system as f64 / (user + system).max(1) as f64;
-    Ok(Burn {
-        us,
-        kernel_us: us * share,
-    })
-}
-
-/// The floor's CPU per cycle (see [`super::harness::floor`]; with `redis`, one EVALSHA per
-/// request), by the same client as the sidecar's.
-async fn floor_cycles(redis: Option<&str>, key: &str, cycles: u64) -> Result<Burn, String> {
-    let (floor, channel) = Floor::start(redis).await?;
-    let pid = floor.pid().ok_or("the floor exited at once")?;
-    burn(channel, key, pid, cycles).await
 }
 
 /// The cycle lines and the commandstats table.

@@ -1,4 +1,4 @@
-//! Phase 8: leader election across two sidecars of one store. A second sidecar (B) is
+//! Phase 12 (`election`): leader election across two sidecars of one store. A second sidecar (B) is
 //! spawned beside the one under test (A); followers watch the election key on B.
 //!
 //! - grant → watcher: a leader on A takes the key (fair, with a value); the time from
@@ -24,9 +24,9 @@ use lockside::proto::lock_service_client::LockServiceClient;
 use lockside::proto::{DescribeResponse, WatchRequest, WatchResponse};
 
 /// Grants timed to a watcher on the other sidecar.
-pub(super) const GRANT_ROUNDS: usize = 50;
+const GRANT_ROUNDS: usize = 50;
 /// Leader processes killed.
-pub(super) const DEATH_ROUNDS: usize = 10;
+const DEATH_ROUNDS: usize = 10;
 /// Longest wait for a state: far above any healthy notice, so a store that does not
 /// publish changes fails the phase instead of hanging the bench.
 const SEEN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -70,13 +70,24 @@ fn leader_value(state: &DescribeResponse) -> Option<&[u8]> {
     state.holders.first().map(|h| h.value.as_slice())
 }
 
-/// Runs phase 8 on a second sidecar spawned for it; stops that sidecar after.
-pub(super) async fn election_phase(
+/// Runs phase 12 on a second sidecar spawned for it; stops that sidecar after. Skipped
+/// with `--sidecar`: the bench spawns no sidecar then.
+pub(super) async fn run(
     args: &BenchArgs,
     ctx: &Ctx,
     tag: &str,
     report: &mut Report,
 ) -> Result<(), String> {
+    if args.sidecar.is_some() {
+        report.notes.push(
+            "phase 12 (election) needs a second spawned sidecar: skipped with --sidecar".into(),
+        );
+        return Ok(());
+    }
+    eprintln!(
+        "bench: phase 12: election, {GRANT_ROUNDS} grants and {DEATH_ROUNDS} leader deaths \
+         across two sidecars"
+    );
     let (other, channel) = Sidecar::spawn(args, tag, "none", None).await?;
     let measured = measure(ctx, &other.addr, channel, report).await;
     if let Some(note) = other.stop().await {

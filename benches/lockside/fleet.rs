@@ -17,10 +17,11 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 
-use super::contend::{LastRelease, Pace, contend, pool};
 use super::harness::args::BenchArgs;
+use super::harness::contention::{LastRelease, Pace, contend, pool};
 use super::harness::context::{DIRECT_TTL, err, plain_redis, sub_namespace};
 use super::harness::load::join_all;
+use super::harness::locks::take_locks;
 use super::harness::notices::{NoticeTap, Tally};
 use super::harness::process::{Sidecar, Spawn, cpu_ns_all, stop_all};
 use super::harness::redis_side::{RedisProcs, used_memory};
@@ -28,7 +29,6 @@ use super::harness::report::{Report, Stats, Table};
 use super::harness::servers::Servers;
 use super::harness::session::{Ask, Session};
 use super::harness::svg::{Chart, Panel, Series, render};
-use super::many_locks::take_locks;
 
 /// Contended keys.
 const HOT_KEYS: usize = 4;
@@ -75,7 +75,7 @@ struct Point {
 }
 
 /// Runs phase 11 and records its table, and draws the SVG.
-pub(super) async fn fleet_phase(
+pub(super) async fn run(
     args: &BenchArgs,
     fleet: &FleetArgs,
     tag: &str,

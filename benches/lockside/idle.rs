@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::contend::{LastRelease, Pace, contend, pool};
 use super::harness::args::BenchArgs;
+use super::harness::contention::{LastRelease, Pace, contend, pool};
 use super::harness::context::{plain_redis, sub_namespace};
 use super::harness::load::join_all;
 use super::harness::notices::NoticeTap;
@@ -24,12 +24,13 @@ use super::harness::session::{Ask, Session};
 const BUSY_SESSIONS: usize = 4;
 
 /// Runs phase 9 and records its lines.
-pub(super) async fn idle_phase(
+pub(super) async fn run(
     args: &BenchArgs,
     idle: usize,
     tag: &str,
     report: &mut Report,
 ) -> Result<(), String> {
+    eprintln!("bench: phase 9: idle, {idle} idle sidecars beside a busy one");
     let ns = sub_namespace(tag, "idle");
     let mut servers = plain_redis(&args.redis).await?;
     let procs = RedisProcs::find(&mut servers).await?;

@@ -6,13 +6,14 @@
 //! Phases, each bounded in time and in count, over loopback only; `--phases` picks
 //! them by name (all but `fleet` by default):
 //! 1. `cycles`: acquire→release cycles on one session (p50, p99, cycles/s), sidecar and
-//!    direct; 2. the same with 64 concurrent sessions;
+//!    direct; 2. the same with 64 concurrent sessions (`cycles.rs`);
 //! 3. `handoff`: 16 sessions contend for one key, then 8 and 64 waiters, unfair and
 //!    fair; the next `Granted` minus the time the previous holder sent its `Release`,
-//!    and Redis commands per handoff;
-//! 4. `semaphore`: 32 sessions share 4 permits of one key;
-//! 5. `death`: a holder's connection closes while another session waits;
-//! 6. `hold`: `--locks` locks held and renewed: Redis load, sidecar CPU and memory;
+//!    and Redis commands per handoff (`handoff.rs`);
+//! 4. `semaphore`: 32 sessions share 4 permits of one key (`semaphore.rs`);
+//! 5. `death`: a holder's connection closes while another session waits (`death.rs`);
+//! 6. `hold`: `--locks` locks held and renewed: Redis load, sidecar CPU and memory
+//!    (`hold.rs`);
 //! 7. `observe`: the cost of traces and metrics: uncontended cycles on a sidecar
 //!    exporting spans and scraped, against one with neither (`observe.rs`);
 //! 8. `cost`: Redis CPU, commands, memory and keys per lock against the classic recipe
@@ -31,45 +32,34 @@
 //! an error; phases 7 to 11 spawn sidecars of their own, each in a namespace of its
 //! own, and stop them before the next phase.
 //!
-//! Files: this one has the run and phases 1, 2 and 5; `contend.rs` is phases 3 and 4
-//! (many sessions on one key); `many_locks.rs` is phase 6; `harness/` is what the
-//! phases share (its `mod.rs` says which file owns what).
+//! Files: this one parses the flags and dispatches the phases; each phase is a file
+//! beside it, named as `--phases` names it, that imports the harness and no other
+//! phase; `harness/` is what the phases share (its `mod.rs` says which file owns what).
 
-mod contend;
 mod cost;
+mod cycles;
+mod death;
 mod election;
 mod fleet;
+mod handoff;
 mod harness;
+mod hold;
 mod idle;
-mod many_locks;
 mod observe;
 mod scale;
-
-use std::sync::Arc;
-use std::time::Duration;
+mod semaphore;
 
 use clap::Parser;
-use tokio::time::Instant;
 use tonic::transport::Channel;
 
-use contend::{HANDOFFS, PERMITS, SEM_SESSIONS, handoff_phase, semaphore_phase};
-use cost::{CostArgs, cost_phase};
-use fleet::{FleetArgs, fleet_phase};
+use cost::CostArgs;
+use fleet::FleetArgs;
 use harness::args::{BenchArgs, Phase};
-use harness::context::{Ctx, DIRECT_TTL, WAIT, clean_up, random_hex};
+use harness::context::{Ctx, clean_up, err, random_hex};
 use harness::floor;
-use harness::load::{cycles, sampling, timed};
-use harness::process::{Sidecar, connect};
-use harness::report::{Report, Stats, ms, us};
-use harness::session::{Session, Want};
-use idle::idle_phase;
-use lockside::store::redis::RedisStore;
-use lockside::store::{Acquired, Claim, Sharing, Store};
-use many_locks::hold_phase;
-use scale::{ScaleArgs, scale_phase};
-
-/// Rounds of phase 5.
-const DEATH_ROUNDS: usize = 20;
+use harness::process::Sidecar;
+use harness::report::Report;
+use scale::ScaleArgs;
 
 fn main() -> std::process::ExitCode {
     let argv: Vec<String> = std::env::args().collect();
@@ -103,7 +93,7 @@ async fn run(args: BenchArgs) -> Result<(), String> {
     let json = report.json(&args);
     println!("{json}");
     if let Some(path) = &args.json {
-        std::fs::write(path, format!("{json}\n")).map_err(harness::context::err(path.display()))?;
+        std::fs::write(path, format!("{json}\n")).map_err(err(path.display()))?;
     }
     match report.failed.is_empty() {
         true => Ok(()),
@@ -142,8 +132,7 @@ async fn measure(args: &BenchArgs, tag: &str, report: &mut Report) {
         return;
     }
     if on(Phase::Observe) {
-        eprintln!("bench: phase 7: traces and metrics on vs off, uncontended cycles");
-        let measured = observe::observability_phase(args, tag, report).await;
+        let measured = observe::run(args, tag, report).await;
         report.check("observe", measured);
     }
     if on(Phase::Cost) {
@@ -152,13 +141,12 @@ async fn measure(args: &BenchArgs, tag: &str, report: &mut Report) {
             locks: args.cost_locks,
             left: args.left_keys,
         };
-        let measured = cost_phase(args, cost, tag, report).await;
+        let measured = cost::run(args, cost, tag, report).await;
         report.check("cost", measured);
     }
     if on(Phase::Idle) {
         let idle = args.idle_sidecars as usize;
-        eprintln!("bench: phase 9: idle, {idle} idle sidecars beside a busy one");
-        let measured = idle_phase(args, idle, tag, report).await;
+        let measured = idle::run(args, idle, tag, report).await;
         report.check("idle", measured);
     }
     if on(Phase::Scale) {
@@ -166,7 +154,7 @@ async fn measure(args: &BenchArgs, tag: &str, report: &mut Report) {
             locks: args.scale_locks,
             sessions: args.scale_sessions,
         };
-        let measured = scale_phase(args, scale, tag, report).await;
+        let measured = scale::run(args, scale, tag, report).await;
         report.check("scale", measured);
     }
     if on(Phase::Fleet) {
@@ -179,12 +167,12 @@ async fn measure(args: &BenchArgs, tag: &str, report: &mut Report) {
             seconds: args.fleet_seconds,
             svg: args.fleet_svg.clone(),
         };
-        let measured = fleet_phase(args, &fleet, tag, report).await;
+        let measured = fleet::run(args, &fleet, tag, report).await;
         report.check("fleet", measured);
     }
 }
 
-/// Phases 1 to 6, on the main sidecar.
+/// Phases 1 to 6 and 12, on the main sidecar.
 async fn measure_main(
     args: &BenchArgs,
     sidecar: &Sidecar,
@@ -196,10 +184,7 @@ async fn measure_main(
     let on = |phase| args.phases.contains(&phase);
     eprintln!("bench: sidecar at {}", ctx.addr);
     if on(Phase::Cycles) {
-        eprintln!("bench: phase 1: cycles, 1 session");
-        cycle_phase(&ctx, 1, report).await?;
-        eprintln!("bench: phase 2: cycles, 64 sessions");
-        cycle_phase(&ctx, 64, report).await?;
+        cycles::run(&ctx, report).await?;
     }
     // Redlock refuses fair queues and semaphores (UNIMPLEMENTED): those phases are left out.
     let redlock = args
@@ -207,142 +192,23 @@ async fn measure_main(
         .as_deref()
         .is_some_and(|s| s.starts_with("redlock://"));
     if on(Phase::Handoff) {
-        for run in HANDOFFS {
-            if redlock && run.fair {
-                continue;
-            }
-            let fair = if run.fair { "fair" } else { "unfair" };
-            let waiters = run.waiters;
-            eprintln!("bench: phase 3: handoff, {waiters} waiters on one key, {fair}");
-            handoff_phase(&ctx, run, report).await?;
-        }
-        report.notes.push(
-            "handoff and semaphore: N waiters are N + 1 sessions on one key; Redis commands \
-             per grant count the commands run inside the Lua scripts, each script call is \
-             one EVALSHA round trip"
-                .into(),
-        );
+        handoff::run(&ctx, redlock, report).await?;
     }
     if redlock && (on(Phase::Handoff) || on(Phase::Semaphore)) {
         report
             .notes
             .push("Redlock: fair handoffs and the semaphore phase are left out (refused)".into());
     } else if on(Phase::Semaphore) {
-        eprintln!("bench: phase 4: semaphore, {SEM_SESSIONS} sessions on {PERMITS} permits");
-        semaphore_phase(&ctx, report).await?;
+        semaphore::run(&ctx, report).await?;
     }
     if on(Phase::Death) {
-        eprintln!("bench: phase 5: death to grant, {DEATH_ROUNDS} rounds");
-        death_phase(&ctx, report).await?;
+        death::run(&ctx, report).await?;
     }
     if on(Phase::Hold) {
-        eprintln!("bench: phase 6: {} locks held", args.locks);
-        hold_phase(&ctx, args.locks, args.hold_ttl, sidecar.pid(), report).await?;
+        hold::run(&ctx, args.locks, args.hold_ttl, sidecar.pid(), report).await?;
     }
     if on(Phase::Election) {
-        if args.sidecar.is_none() {
-            eprintln!(
-                "bench: phase 12: election, {} grants and {} leader deaths across two sidecars",
-                election::GRANT_ROUNDS,
-                election::DEATH_ROUNDS
-            );
-            election::election_phase(args, &ctx, tag, report).await?;
-        } else {
-            report.notes.push(
-                "phase 12 (election) needs a second spawned sidecar: skipped with --sidecar".into(),
-            );
-        }
+        election::run(args, &ctx, tag, report).await?;
     }
-    Ok(())
-}
-
-/// Phases 1 and 2: `n` sessions, then `n` direct tasks, each cycling on its own key.
-async fn cycle_phase(ctx: &Ctx, n: usize, report: &mut Report) -> Result<(), String> {
-    let sessions = ctx.sessions(n).await?.into_iter().enumerate();
-    let side = timed(sessions, ctx.seconds, "sidecar cycles", |(i, s), until| {
-        sidecar_cycles(s, ctx.key(format!("cycle{n}/{i}")), until)
-    })
-    .await?;
-    let direct = timed(0..n, ctx.seconds, "direct cycles", |i, until| {
-        let key = ctx.key(format!("direct{n}/{i}"));
-        direct_cycles(ctx.store.clone(), key, until)
-    })
-    .await?;
-
-    report.put(format!("cycle{n}_p50_us"), us(side.p50), us(direct.p50));
-    report.put(format!("cycle{n}_p99_us"), us(side.p99), us(direct.p99));
-    report.put(
-        format!("cycle{n}_per_s"),
-        Some(side.rate),
-        Some(direct.rate),
-    );
-    Ok(())
-}
-
-async fn sidecar_cycles(
-    mut s: Session,
-    key: String,
-    until: Instant,
-) -> Result<Vec<Duration>, String> {
-    cycles(&mut s, &key, until).await
-}
-
-async fn direct_cycles(
-    store: Arc<RedisStore>,
-    key: String,
-    until: Instant,
-) -> Result<Vec<Duration>, String> {
-    let mut samples = Vec::new();
-    while sampling(until, &samples) {
-        let claim = Claim {
-            key: key.clone(),
-            owner: random_hex(16)?,
-            ttl: DIRECT_TTL,
-            wait: false,
-            session_id: "bench".into(),
-            client_name: "lockside-bench".into(),
-            holder: String::new(),
-            sharing: Sharing::Exclusive,
-            limit: 1,
-            fair: false,
-            value: Vec::new(),
-        };
-        let start = Instant::now();
-        match store.acquire(&claim).await {
-            Ok(Acquired::Granted { .. }) => {}
-            other => return Err(format!("direct acquire of {key}: {other:?}")),
-        }
-        match store.release(&key, &claim.owner, 0, Duration::ZERO).await {
-            Ok(Some(0)) => {}
-            other => return Err(format!("direct release of {key}: {other:?}")),
-        }
-        samples.push(start.elapsed());
-    }
-    Ok(samples)
-}
-
-/// Phase 5: a holder's client disappears while another session waits for its key.
-async fn death_phase(ctx: &Ctx, report: &mut Report) -> Result<(), String> {
-    let key = ctx.key("death");
-    let mut waiter = Session::open(connect(&ctx.addr).await?).await?;
-    let mut samples = Vec::with_capacity(DEATH_ROUNDS);
-    for _ in 0..DEATH_ROUNDS {
-        // Its own connection, so that dropping it closes a TCP connection.
-        let channel = connect(&ctx.addr).await?;
-        let mut holder = Session::open(channel.clone()).await?;
-        let id = holder.acquire(&key, None, None).await?;
-        holder.wait_for(id, Want::Granted).await?;
-        let id = waiter.acquire(&key, Some(WAIT), None).await?;
-        waiter.wait_for(id, Want::Waiting).await?;
-        let t0 = Instant::now();
-        drop((holder, channel));
-        waiter.wait_for(id, Want::Granted).await?;
-        samples.push(t0.elapsed());
-        let id = waiter.release(&key).await?;
-        waiter.wait_for(id, Want::Released).await?;
-    }
-    let stats = Stats::new(samples, ctx.seconds, "death to grant")?;
-    report.put("death_p50_ms", ms(stats.p50), None);
-    report.put("death_max_ms", ms(stats.max), None);
     Ok(())
 }

@@ -54,11 +54,8 @@ impl TraceService for Sink {
 }
 
 /// Runs phase 7 and records its lines.
-pub(super) async fn observability_phase(
-    args: &BenchArgs,
-    tag: &str,
-    report: &mut Report,
-) -> Result<(), String> {
+pub(super) async fn run(args: &BenchArgs, tag: &str, report: &mut Report) -> Result<(), String> {
+    eprintln!("bench: phase 7: traces and metrics on vs off, uncontended cycles");
     let stop = CancellationToken::new();
     let sink = Sink::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -11,13 +11,13 @@ use tokio::time::{Instant, timeout};
 use tonic::transport::Channel;
 
 use super::harness::args::BenchArgs;
+use super::harness::classic::classic_hold;
 use super::harness::context::{err, plain_redis, sub_namespace};
 use super::harness::load::join_all;
+use super::harness::locks::{HOLD_ROUNDS, LOCKS_PER_SESSION, hold, take_locks};
 use super::harness::process::{Sidecar, Spawn, connect, rss_kb};
 use super::harness::report::{Report, mb};
 use super::harness::session::{Session, Want};
-use super::harness::watchdog::classic_hold;
-use super::many_locks::{HOLD_ROUNDS, LOCKS_PER_SESSION, hold, take_locks};
 
 /// Sessions per HTTP/2 connection: below the sidecar's 1,024 concurrent streams.
 const SESSIONS_PER_CONNECTION: u64 = 1000;
@@ -34,7 +34,7 @@ pub(super) struct ScaleArgs {
 }
 
 /// Runs phase 10 and records its lines.
-pub(super) async fn scale_phase(
+pub(super) async fn run(
     args: &BenchArgs,
     scale: ScaleArgs,
     tag: &str,

@@ -24,6 +24,7 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::context::err;
+use super::load::{Burn, burn};
 use super::process::{free_port, wait_ready};
 use lockside::proto::lease_request::Command as Cmd;
 use lockside::proto::lease_response::Event as E;
@@ -69,6 +70,18 @@ impl Floor {
     pub(crate) fn pid(&self) -> Option<u32> {
         self.child.id()
     }
+}
+
+/// The floor's CPU per cycle (see [`super::harness::floor`]; with `redis`, one EVALSHA per
+/// request), by the same client as the sidecar's.
+pub(crate) async fn floor_cycles(
+    redis: Option<&str>,
+    key: &str,
+    cycles: u64,
+) -> Result<Burn, String> {
+    let (floor, channel) = Floor::start(redis).await?;
+    let pid = floor.pid().ok_or("the floor exited at once")?;
+    burn(channel, key, pid, cycles).await
 }
 
 /// `floor-serve ADDR [REDIS_URL]`: serves until killed.

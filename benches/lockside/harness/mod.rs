@@ -3,23 +3,29 @@
 //! and the harness imports no phase (`tests/architecture.rs` checks both).
 //!
 //! - `args.rs`: the flags (`BenchArgs`) and the phases by name (`Phase`);
-//! - `context.rs`: the run's namespaces, the main sidecar's [`context::Ctx`], constants
-//!   several phases use, error context, the cleanup at the end;
+//! - `context.rs`: the run's namespaces, the main sidecar's `Ctx`, constants several
+//!   phases use, error context, the cleanup at the end;
 //! - `process.rs`: spawning and stopping sidecars, their CPU and memory from /proc;
-//!   `floor.rs`: the floor server (the stack without Lockside) the cost phase measures;
+//!   `floor.rs`: the floor server (the stack without Lockside) and its CPU per cycle;
 //! - `servers.rs`: plain connections to the Redis data servers; `redis_side.rs`: what
-//!   the bench reads from them (process CPU, commandstats, memory);
-//!   `notices.rs`: release notices as Redis delivers them; `watchdog.rs`: locks held
-//!   and renewed the classic way;
-//! - `session.rs`: one `Lease` stream as a client drives it; `load.rs`: sampling loops,
-//!   joined tasks, uncontended cycles;
+//!   the bench reads from them (process CPU, commandstats, memory, one `Sample` of
+//!   the counters); `notices.rs`: release notices as Redis delivers them;
+//!   `classic.rs`: the classic recipe (`SET NX PX`, compare-and-delete, the watchdog's
+//!   renewals), the yardstick of the cost and scale phases;
+//! - `session.rs`: one `Lease` stream as a client drives it;
+//! - `load.rs`: joined tasks, sampling loops, uncontended cycles, a process's CPU per
+//!   cycle; `contention.rs`: sessions taking turns on one key and what a grant cost
+//!   Redis; `locks.rs`: many locks taken, then held while measuring;
 //! - `report.rs`: statistics, the table with its targets, the JSON; `svg.rs`: the
 //!   fleet's curves.
 
 pub(crate) mod args;
+pub(crate) mod classic;
+pub(crate) mod contention;
 pub(crate) mod context;
 pub(crate) mod floor;
 pub(crate) mod load;
+pub(crate) mod locks;
 pub(crate) mod notices;
 pub(crate) mod process;
 pub(crate) mod redis_side;
@@ -27,4 +33,3 @@ pub(crate) mod report;
 pub(crate) mod servers;
 pub(crate) mod session;
 pub(crate) mod svg;
-pub(crate) mod watchdog;

@@ -1,14 +1,16 @@
 //! What the bench reads from the Redis servers themselves: their processes' CPU time
-//! (when they run on this machine), `INFO commandstats` and `INFO memory`. The cost
-//! phases (`cost.rs`, `idle.rs`, `fleet.rs`) take their Redis figures from here, and
-//! count a namespace's keys with `Servers::count_matching`.
+//! (when they run on this machine), `INFO commandstats` and `INFO memory`, and the
+//! counters of one [`Sample`] (with the sidecar's CPU and memory). The phases
+//! take their Redis figures from here, and count a namespace's keys with
+//! `Servers::count_matching`.
 
 use std::collections::BTreeMap;
 
 use deadpool_redis::redis::{self, aio::MultiplexedConnection};
+use tokio::time::Instant;
 
 use super::context::err;
-use super::process::cpu_ns_all;
+use super::process::{cpu_ns_all, cpu_ticks, rss_kb};
 use super::servers::Servers;
 
 /// The Redis server processes behind a store URL, found on this machine.
@@ -265,6 +267,71 @@ pub(crate) fn percent_of_core(before: Option<u64>, after: Option<u64>, secs: f64
     before
         .zip(after)
         .map(|(b, a)| a.saturating_sub(b) as f64 / 1e9 / secs * 100.0)
+}
+
+/// The bench's own INFO calls between two `total_commands_processed` readings.
+const OWN_INFO_CALLS: u64 = 2;
+
+/// One reading of Redis counters and of the sidecar process.
+pub(crate) struct Sample {
+    pub(crate) at: Instant,
+    /// The bench's own INFO calls in one reading (two per server).
+    own_calls: u64,
+    commands: u64,
+    evalsha: u64,
+    /// Microseconds Redis spent running EVALSHA calls (scripts included).
+    evalsha_usec: u64,
+    /// The sidecar's CPU time (utime + stime, clock ticks) and RSS, given its pid.
+    pub(crate) cpu_ticks: Option<u64>,
+    pub(crate) rss_kb: Option<u64>,
+}
+
+impl Sample {
+    /// Commands Redis processed from this reading to `later`, less the bench's own INFO
+    /// calls; it counts every client of that Redis.
+    pub(crate) fn commands_until(&self, later: &Sample) -> u64 {
+        later
+            .commands
+            .saturating_sub(self.commands + self.own_calls)
+    }
+
+    /// EVALSHA calls from this reading to `later`.
+    pub(crate) fn evalsha_until(&self, later: &Sample) -> u64 {
+        later.evalsha.saturating_sub(self.evalsha)
+    }
+
+    /// Microseconds Redis spent in EVALSHA calls from this reading to `later`.
+    pub(crate) fn evalsha_usec_until(&self, later: &Sample) -> u64 {
+        later.evalsha_usec.saturating_sub(self.evalsha_usec)
+    }
+}
+
+/// Reads Redis's command counters (summed over the servers) and, given a pid, the
+/// sidecar's CPU time and memory.
+pub(crate) async fn sample(redis: &mut Servers, pid: Option<u32>) -> Result<Sample, String> {
+    let at = Instant::now();
+    let (mut commands, mut evalsha, mut evalsha_usec) = (0, 0, 0);
+    for conn in &mut redis.0 {
+        let (stats, commandstats) = (
+            info(conn, "stats").await?,
+            info(conn, "commandstats").await?,
+        );
+        commands += info_value(&stats, "total_commands_processed")
+            .ok_or("INFO stats has no total_commands_processed")?;
+        let scripts = CommandStats::parse(&commandstats).0.get("evalsha").copied();
+        let (calls, usec) = scripts.unwrap_or_default();
+        evalsha += calls;
+        evalsha_usec += usec;
+    }
+    Ok(Sample {
+        at,
+        own_calls: OWN_INFO_CALLS * redis.0.len() as u64,
+        commands,
+        evalsha,
+        evalsha_usec,
+        cpu_ticks: pid.map(cpu_ticks).transpose()?,
+        rss_kb: pid.map(rss_kb).transpose()?,
+    })
 }
 
 #[cfg(test)]

@@ -29,11 +29,77 @@ use super::harness::context::{DIRECT_TTL, random_hex, sub_namespace};
 use super::harness::floor::floor_cycles;
 use super::harness::load::{WARMUP, burn, lock_and_release, n_cycles};
 use super::harness::locks::take_locks;
-use super::harness::process::{Sidecar, Spawn, cpu_ns, stop_all};
-use super::harness::redis_side::{CommandStats, RedisProcs, delete, set_px, used_memory};
+use super::harness::meter::{Meter, Spent};
+use super::harness::process::{Sidecar, Spawn, stop_all};
+use super::harness::redis_side::{delete, set_px, used_memory};
 use super::harness::report::{Report, Table};
-use super::harness::servers::Servers;
+use super::harness::rows::{Row, Rule};
 use super::harness::session::Session;
+
+const REDIS_CPU: Row = Row::new(
+    "cost_redis_cpu_us",
+    "Redis CPU/cycle (µs) vs SET NX PX + script, same pace",
+)
+.target("≤ 1.5×", Rule::RatioAtMost(1.5));
+const REDIS_CPU_B2B: Row = Row::new(
+    "cost_redis_cpu_b2b_us",
+    "Redis CPU/cycle (µs) vs the same, back to back",
+);
+const REDIS_COMMANDS: Row = Row::new(
+    "cost_redis_commands",
+    "Redis commands/cycle vs SET NX PX + script",
+);
+const SIDECAR_CPU: Row = Row::new(
+    "cost_sidecar_cpu_us",
+    "sidecar CPU/cycle, Redis (µs) vs Redis' classic",
+)
+.target("≤ 2.5×", Rule::RatioAtMost(2.5));
+const MEMORY_STORE_CPU: Row = Row::new(
+    "cost_memory_store_cpu_us",
+    "sidecar CPU/cycle, memory (µs) vs Redis' classic",
+)
+.target("≤ ½ main's", Rule::AtMost(MAIN_MEMORY_CYCLE_US / 2.0));
+const FLOOR_CPU: Row = Row::new(
+    "cost_floor_cpu_us",
+    "sidecar CPU/cycle, Redis (µs) vs tonic+redis-rs floor",
+);
+const MEMORY_FLOOR_CPU: Row = Row::new(
+    "cost_memory_floor_cpu_us",
+    "sidecar CPU/cycle, memory (µs) vs tonic floor",
+);
+const KERNEL: Row = Row::new(
+    "cost_kernel_us",
+    "  of it in the kernel, Redis (µs) vs the floor's",
+);
+const MEMORY_KERNEL: Row = Row::new(
+    "cost_memory_kernel_us",
+    "  of it in the kernel, memory (µs) vs the floor's",
+);
+const MEMORY_BYTES: Row = Row::new("cost_memory_bytes", "Redis bytes per held lock vs SET PX")
+    .target("≤ 1.5×", Rule::RatioAtMost(1.5));
+const MEMORY_KEYS: Row = Row::new("cost_memory_keys", "Redis keys per held lock vs SET PX");
+const KEYS_LEFT: Row = Row::new(
+    "cost_keys_left",
+    "keys left after release and TTL vs classic",
+)
+.target("0", Rule::Zero);
+
+/// The lines of the table this phase fills, in order; a label that names a yardstick
+/// ("vs ...") has it in the baseline column, measured in the same run.
+pub(super) const ROWS: &[Row] = &[
+    REDIS_CPU,
+    REDIS_CPU_B2B,
+    REDIS_COMMANDS,
+    SIDECAR_CPU,
+    MEMORY_STORE_CPU,
+    FLOOR_CPU,
+    MEMORY_FLOOR_CPU,
+    KERNEL,
+    MEMORY_KERNEL,
+    MEMORY_BYTES,
+    MEMORY_KEYS,
+    KEYS_LEFT,
+];
 
 /// Rounds each side's cycles are split into (alternating sidecar and classic).
 const ROUNDS: u64 = 5;
@@ -47,7 +113,7 @@ const LEFT_MARGIN: Duration = Duration::from_millis(500);
 /// The sidecar's CPU per uncontended cycle on the memory store as main measured it
 /// before issue 13 (acb1cde, this project's 2-core machine, `--phases cost`: 73 to
 /// 87 µs in five runs, 112 in one at load average 5.5); the issue's goal is half.
-pub(super) const MAIN_MEMORY_CYCLE_US: f64 = 75.0;
+const MAIN_MEMORY_CYCLE_US: f64 = 75.0;
 
 /// Flags of the cost phase.
 #[derive(Clone, Copy, Debug)]
@@ -73,15 +139,10 @@ pub(super) async fn run(
             .push("cost phase skipped: the classic recipe needs a standalone --redis".into());
         return Ok(());
     }
-    let mut servers = Servers::connect(&args.redis).await?;
-    let procs = RedisProcs::find(&mut servers).await?;
-    report.notes.extend(procs.note());
+    let meter = Meter::connect(&args.redis).await?;
+    report.notes.extend(meter.procs.note());
     let classic = Classic::connect(&args.redis).await?;
-    let mut meter = Meter {
-        servers,
-        procs,
-        classic,
-    };
+    let mut handles = Handles { meter, classic };
 
     let mut spawned = Vec::new();
     let result = async {
@@ -100,7 +161,7 @@ pub(super) async fn run(
             cost.cycles
         );
         let key = format!("{ns}/cycle");
-        let spent = meter
+        let spent = handles
             .cycles(&channel, &key, Some(pid), cost.cycles, tag)
             .await?;
         let on_memory = burn(memory_channel, &key, memory_pid, cost.cycles).await?;
@@ -111,28 +172,24 @@ pub(super) async fn run(
         // cycles above read schedstat only, between the classic recipe's rounds.
         let on_redis = burn(channel.clone(), &key, pid, cost.cycles).await?;
         let cycle_us = spent.sidecar.per_cycle_us(spent.sidecar.sidecar_ns);
-        report.put("cost_floor_cpu_us", cycle_us, Some(floor_redis.us));
-        report.put(
-            "cost_memory_floor_cpu_us",
-            Some(on_memory.us),
-            Some(floor.us),
-        );
-        for (id, on, under) in [
-            ("cost_kernel_us", on_redis, floor_redis),
-            ("cost_memory_kernel_us", on_memory, floor),
+        report.put(&FLOOR_CPU, cycle_us, Some(floor_redis.us));
+        report.put(&MEMORY_FLOOR_CPU, Some(on_memory.us), Some(floor.us));
+        for (row, on, under) in [
+            (&KERNEL, on_redis, floor_redis),
+            (&MEMORY_KERNEL, on_memory, floor),
         ] {
-            report.put(id, Some(on.kernel_us), Some(under.kernel_us));
+            report.put(row, Some(on.kernel_us), Some(under.kernel_us));
         }
 
         eprintln!("bench: phase 8: cost, {} locks held vs SET PX", cost.locks);
-        meter.memory(&channel, &ns, cost.locks, report).await?;
+        handles.memory(&channel, &ns, cost.locks, report).await?;
 
         eprintln!("bench: phase 8: cost, keys left after {} keys", cost.left);
         let left_ns = sub_namespace(tag, "left");
         let (left, left_channel) = Sidecar::spawn_with(&Spawn::new(args, left_ns.clone())).await?;
         spawned.push(left);
         let classic_ns = sub_namespace(tag, "classic");
-        meter
+        handles
             .keys_left(left_channel, &left_ns, &classic_ns, cost.left, report)
             .await
     }
@@ -141,52 +198,14 @@ pub(super) async fn run(
     result
 }
 
-/// What the Redis servers and one sidecar did over some cycles.
-#[derive(Default)]
-struct Spent {
-    cycles: u64,
-    /// Redis CPU, nanoseconds; `None` when Redis is not on this machine.
-    redis_ns: Option<u64>,
-    /// The sidecar's CPU, nanoseconds (none for the classic recipe).
-    sidecar_ns: Option<u64>,
-    /// Commands Redis ran.
-    stats: CommandStats,
-}
-
-impl Spent {
-    fn add(
-        &mut self,
-        cycles: u64,
-        redis_ns: Option<u64>,
-        sidecar_ns: Option<u64>,
-        stats: &CommandStats,
-    ) {
-        let sum = |a: Option<u64>, b: Option<u64>| match (a, b) {
-            (None, b) if self.cycles == 0 => b,
-            (a, b) => a.zip(b).map(|(a, b)| a + b),
-        };
-        self.redis_ns = sum(self.redis_ns, redis_ns);
-        self.sidecar_ns = sum(self.sidecar_ns, sidecar_ns);
-        self.cycles += cycles;
-        self.stats.merge(stats);
-    }
-
-    /// Microseconds per cycle of `ns`.
-    fn per_cycle_us(&self, ns: Option<u64>) -> Option<f64> {
-        ns.filter(|_| self.cycles > 0)
-            .map(|ns| ns as f64 / 1e3 / self.cycles as f64)
-    }
-}
-
-/// The bench's handles on Redis for the cost phase.
-struct Meter {
-    servers: Servers,
-    procs: RedisProcs,
-    /// The classic recipe's connection.
+/// The bench's handles on Redis for the cost phase: its counters and processes, and
+/// the classic recipe's connection.
+struct Handles {
+    meter: Meter,
     classic: Classic,
 }
 
-impl Meter {
+impl Handles {
     /// `cycles` uncontended cycles through the sidecar at `channel` (pid `pid`) and as
     /// many classic ones twice, alternating in [`ROUNDS`]: back to back, and at the
     /// sidecar's pace (each classic cycle lasts as long as the sidecar's did in the
@@ -211,49 +230,24 @@ impl Meter {
         let mut spent = Cycles::default();
         let per_round = cycles.div_ceil(ROUNDS);
         for _ in 0..ROUNDS {
-            let before = self.reading(pid).await?;
+            let before = self.meter.reading(pid).await?;
             let started = Instant::now();
             n_cycles(&mut session, key, per_round).await?;
             let pace = started.elapsed() / per_round as u32;
-            let after = self.reading(pid).await?;
-            self.spent(&mut spent.sidecar, per_round, before, after);
+            let after = self.meter.reading(pid).await?;
+            self.meter
+                .spent(&mut spent.sidecar, per_round, before, after);
             for (pace, into) in [(None, &mut spent.classic), (Some(pace), &mut spent.paced)] {
-                let before = self.reading(None).await?;
+                let before = self.meter.reading(None).await?;
                 self.classic
                     .cycles(&classic_key, per_round, DIRECT_TTL, pace)
                     .await?;
-                let after = self.reading(None).await?;
-                self.spent(into, per_round, before, after);
+                let after = self.meter.reading(None).await?;
+                self.meter.spent(into, per_round, before, after);
             }
             spent.pace += pace / ROUNDS as u32;
         }
         Ok(spent)
-    }
-
-    /// Commandstats, then CPU times; read again after a run, [`Self::spent`] takes the
-    /// difference.
-    async fn reading(&mut self, pid: Option<u32>) -> Result<Reading, String> {
-        let stats = CommandStats::read(&mut self.servers).await?;
-        let redis_ns = self.procs.cpu_ns()?;
-        let sidecar_ns = pid.map(cpu_ns).transpose()?;
-        Ok(Reading {
-            stats,
-            redis_ns,
-            sidecar_ns,
-        })
-    }
-
-    fn spent(&self, into: &mut Spent, cycles: u64, before: Reading, after: Reading) {
-        let diff = |a: Option<u64>, b: Option<u64>| a.zip(b).map(|(a, b)| b.saturating_sub(a));
-        // The first reading's INFO is counted by the second (Redis counts a call after
-        // running it); the second's own call is not in its reply.
-        let own_info = self.servers.0.len() as u64;
-        into.add(
-            cycles,
-            diff(before.redis_ns, after.redis_ns),
-            diff(before.sidecar_ns, after.sidecar_ns),
-            &before.stats.until(&after.stats, own_info),
-        );
     }
 
     /// Redis memory and keys per held lock: `locks` `SET PX` keys first (then deleted),
@@ -267,33 +261,37 @@ impl Meter {
     ) -> Result<(), String> {
         let names: Vec<String> = (0..locks).map(|i| format!("{ns}/mem/{i}")).collect();
         let pattern = format!("*{ns}*");
-        let before = used_memory(&mut self.servers).await?;
-        let keys_before = self.servers.count_matching(&pattern).await?;
+        let before = used_memory(&mut self.meter.servers).await?;
+        let keys_before = self.meter.servers.count_matching(&pattern).await?;
         set_px(&mut self.classic.conn, &names, DIRECT_TTL, || {
             random_hex(16)
         })
         .await?;
-        let set_bytes = used_memory(&mut self.servers).await?.saturating_sub(before);
-        let set_keys = self.servers.count_matching(&pattern).await?;
+        let set_bytes = used_memory(&mut self.meter.servers)
+            .await?
+            .saturating_sub(before);
+        let set_keys = self.meter.servers.count_matching(&pattern).await?;
         let set_keys = set_keys.saturating_sub(keys_before);
         delete(&mut self.classic.conn, &names).await?;
 
-        let before = used_memory(&mut self.servers).await?;
-        let keys_before = self.servers.count_matching(&pattern).await?;
+        let before = used_memory(&mut self.meter.servers).await?;
+        let keys_before = self.meter.servers.count_matching(&pattern).await?;
         let held = take_locks(channel, names, DIRECT_TTL).await?.all()?;
         // A grant held past the journal's delay (50 ms) gets its line in the session's
         // record (what resuming the session needs): the steady state of a held lock,
         // which Redis keeps for as long as the lock is held. No event says the journal
         // has caught up; a second is twenty times its delay.
         tokio::time::sleep(JOURNALED).await;
-        let lock_bytes = used_memory(&mut self.servers).await?.saturating_sub(before);
-        let keys = self.servers.count_matching(&pattern).await?;
+        let lock_bytes = used_memory(&mut self.meter.servers)
+            .await?
+            .saturating_sub(before);
+        let keys = self.meter.servers.count_matching(&pattern).await?;
         drop(held);
 
         let per = |v: u64| Some(v as f64 / locks as f64);
-        report.put("cost_memory_bytes", per(lock_bytes), per(set_bytes));
+        report.put(&MEMORY_BYTES, per(lock_bytes), per(set_bytes));
         let lock_keys = keys.saturating_sub(keys_before);
-        report.put("cost_memory_keys", per(lock_keys), per(set_keys));
+        report.put(&MEMORY_KEYS, per(lock_keys), per(set_keys));
         report.notes.push(format!(
             "memory per lock: INFO used_memory before and {JOURNALED:?} after {locks} \
              exclusive locks held (default TTL; each with its line in the session's record \
@@ -329,15 +327,17 @@ impl Meter {
         // (one each, whatever the number of keys, gone with the session and the
         // sidecar) are not what this counts.
         let left = self
+            .meter
             .servers
             .count_matching(&format!("*{ns}/left/*"))
             .await?;
         let classic = self
+            .meter
             .servers
             .count_matching(&format!("*{classic_ns}/left/*"))
             .await?;
         drop(session);
-        report.put("cost_keys_left", Some(left as f64), Some(classic as f64));
+        report.put(&KEYS_LEFT, Some(left as f64), Some(classic as f64));
         report.notes.push(format!(
             "keys left: {n} distinct keys locked and released with a {LEFT_TTL:?} TTL, \
              counted (SCAN MATCH of the locks' names) {LEFT_MARGIN:?} after the TTL; \
@@ -348,7 +348,7 @@ impl Meter {
     }
 }
 
-/// What the cycles of [`Meter::cycles`] cost, each side.
+/// What the cycles of [`Handles::cycles`] cost, each side.
 #[derive(Default)]
 struct Cycles {
     sidecar: Spent,
@@ -360,35 +360,28 @@ struct Cycles {
     pace: Duration,
 }
 
-/// One reading of [`Meter::reading`].
-struct Reading {
-    stats: CommandStats,
-    redis_ns: Option<u64>,
-    sidecar_ns: Option<u64>,
-}
-
 /// The cycle lines and the commandstats table.
 fn cycle_figures(spent: &Cycles, on_memory: Option<f64>, report: &mut Report) {
     let (side, direct, paced) = (&spent.sidecar, &spent.classic, &spent.paced);
     let classic_cpu = direct.per_cycle_us(direct.redis_ns);
     report.put(
-        "cost_redis_cpu_us",
+        &REDIS_CPU,
         side.per_cycle_us(side.redis_ns),
         paced.per_cycle_us(paced.redis_ns),
     );
     report.put(
-        "cost_redis_cpu_b2b_us",
+        &REDIS_CPU_B2B,
         side.per_cycle_us(side.redis_ns),
         classic_cpu,
     );
     let commands = |s: &Spent| Some(s.stats.calls() as f64 / s.cycles.max(1) as f64);
-    report.put("cost_redis_commands", commands(side), commands(direct));
+    report.put(&REDIS_COMMANDS, commands(side), commands(direct));
     report.put(
-        "cost_sidecar_cpu_us",
+        &SIDECAR_CPU,
         side.per_cycle_us(side.sidecar_ns),
         classic_cpu,
     );
-    report.put("cost_memory_store_cpu_us", on_memory, classic_cpu);
+    report.put(&MEMORY_STORE_CPU, on_memory, classic_cpu);
 
     let mut table = Table::new(
         "INFO commandstats per uncontended cycle (a script's µs include its commands')",
@@ -437,22 +430,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn spent_sums_rounds_and_divides_by_cycles() {
-        let mut spent = Spent::default();
-        let stats = CommandStats::parse("cmdstat_set:calls=100,usec=150\r\n");
-        spent.add(100, Some(4_000_000), Some(1_000_000), &stats);
-        spent.add(100, Some(5_000_000), Some(3_000_000), &stats);
-        assert_eq!(spent.per_cycle_us(spent.redis_ns), Some(45.0));
-        assert_eq!(spent.per_cycle_us(spent.sidecar_ns), Some(20.0));
-        assert_eq!(spent.stats.calls(), 200);
-    }
-
-    #[test]
-    fn a_remote_redis_has_no_cpu_figure() {
-        let mut spent = Spent::default();
-        spent.add(100, None, Some(1_000), &CommandStats::default());
-        spent.add(100, None, Some(1_000), &CommandStats::default());
-        assert_eq!(spent.per_cycle_us(spent.redis_ns), None);
-        assert_eq!(spent.per_cycle_us(spent.sidecar_ns), Some(0.01));
+    fn cost_targets_are_ratios_to_the_yardstick() {
+        use super::super::harness::rows::Figures;
+        let judge = |row: Row, sidecar, direct| {
+            let f = Figures {
+                sidecar: Some(sidecar),
+                direct: Some(direct),
+            };
+            row.judge(f, None).and_then(|(_, met)| met)
+        };
+        assert_eq!(judge(REDIS_CPU, 150.0, 45.0), Some(false));
+        assert_eq!(judge(REDIS_CPU, 60.0, 45.0), Some(true));
+        assert_eq!(judge(MEMORY_BYTES, 563.0, 195.0), Some(false));
+        assert_eq!(judge(SIDECAR_CPU, 110.0, 45.0), Some(true));
+        assert_eq!(judge(KEYS_LEFT, 2000.0, 0.0), Some(false));
+        assert_eq!(judge(KEYS_LEFT, 0.0, 0.0), Some(true));
+        assert_eq!(
+            judge(MEMORY_STORE_CPU, 37.5, 1.0),
+            Some(true),
+            "half of 75 µs"
+        );
+        assert_eq!(judge(MEMORY_STORE_CPU, 38.0, 1.0), Some(false));
     }
 }

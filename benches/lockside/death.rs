@@ -6,7 +6,15 @@ use tokio::time::Instant;
 use super::harness::context::{Ctx, WAIT};
 use super::harness::process::connect;
 use super::harness::report::{Report, Stats, ms};
+use super::harness::rows::{Row, Rule};
 use super::harness::session::{Session, Want};
+
+const P50: Row =
+    Row::new("death_p50_ms", "death to grant: p50 (ms)").target("≤ 50 ms", Rule::AtMost(50.0));
+const MAX: Row = Row::new("death_max_ms", "death to grant: max (ms)");
+
+/// The lines of the table this phase fills, in order.
+pub(super) const ROWS: &[Row] = &[P50, MAX];
 
 /// Rounds of the phase.
 const DEATH_ROUNDS: usize = 20;
@@ -33,7 +41,7 @@ pub(super) async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), String> {
         waiter.wait_for(id, Want::Released).await?;
     }
     let stats = Stats::new(samples, ctx.seconds, "death to grant")?;
-    report.put("death_p50_ms", ms(stats.p50), None);
-    report.put("death_max_ms", ms(stats.max), None);
+    report.put(&P50, ms(stats.p50), None);
+    report.put(&MAX, ms(stats.max), None);
     Ok(())
 }

@@ -8,6 +8,28 @@ use super::harness::context::{Ctx, plain_redis};
 use super::harness::locks::{hold, take_locks};
 use super::harness::process::rss_kb;
 use super::harness::report::{Report, mb};
+use super::harness::rows::{Row, Rule};
+
+const COMMANDS_PER_S: Row = Row::new("hold_commands_per_s", "locks held: Redis commands/s");
+const EVALSHA_PER_S: Row = Row::new("hold_evalsha_per_s", "locks held: EVALSHA/s");
+const REDIS_CPU: Row = Row::new("hold_redis_cpu_percent", "locks held: Redis CPU (% core)");
+const EVALSHA_PER_S_1K: Row = Row::new("hold_evalsha_per_s_1k", "locks held: EVALSHA/s per 1k");
+const CPU: Row = Row::new("hold_cpu_percent", "locks held: sidecar CPU (% core)")
+    .target("≤ 1% of a core", Rule::AtMost(1.0));
+const RSS_BEFORE: Row = Row::new("hold_rss_before_mb", "locks held: RSS before taking (MB)");
+const RSS: Row =
+    Row::new("hold_rss_mb", "locks held: sidecar RSS (MB)").target("≤ 50 MB", Rule::AtMost(50.0));
+
+/// The lines of the table this phase fills, in order.
+pub(super) const ROWS: &[Row] = &[
+    COMMANDS_PER_S,
+    EVALSHA_PER_S,
+    REDIS_CPU,
+    EVALSHA_PER_S_1K,
+    CPU,
+    RSS_BEFORE,
+    RSS,
+];
 
 /// Phase 6: `locks` locks held and renewed by the sidecar.
 pub(super) async fn run(
@@ -24,17 +46,17 @@ pub(super) async fn run(
     let keys = (0..locks).map(|i| ctx.key(format!("hold/{i}"))).collect();
     let sessions = take_locks(&ctx.channel, keys, ttl).await?.all()?;
     let held = hold(&mut redis, sessions, pid, ttl).await?;
-    report.put("hold_commands_per_s", Some(held.commands_per_s), None);
-    report.put("hold_evalsha_per_s", Some(held.evalsha_per_s), None);
+    report.put(&COMMANDS_PER_S, Some(held.commands_per_s), None);
+    report.put(&EVALSHA_PER_S, Some(held.evalsha_per_s), None);
     report.put(
-        "hold_evalsha_per_s_1k",
+        &EVALSHA_PER_S_1K,
         Some(held.evalsha_per_s * 1000.0 / locks as f64),
         None,
     );
-    report.put("hold_cpu_percent", held.cpu_percent, None);
-    report.put("hold_redis_cpu_percent", held.redis_cpu_percent, None);
-    report.put("hold_rss_before_mb", rss_before.map(mb), None);
-    report.put("hold_rss_mb", held.rss_kb.map(mb), None);
+    report.put(&CPU, held.cpu_percent, None);
+    report.put(&REDIS_CPU, held.redis_cpu_percent, None);
+    report.put(&RSS_BEFORE, rss_before.map(mb), None);
+    report.put(&RSS, held.rss_kb.map(mb), None);
     if pid.is_none() {
         report
             .notes

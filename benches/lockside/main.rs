@@ -59,7 +59,25 @@ use harness::context::{Ctx, clean_up, err, random_hex};
 use harness::floor;
 use harness::process::Sidecar;
 use harness::report::Report;
+use harness::rows::Row;
 use scale::ScaleArgs;
+
+/// The main table's lines, in order: each phase's own, as its file declares them. A
+/// label that names a yardstick ("vs ...") has it in the baseline column, measured in
+/// the same run; the other lines with a baseline have the same scripts called
+/// directly there.
+const TABLE: [&[Row]; 10] = [
+    cycles::ROWS,
+    handoff::ROWS,
+    semaphore::ROWS,
+    death::ROWS,
+    hold::ROWS,
+    observe::ROWS,
+    cost::ROWS,
+    idle::ROWS,
+    scale::ROWS,
+    election::ROWS,
+];
 
 fn main() -> std::process::ExitCode {
     let argv: Vec<String> = std::env::args().collect();
@@ -86,7 +104,7 @@ fn main() -> std::process::ExitCode {
 /// Runs the benchmark; prints the table, then the JSON object on one line.
 async fn run(args: BenchArgs) -> Result<(), String> {
     let tag = random_hex(6)?;
-    let mut report = Report::default();
+    let mut report = Report::new(TABLE.into_iter().flatten().copied());
     measure(&args, &tag, &mut report).await;
     clean_up(&args, &tag, &mut report).await?;
     report.print();
@@ -211,4 +229,43 @@ async fn measure_main(
         election::run(args, &ctx, tag, report).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    // Run by tests/bench_units.rs; the bench target itself has no harness, so there
+    // the tests below are compiled out and this import goes unused.
+    #[allow(unused_imports)]
+    use super::*;
+
+    #[test]
+    fn every_line_of_the_table_has_an_id_of_its_own() {
+        let mut ids: Vec<&str> = TABLE
+            .iter()
+            .flat_map(|rows| rows.iter().map(|r| r.id))
+            .collect();
+        let lines = ids.len();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), lines);
+    }
+
+    #[test]
+    fn every_baseline_is_a_line_of_the_table() {
+        let table: Vec<&Row> = TABLE.iter().flat_map(|rows| rows.iter()).collect();
+        for row in &table {
+            if let Some(base) = row.baseline() {
+                assert!(
+                    table.iter().any(|r| r.id == base.id),
+                    "{} → {}",
+                    row.id,
+                    base.id
+                );
+            }
+        }
+        assert!(
+            table.iter().any(|r| r.baseline().is_some()),
+            "handoff64_commands has one"
+        );
+    }
 }

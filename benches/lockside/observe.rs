@@ -24,7 +24,30 @@ use super::harness::context::err;
 use super::harness::load::cycles;
 use super::harness::process::{Sidecar, free_port};
 use super::harness::report::{Report, Stats, us};
+use super::harness::rows::{Row, Rule};
 use super::harness::session::Session;
+
+const P50: Row = Row::new(
+    "observe_p50_us",
+    "cycle, traces+metrics on (vs off): p50 (µs)",
+)
+.target("≤ 1.10× off", Rule::RatioAtMost(1.10));
+const P99: Row = Row::new(
+    "observe_p99_us",
+    "cycle, traces+metrics on (vs off): p99 (µs)",
+);
+const PER_S: Row = Row::new(
+    "observe_per_s",
+    "cycle, traces+metrics on (vs off): cycles/s",
+);
+const SPANS: Row = Row::new(
+    "observe_spans",
+    "traces on: spans received by the OTLP sink",
+);
+
+/// The lines of the table this phase fills, in order; the baseline column is a
+/// sidecar with neither traces nor metrics.
+pub(super) const ROWS: &[Row] = &[P50, P99, PER_S, SPANS];
 
 /// Rounds per sidecar; each is a tenth of `--seconds`, at least 300 ms.
 const ROUNDS: u32 = 10;
@@ -102,15 +125,11 @@ pub(super) async fn run(args: &BenchArgs, tag: &str, report: &mut Report) -> Res
     notes.extend(plain.stop().await);
     stop.cancel();
     let (on, off) = result?;
-    report.put("observe_p50_us", us(on.p50), us(off.p50));
-    report.put("observe_p99_us", us(on.p99), us(off.p99));
-    report.put("observe_per_s", Some(on.rate), Some(off.rate));
+    report.put(&P50, us(on.p50), us(off.p50));
+    report.put(&P99, us(on.p99), us(off.p99));
+    report.put(&PER_S, Some(on.rate), Some(off.rate));
     // After stop(): the observed sidecar flushed its last spans on SIGTERM.
-    report.put(
-        "observe_spans",
-        Some(sink.0.load(Ordering::Relaxed) as f64),
-        None,
-    );
+    report.put(&SPANS, Some(sink.0.load(Ordering::Relaxed) as f64), None);
     report.notes.push(
         "observability lines: the sidecar column has traces exported to an OTLP sink and \
          /metrics scraped every second, the direct column is a sidecar with neither"

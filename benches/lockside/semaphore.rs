@@ -13,7 +13,25 @@ use super::harness::context::{Ctx, WAIT, plain_redis};
 use super::harness::load::{join_all, sampling};
 use super::harness::redis_side::sample;
 use super::harness::report::{Report, Stats, us};
+use super::harness::rows::{Row, Rule};
 use super::harness::session::{Ask, Session, Want};
+
+const PER_S: Row = Row::new("sem_per_s", "semaphore, 4 of 32: grants/s");
+const WAIT_P50: Row = Row::new(
+    "sem_wait_p50_us",
+    "semaphore, 4 of 32: acquire wait p50 (µs)",
+);
+const WAIT_P99: Row = Row::new(
+    "sem_wait_p99_us",
+    "semaphore, 4 of 32: acquire wait p99 (µs)",
+);
+const MAX_HELD: Row = Row::new("sem_max_held", "semaphore, 4 of 32: most held at once")
+    .target("≤ 4 permits", Rule::AtMost(4.0));
+const COMMANDS: Row = Row::new("sem_commands", "semaphore, 4 of 32: Redis commands/grant");
+const SCRIPT_US: Row = Row::new("sem_script_us", "semaphore, 4 of 32: Redis script µs/grant");
+
+/// The lines of the table this phase fills, in order.
+pub(super) const ROWS: &[Row] = &[PER_S, WAIT_P50, WAIT_P99, MAX_HELD, COMMANDS, SCRIPT_US];
 
 /// Permits of the semaphore run.
 const PERMITS: u32 = 4;
@@ -46,16 +64,12 @@ pub(super) async fn run(ctx: &Ctx, report: &mut Report) -> Result<(), String> {
     let stats = Stats::new(seen.samples, ctx.seconds, "semaphore grants")?;
     let cost = per_grant(&before, &after, seen.grants);
     let rate = seen.in_window as f64 / ctx.seconds.as_secs_f64();
-    report.put("sem_per_s", Some(rate), None);
-    report.put("sem_wait_p50_us", us(stats.p50), None);
-    report.put("sem_wait_p99_us", us(stats.p99), None);
-    report.put(
-        "sem_max_held",
-        Some(most.load(Ordering::SeqCst) as f64),
-        None,
-    );
-    report.put("sem_commands", Some(cost.commands), None);
-    report.put("sem_script_us", Some(cost.script_us), None);
+    report.put(&PER_S, Some(rate), None);
+    report.put(&WAIT_P50, us(stats.p50), None);
+    report.put(&WAIT_P99, us(stats.p99), None);
+    report.put(&MAX_HELD, Some(most.load(Ordering::SeqCst) as f64), None);
+    report.put(&COMMANDS, Some(cost.commands), None);
+    report.put(&SCRIPT_US, Some(cost.script_us), None);
     report.notes.push(format!(
         "sem: {} of {} grants in the window came at once, without Waiting (a permit was \
          free when the Acquire arrived)",

@@ -1,11 +1,11 @@
-//! What the bench prints: latency statistics, the table with its targets, and the same
-//! figures as one JSON object.
+//! What the bench prints: latency statistics, the main table (the phases' [`Row`]s)
+//! with its targets, tables of their own, notes, and the same as one JSON object.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::super::cost::MAIN_MEMORY_CYCLE_US;
 use super::args::BenchArgs;
+use super::rows::{Figures, Row};
 
 /// Latency percentiles and a rate.
 pub(crate) struct Stats {
@@ -60,168 +60,11 @@ pub(crate) fn mb(kb: u64) -> f64 {
     kb as f64 / 1024.0
 }
 
-/// The table, in order: JSON id and label. Handoff figures are grouped by measure, so
-/// that 8 and 64 waiters of the same fairness sit on adjacent lines; "N waiters" are
-/// N + 1 sessions on one key, "16 on 1 key" is 15 waiters. A label that names a
-/// yardstick ("vs ...") has it in the baseline column, measured in the same run; the
-/// other lines with a baseline have the same scripts called directly there.
-#[rustfmt::skip]
-const TABLE: &[(&str, &str)] = &[
-    ("cycle1_p50_us", "cycle, 1 session: p50 (µs)"),
-    ("cycle1_p99_us", "cycle, 1 session: p99 (µs)"),
-    ("cycle1_per_s", "cycle, 1 session: cycles/s"),
-    ("cycle64_p50_us", "cycle, 64 sessions: p50 (µs)"),
-    ("cycle64_p99_us", "cycle, 64 sessions: p99 (µs)"),
-    ("cycle64_per_s", "cycle, 64 sessions: cycles/s"),
-    ("handoff8_p50_us", "handoff, 8 waiters: p50 (µs)"),
-    ("handoff_p50_us", "handoff, 16 on 1 key: p50 (µs)"),
-    ("handoff64_p50_us", "handoff, 64 waiters: p50 (µs)"),
-    ("handoff8_fair_p50_us", "handoff, 8 waiters fair: p50 (µs)"),
-    ("handoff64_fair_p50_us", "handoff, 64 waiters fair: p50 (µs)"),
-    ("handoff8_p99_us", "handoff, 8 waiters: p99 (µs)"),
-    ("handoff_p99_us", "handoff, 16 on 1 key: p99 (µs)"),
-    ("handoff64_p99_us", "handoff, 64 waiters: p99 (µs)"),
-    ("handoff8_fair_p99_us", "handoff, 8 waiters fair: p99 (µs)"),
-    ("handoff64_fair_p99_us", "handoff, 64 waiters fair: p99 (µs)"),
-    ("handoff8_per_s", "handoff, 8 waiters: grants/s"),
-    ("handoff_per_s", "handoff, 16 on 1 key: grants/s"),
-    ("handoff64_per_s", "handoff, 64 waiters: grants/s"),
-    ("handoff8_fair_per_s", "handoff, 8 waiters fair: grants/s"),
-    ("handoff64_fair_per_s", "handoff, 64 waiters fair: grants/s"),
-    ("handoff8_commands", "handoff, 8 waiters: Redis commands/handoff"),
-    ("handoff_commands", "handoff, 16 on 1 key: Redis commands/handoff"),
-    ("handoff64_commands", "handoff, 64 waiters: Redis commands/handoff"),
-    ("handoff8_fair_commands", "handoff, 8 waiters fair: Redis commands/handoff"),
-    ("handoff64_fair_commands", "handoff, 64 waiters fair: Redis commands/handoff"),
-    ("handoff8_evalsha", "handoff, 8 waiters: EVALSHA/handoff"),
-    ("handoff_evalsha", "handoff, 16 on 1 key: EVALSHA/handoff"),
-    ("handoff64_evalsha", "handoff, 64 waiters: EVALSHA/handoff"),
-    ("handoff8_fair_evalsha", "handoff, 8 waiters fair: EVALSHA/handoff"),
-    ("handoff64_fair_evalsha", "handoff, 64 waiters fair: EVALSHA/handoff"),
-    ("handoff8_script_us", "handoff, 8 waiters: Redis script µs/handoff"),
-    ("handoff_script_us", "handoff, 16 on 1 key: Redis script µs/handoff"),
-    ("handoff64_script_us", "handoff, 64 waiters: Redis script µs/handoff"),
-    ("handoff8_fair_script_us", "handoff, 8 waiters fair: Redis script µs/handoff"),
-    ("handoff64_fair_script_us", "handoff, 64 waiters fair: Redis script µs/handoff"),
-    ("sem_per_s", "semaphore, 4 of 32: grants/s"),
-    ("sem_wait_p50_us", "semaphore, 4 of 32: acquire wait p50 (µs)"),
-    ("sem_wait_p99_us", "semaphore, 4 of 32: acquire wait p99 (µs)"),
-    ("sem_max_held", "semaphore, 4 of 32: most held at once"),
-    ("sem_commands", "semaphore, 4 of 32: Redis commands/grant"),
-    ("sem_script_us", "semaphore, 4 of 32: Redis script µs/grant"),
-    ("death_p50_ms", "death to grant: p50 (ms)"),
-    ("death_max_ms", "death to grant: max (ms)"),
-    ("hold_commands_per_s", "locks held: Redis commands/s"),
-    ("hold_evalsha_per_s", "locks held: EVALSHA/s"),
-    ("hold_redis_cpu_percent", "locks held: Redis CPU (% core)"),
-    ("hold_evalsha_per_s_1k", "locks held: EVALSHA/s per 1k"),
-    ("hold_cpu_percent", "locks held: sidecar CPU (% core)"),
-    ("hold_rss_before_mb", "locks held: RSS before taking (MB)"),
-    ("hold_rss_mb", "locks held: sidecar RSS (MB)"),
-    ("observe_p50_us", "cycle, traces+metrics on (vs off): p50 (µs)"),
-    ("observe_p99_us", "cycle, traces+metrics on (vs off): p99 (µs)"),
-    ("observe_per_s", "cycle, traces+metrics on (vs off): cycles/s"),
-    ("observe_spans", "traces on: spans received by the OTLP sink"),
-    ("cost_redis_cpu_us", "Redis CPU/cycle (µs) vs SET NX PX + script, same pace"),
-    ("cost_redis_cpu_b2b_us", "Redis CPU/cycle (µs) vs the same, back to back"),
-    ("cost_redis_commands", "Redis commands/cycle vs SET NX PX + script"),
-    ("cost_sidecar_cpu_us", "sidecar CPU/cycle, Redis (µs) vs Redis' classic"),
-    ("cost_memory_store_cpu_us", "sidecar CPU/cycle, memory (µs) vs Redis' classic"),
-    ("cost_floor_cpu_us", "sidecar CPU/cycle, Redis (µs) vs tonic+redis-rs floor"),
-    ("cost_memory_floor_cpu_us", "sidecar CPU/cycle, memory (µs) vs tonic floor"),
-    ("cost_kernel_us", "  of it in the kernel, Redis (µs) vs the floor's"),
-    ("cost_memory_kernel_us", "  of it in the kernel, memory (µs) vs the floor's"),
-    ("cost_memory_bytes", "Redis bytes per held lock vs SET PX"),
-    ("cost_memory_keys", "Redis keys per held lock vs SET PX"),
-    ("cost_keys_left", "keys left after release and TTL vs classic"),
-    ("idle_cpu_ms", "idle sidecars' CPU (ms) vs the busy one's"),
-    ("idle_quiet_cpu_ms", "idle sidecars' CPU (ms) vs theirs, no contention"),
-    ("idle_notices_per_release", "notices delivered per release"),
-    ("idle_redis_cpu_us", "Redis CPU per release (µs), idle sidecars on"),
-    ("idle_releases_per_s", "busy sidecar: releases/s"),
-    ("scale_locks_take_s", "many locks: seconds to take them all"),
-    ("scale_locks_failed", "many locks: refused or Lost while taking"),
-    ("scale_locks_cpu_percent", "many locks held: sidecar CPU (% core)"),
-    ("scale_locks_rss_mb", "many locks held: sidecar RSS (MB)"),
-    ("scale_locks_evalsha_per_s", "many locks held: EVALSHA/s"),
-    ("scale_locks_redis_cpu_percent", "many locks held: Redis CPU (% core)"),
-    ("scale_locks_events", "many locks held: Lost (or other events)"),
-    ("scale_sessions_open_s", "many sessions: seconds to open and lock"),
-    ("scale_sessions_cpu_percent", "many sessions, 1 lock each: CPU (% core)"),
-    ("scale_sessions_rss_mb", "many sessions, 1 lock each: RSS (MB)"),
-    ("scale_sessions_events", "many sessions: Lost (or other events)"),
-    ("watch_seen_p50_ms", "election: grant → watcher: p50 (ms)"),
-    ("watch_seen_p99_ms", "election: grant → watcher: p99 (ms)"),
-    ("takeover_p50_ms", "election: leader killed → next grant: p50 (ms)"),
-    ("takeover_max_ms", "election: leader killed → next grant: max (ms)"),
-    ("takeover_seen_p50_ms", "election: leader killed → watcher: p50 (ms)"),
-    ("takeover_seen_max_ms", "election: leader killed → watcher: max (ms)"),
-];
-
-/// The figure that the target of `id` is relative to, when it is another line's.
-fn baseline(id: &str) -> Option<&'static str> {
-    match id {
-        "handoff64_commands" => Some("handoff8_commands"),
-        "handoff64_fair_commands" => Some("handoff8_fair_commands"),
-        _ => None,
-    }
-}
-
-/// The target of figure `id` (the README's Benchmark section) and whether `f` meets
-/// it (`None`: nothing measured to compare); `base` is the sidecar figure of the
-/// [`baseline`] line.
-fn target(id: &str, f: Figures, base: Option<f64>) -> Option<(&'static str, Option<bool>)> {
-    let (ratio, v) = (f.ratio(), f.sidecar);
-    let within = |times: f64| v.zip(base).map(|(v, b)| v <= times * b);
-    Some(match id {
-        "cycle1_p50_us" | "cycle64_p50_us" => ("≤ 2× direct", ratio.map(|r| r <= 2.0)),
-        "cycle1_per_s" | "cycle64_per_s" => ("≥ 0.5× direct", ratio.map(|r| r >= 0.5)),
-        "handoff_p50_us" => ("≤ 1 ms", v.map(|v| v <= 1000.0)),
-        "handoff64_p50_us" | "handoff64_fair_p50_us" => ("≤ 2 ms", v.map(|v| v <= 2000.0)),
-        // Constant in the number of waiters, with room for noise and waiter refreshes.
-        "handoff64_commands" | "handoff64_fair_commands" => ("≤ 1.5× 8 waiters", within(1.5)),
-        "sem_max_held" => ("≤ 4 permits", v.map(|v| v <= 4.0)),
-        "death_p50_ms" => ("≤ 50 ms", v.map(|v| v <= 50.0)),
-        "hold_cpu_percent" => ("≤ 1% of a core", v.map(|v| v <= 1.0)),
-        "hold_rss_mb" => ("≤ 50 MB", v.map(|v| v <= 50.0)),
-        "observe_p50_us" => ("≤ 1.10× off", ratio.map(|r| r <= 1.10)),
-        "cost_redis_cpu_us" | "cost_memory_bytes" => ("≤ 1.5×", ratio.map(|r| r <= 1.5)),
-        "cost_sidecar_cpu_us" => ("≤ 2.5×", ratio.map(|r| r <= 2.5)),
-        "cost_memory_store_cpu_us" => ("≤ ½ main's", v.map(|v| v <= MAIN_MEMORY_CYCLE_US / 2.0)),
-        "cost_keys_left" => ("0", v.map(|v| v == 0.0)),
-        "idle_cpu_ms" => ("≤ 0.1×", ratio.map(|r| r <= 0.1)),
-        "idle_notices_per_release" => ("≤ 1", v.map(|v| v <= 1.0)),
-        "scale_locks_cpu_percent" => ("≤ 3% of a core", v.map(|v| v <= 3.0)),
-        "scale_locks_rss_mb" => ("≤ 100 MB", v.map(|v| v <= 100.0)),
-        "scale_locks_failed" | "scale_locks_events" | "scale_sessions_events" => {
-            ("0", v.map(|v| v == 0.0))
-        }
-        // Milliseconds where etcd and ZooKeeper wait out a session timeout (seconds).
-        "watch_seen_p50_ms" => ("≤ 10 ms", v.map(|v| v <= 10.0)),
-        "takeover_p50_ms" | "takeover_seen_p50_ms" => ("≤ 50 ms", v.map(|v| v <= 50.0)),
-        _ => return None,
-    })
-}
-
-/// One measured line: the sidecar's figure and, where there is one, the direct figure.
-#[derive(Clone, Copy, Default)]
-struct Figures {
-    sidecar: Option<f64>,
-    direct: Option<f64>,
-}
-
-impl Figures {
-    fn ratio(self) -> Option<f64> {
-        self.sidecar
-            .zip(self.direct.filter(|d| *d > 0.0))
-            .map(|(s, d)| s / d)
-    }
-}
-
-/// Everything measured, by JSON id.
-#[derive(Default)]
+/// Everything measured: the main table's figures by line, and the rest.
 pub(crate) struct Report {
-    figures: HashMap<String, Figures>,
+    /// The main table's lines, in order.
+    table: Vec<Row>,
+    figures: HashMap<&'static str, Figures>,
     /// Tables of their own (commandstats per cycle, the fleet), printed after the main
     /// one and listed in the JSON.
     pub(crate) tables: Vec<Table>,
@@ -288,9 +131,26 @@ impl Table {
 }
 
 impl Report {
-    /// Records figure `id`; `direct` is `None` where Redis alone has no counterpart.
-    pub(crate) fn put(&mut self, id: impl Into<String>, sidecar: Option<f64>, direct: Option<f64>) {
-        self.figures.insert(id.into(), Figures { sidecar, direct });
+    /// A report whose main table has the lines of `table`, in that order.
+    pub(crate) fn new(table: impl IntoIterator<Item = Row>) -> Self {
+        Self {
+            table: table.into_iter().collect(),
+            figures: HashMap::new(),
+            tables: Vec::new(),
+            notes: Vec::new(),
+            failed: Vec::new(),
+        }
+    }
+
+    /// Records the figures of line `row`; `direct` is `None` where Redis alone has no
+    /// counterpart. A line that is not in the table fails the run, so that no figure
+    /// goes unprinted unnoticed.
+    pub(crate) fn put(&mut self, row: &Row, sidecar: Option<f64>, direct: Option<f64>) {
+        if !self.table.iter().any(|line| line.id == row.id) {
+            let missing = Err(format!("{} is not a line of the table (main.rs)", row.id));
+            return self.check("the report", missing);
+        }
+        self.figures.insert(row.id, Figures { sidecar, direct });
     }
 
     /// Records a phase's failure, if it failed, as a note and in [`Self::failed`].
@@ -306,36 +166,37 @@ impl Report {
         self.figures.get(id).copied().unwrap_or_default()
     }
 
-    fn rows(&self) -> impl Iterator<Item = (&'static str, &'static str, Figures)> + '_ {
-        TABLE
+    fn rows(&self) -> impl Iterator<Item = (&Row, Figures)> + '_ {
+        self.table
             .iter()
-            .map(move |&(id, label)| (id, label, self.figures(id)))
+            .map(move |row| (row, self.figures(row.id)))
     }
 
-    /// The target of line `id` and whether `f` meets it, see [`target`].
-    fn target(&self, id: &str, f: Figures) -> Option<(&'static str, Option<bool>)> {
-        let base = baseline(id).and_then(|b| self.figures(b).sidecar);
-        target(id, f, base)
+    /// The target of line `row` and whether its figures meet it, see [`Row::judge`].
+    pub(crate) fn target(&self, row: &Row) -> Option<(&'static str, Option<bool>)> {
+        let base = row.baseline().and_then(|b| self.figures(b.id).sidecar);
+        row.judge(self.figures(row.id), base)
     }
 
     /// Prints the lines that were measured, the other tables, then the notes.
     pub(crate) fn print(&self) {
         let head = ("phase", "sidecar", "baseline", "ratio");
-        let measured = |(_, _, f): &(&str, &str, Figures)| f.sidecar.or(f.direct).is_some();
+        let measured = |(_, f): &(&Row, Figures)| f.sidecar.or(f.direct).is_some();
         if self.rows().any(|row| measured(&row)) {
             println!(
                 "{:<50} {:>10} {:>10} {:>8}   target",
                 head.0, head.1, head.2, head.3
             );
         }
-        for (id, label, f) in self.rows().filter(measured) {
+        for (row, f) in self.rows().filter(measured) {
             let ratio = f.ratio().map_or(String::new(), |r| format!("{r:.2}×"));
-            let target = self.target(id, f).map_or(String::new(), |(text, met)| {
+            let target = self.target(row).map_or(String::new(), |(text, met)| {
                 let verdict = met.map_or("n/a", |met| if met { "ok" } else { "MISSED" });
                 format!("{text} {verdict}")
             });
             let direct = f.direct.map_or(String::new(), |d| figure(Some(d)));
             let sidecar = figure(f.sidecar);
+            let label = row.label;
             println!("{label:<50} {sidecar:>10} {direct:>10} {ratio:>8}   {target}");
         }
         for table in &self.tables {
@@ -349,14 +210,13 @@ impl Report {
 
     /// The whole result as one line of JSON, with the flags that shaped it.
     pub(crate) fn json(&self, args: &BenchArgs) -> String {
-        let result = |(id, _, f): (&str, &str, Figures)| {
-            let (text, met) = self
-                .target(id, f)
-                .map_or((None, None), |(t, m)| (Some(t), m));
+        let result = |(row, f): (&Row, Figures)| {
+            let (text, met) = self.target(row).map_or((None, None), |(t, m)| (Some(t), m));
             let text = text.map_or("null".into(), json_str);
             let met = met.map_or("null".into(), |m| m.to_string());
             let (s, d, r) = (json_num(f.sidecar), json_num(f.direct), json_num(f.ratio()));
             let figures = format!("\"sidecar\":{s},\"direct\":{d},\"ratio\":{r}");
+            let id = row.id;
             format!("\"{id}\":{{{figures},\"target\":{text},\"met\":{met}}}")
         };
         let results: Vec<String> = self.rows().map(result).collect();
@@ -428,58 +288,18 @@ mod tests {
     }
 
     #[test]
-    fn commands_per_handoff_are_judged_against_8_waiters() {
-        let mut report = Report::default();
-        report.put("handoff8_commands", Some(40.0), None);
-        report.put("handoff64_commands", Some(59.0), None);
-        report.put("handoff8_fair_commands", Some(40.0), None);
-        report.put("handoff64_fair_commands", Some(61.0), None);
-        let met = |id| report.target(id, report.figures(id)).and_then(|(_, m)| m);
-        assert_eq!(met("handoff64_commands"), Some(true));
-        assert_eq!(met("handoff64_fair_commands"), Some(false));
-        assert_eq!(met("handoff64_p50_us"), None, "nothing measured");
-    }
-
-    #[test]
-    fn table_ids_are_unique() {
-        let mut ids: Vec<&str> = TABLE.iter().map(|(id, _)| *id).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        assert_eq!(ids.len(), TABLE.len());
-    }
-
-    #[test]
-    fn every_target_names_a_line_of_the_table() {
-        let ids: Vec<&str> = TABLE.iter().map(|(id, _)| *id).collect();
-        let f = Figures {
-            sidecar: Some(1.0),
-            direct: Some(1.0),
-        };
-        for id in [
-            "cost_redis_cpu_us",
-            "idle_notices_per_release",
-            "scale_locks_rss_mb",
-        ] {
-            assert!(ids.contains(&id), "{id}");
-            assert!(target(id, f, None).is_some(), "{id}");
-        }
-    }
-
-    #[test]
-    fn cost_targets_are_ratios_to_the_yardstick() {
-        let judge = |id, sidecar, direct| {
-            let f = Figures {
-                sidecar: Some(sidecar),
-                direct: Some(direct),
-            };
-            target(id, f, None).and_then(|(_, met)| met)
-        };
-        assert_eq!(judge("cost_redis_cpu_us", 150.0, 45.0), Some(false));
-        assert_eq!(judge("cost_redis_cpu_us", 60.0, 45.0), Some(true));
-        assert_eq!(judge("cost_memory_bytes", 563.0, 195.0), Some(false));
-        assert_eq!(judge("cost_sidecar_cpu_us", 110.0, 45.0), Some(true));
-        assert_eq!(judge("cost_keys_left", 2000.0, 0.0), Some(false));
-        assert_eq!(judge("cost_keys_left", 0.0, 0.0), Some(true));
+    fn a_line_not_in_the_table_fails_the_run() {
+        const IN: Row = Row::new("in", "a line of the table");
+        const OUT: Row = Row::new("out", "a line of no table");
+        let mut report = Report::new([IN]);
+        report.put(&IN, Some(1.0), None);
+        assert!(report.failed.is_empty());
+        report.put(&OUT, Some(1.0), None);
+        assert_eq!(
+            report.failed,
+            ["the report: out is not a line of the table (main.rs)"]
+        );
+        assert_eq!(report.figures("in").sidecar, Some(1.0));
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Phase 12 (`election`): leader election across two sidecars of one store. A second sidecar (B) is
-//! spawned beside the one under test (A); followers watch the election key on B.
+//! Phase 12 (`election`): leader election across two sidecars of one store. A second
+//! sidecar (B) is spawned beside the one under test (A); followers watch the election
+//! key on B.
 //!
 //! - grant → watcher: a leader on A takes the key (fair, with a value); the time from
 //!   its `Granted` to the watcher on B receiving the state that shows it (p50, p99);

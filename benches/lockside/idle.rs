@@ -2,8 +2,8 @@
 //! sidecars with no session share a Redis and a namespace with one busy sidecar, on
 //! which four sessions hand one lock around for `--seconds`. Measured: the idle ones'
 //! CPU against the busy one's (and against their own in a window as long with no
-//! contention), release notices delivered per release (`notices.rs`), and Redis CPU
-//! per release.
+//! contention), release notices delivered per release (`harness/notices.rs`), and
+//! Redis CPU per release.
 
 use std::time::Duration;
 

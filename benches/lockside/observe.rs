@@ -1,6 +1,6 @@
-//! Phase 7: what observability costs. Two more sidecars on the same Redis, one with
-//! traces exported to an OTLP sink in this process and its `/metrics` scraped every
-//! second, one with neither (no traces, no admin listener; the metric counters
+//! Phase 7 (`observe`): what observability costs. Two more sidecars on the same Redis,
+//! one with traces exported to an OTLP sink in this process and its `/metrics` scraped
+//! every second, one with neither (no traces, no admin listener; the metric counters
 //! themselves are always kept: they are a few atomic adds per lock). Uncontended
 //! cycles alternate between the two in short rounds, so that drift in the machine's
 //! load falls on both alike.

@@ -2,6 +2,8 @@
 //! every file under `src/`, builds the graph of top-level modules, and fails on a cycle
 //! or on an edge ARCHITECTURE.md forbids. A new import that breaks the direction of
 //! flow fails here, naming the file; so does a file under `src/` over [`MAX_LINES`].
+//! The benchmark's layers are checked the same way: no phase imports another, the
+//! harness imports no phase, no bench file is over [`MAX_BENCH_LINES`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -151,12 +153,7 @@ fn references(text: &str, depth: usize) -> BTreeSet<String> {
             }
             // `use crate::{a, b::c}`: every name in the braces.
             if let Some(group) = after.strip_prefix('{') {
-                let end = group.find('}').unwrap_or(group.len());
-                for item in group[..end].split(',') {
-                    if let Some(n) = node(item.trim()) {
-                        found.insert(n);
-                    }
-                }
+                group_nodes(group, &mut found);
             }
         }
         rest = after;
@@ -172,9 +169,33 @@ fn references(text: &str, depth: usize) -> BTreeSet<String> {
         if let Some(n) = node(&path) {
             found.insert(n);
         }
+        if let Some(group) = after.strip_prefix('{') {
+            group_nodes(group, &mut found);
+        }
         rest = after;
     }
     found
+}
+
+/// The modules named by a `{a, b::{c, d}}` group: the first segment of every item at
+/// its top level (`group` starts after the opening brace).
+fn group_nodes(group: &str, found: &mut BTreeSet<String>) {
+    let (mut depth, mut start) = (0usize, 0);
+    for (at, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth > 0 => depth -= 1,
+            ',' if depth > 0 => {}
+            ',' | '}' => {
+                found.extend(node(group[start..at].trim()));
+                if c == '}' {
+                    return;
+                }
+                start = at + 1;
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Edges between top-level modules, each with a file that makes it.
@@ -284,6 +305,20 @@ fn the_checker_sees_what_it_must() {
         .map(|s| s.to_string())
         .collect();
     assert_eq!(found, expected);
+    let bench = "use super::{cost::Spent, harness::{load, rows::Row}};\nuse super::super::idle::X;";
+    let expected: BTreeSet<String> = ["cost", "harness", "super", "idle"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(
+        references(bench, 1),
+        expected,
+        "groups after super::, nested"
+    );
+    assert_eq!(
+        module_of(Path::new("harness/load.rs")),
+        Some(("harness".into(), 2))
+    );
     assert_eq!(
         module_of(Path::new("engine/session/mod.rs")),
         Some(("engine".into(), 2))
@@ -337,29 +372,121 @@ fn grpc_statuses_are_made_in_the_api_only() {
 /// Past it, split the file at a seam it already has (ARCHITECTURE.md, "Rooms").
 const MAX_LINES: usize = 400;
 
-#[test]
-fn no_file_under_src_is_over_the_size_limit() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// The most lines a file of the benchmark may have.
+const MAX_BENCH_LINES: usize = 500;
+
+/// The Rust files under `dir` over `limit` lines, longest first, each with its count.
+fn files_over(dir: &Path, limit: usize, shown_as: &str) -> Vec<String> {
     let mut files = Vec::new();
-    rust_files(&src, &mut files);
+    rust_files(dir, &mut files);
     assert!(files.len() > 10, "the scan found too few files: {files:?}");
     let mut big: Vec<(usize, String)> = files
         .iter()
         .map(|file| {
             let text = std::fs::read_to_string(file).expect("read a source file");
-            let relative = file.strip_prefix(&src).expect("under src");
+            let relative = file.strip_prefix(dir).expect("under the scanned folder");
             (text.lines().count(), relative.display().to_string())
         })
-        .filter(|(lines, _)| *lines > MAX_LINES)
+        .filter(|(lines, _)| *lines > limit)
         .collect();
     big.sort_unstable_by(|a, b| b.cmp(a));
-    let named: Vec<String> = big
-        .iter()
-        .map(|(lines, file)| format!("src/{file}: {lines} lines"))
-        .collect();
+    big.iter()
+        .map(|(lines, file)| format!("{shown_as}/{file}: {lines} lines"))
+        .collect()
+}
+
+#[test]
+fn no_file_under_src_is_over_the_size_limit() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let named = files_over(&src, MAX_LINES, "src");
     assert!(
         named.is_empty(),
         "files over {MAX_LINES} lines (split each at a seam it has):\n{}",
+        named.join("\n")
+    );
+}
+
+/// The benchmark, `benches/lockside/`: its phases are the files directly in it but
+/// `main.rs` (flags and dispatch), its harness is the folder `harness/`, what every
+/// phase shares. tokio's benches are the model: shared setup in helpers, benchmarks
+/// never import each other.
+fn bench_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/lockside")
+}
+
+/// The benchmark's phases, by module name.
+fn bench_phases() -> BTreeSet<String> {
+    let entries = std::fs::read_dir(bench_dir()).expect("read benches/lockside");
+    entries
+        .map(|entry| entry.expect("dir entry").path())
+        .filter(|path| path.is_file() && path.extension().is_some_and(|e| e == "rs"))
+        .filter_map(|path| Some(path.file_stem()?.to_string_lossy().into_owned()))
+        .filter(|name| name != "main")
+        .collect()
+}
+
+/// Imports between the benchmark's modules (a phase, `harness`), each with a file that
+/// makes it; the same scan as `src/`'s, from the bench's root (main.rs).
+fn bench_graph() -> BTreeMap<(String, String), String> {
+    let dir = bench_dir();
+    let mut files = Vec::new();
+    rust_files(&dir, &mut files);
+    let mut edges = BTreeMap::new();
+    for file in files {
+        let relative = file.strip_prefix(&dir).expect("under benches/lockside");
+        let Some((from, depth)) = module_of(relative) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(&file).expect("read a bench file");
+        for to in references(&text, depth) {
+            if to != from {
+                edges
+                    .entry((from.clone(), to))
+                    .or_insert_with(|| relative.display().to_string());
+            }
+        }
+    }
+    edges
+}
+
+#[test]
+fn no_bench_phase_imports_another_and_the_harness_imports_none() {
+    let phases = bench_phases();
+    assert!(
+        phases.len() >= 10,
+        "the scan found too few phases: {phases:?}"
+    );
+    assert!(
+        !phases.contains("harness"),
+        "the harness is a folder, not a phase"
+    );
+    let edges = bench_graph();
+    let seen = ("cost".to_owned(), "harness".to_owned());
+    assert!(
+        edges.contains_key(&seen),
+        "the scan sees too little: {edges:?}"
+    );
+    let broken: Vec<String> = edges
+        .iter()
+        .filter(|((from, to), _)| {
+            phases.contains(to) && (phases.contains(from) || from == "harness")
+        })
+        .map(|((from, to), file)| format!("{from} → {to} in benches/lockside/{file}"))
+        .collect();
+    assert!(
+        broken.is_empty(),
+        "a phase imports another, or the harness a phase (what two phases share \
+         belongs in benches/lockside/harness/):\n{}",
+        broken.join("\n")
+    );
+}
+
+#[test]
+fn no_bench_file_is_over_the_size_limit() {
+    let named = files_over(&bench_dir(), MAX_BENCH_LINES, "benches/lockside");
+    assert!(
+        named.is_empty(),
+        "bench files over {MAX_BENCH_LINES} lines (split each at a seam it has):\n{}",
         named.join("\n")
     );
 }

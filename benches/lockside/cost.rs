@@ -8,7 +8,7 @@
 //!   command;
 //! - the sidecar's own CPU per cycle, on Redis and on the memory store, against Redis'
 //!   CPU per classic cycle, and against the floor of the stack it is built on (see
-//!   [`super::floor`]: tonic answering without a store, and with one EVALSHA per
+//!   [`super::harness::floor`]: tonic answering without a store, and with one EVALSHA per
 //!   request), so the figure says how much of it is Lockside's own;
 //! - Redis memory (`used_memory`) and keys per held exclusive lock, against `SET PX` keys
 //!   of the same names;
@@ -21,23 +21,88 @@
 
 use std::time::{Duration, Instant};
 
-use deadpool_redis::redis::{self, Script, aio::MultiplexedConnection};
 use tonic::transport::Channel;
 
-use super::floor::Floor;
-use super::many_locks::take_locks;
-use super::process::{Sidecar, Spawn, cpu_ns, stop_all, user_system_ticks};
-use super::redis_side::{CommandStats, RedisProcs, delete, set_px, used_memory};
-use super::report::{Report, Table};
-use super::servers::Servers;
-use super::session::{Session, Want};
-use super::{BenchArgs, DIRECT_TTL, err, random_hex, sub_namespace};
-use lockside::proto::lease_response::Event as E;
+use super::harness::args::BenchArgs;
+use super::harness::classic::Classic;
+use super::harness::context::{DIRECT_TTL, random_hex, sub_namespace};
+use super::harness::floor::floor_cycles;
+use super::harness::load::{WARMUP, burn, lock_and_release, n_cycles};
+use super::harness::locks::take_locks;
+use super::harness::meter::{Meter, Spent};
+use super::harness::process::{Sidecar, Spawn, stop_all};
+use super::harness::redis_side::{delete, set_px, used_memory};
+use super::harness::report::{Report, Table};
+use super::harness::rows::{Row, Rule};
+use super::harness::session::Session;
+
+const REDIS_CPU: Row = Row::new(
+    "cost_redis_cpu_us",
+    "Redis CPU/cycle (µs) vs SET NX PX + script, same pace",
+)
+.target("≤ 1.5×", Rule::RatioAtMost(1.5));
+const REDIS_CPU_B2B: Row = Row::new(
+    "cost_redis_cpu_b2b_us",
+    "Redis CPU/cycle (µs) vs the same, back to back",
+);
+const REDIS_COMMANDS: Row = Row::new(
+    "cost_redis_commands",
+    "Redis commands/cycle vs SET NX PX + script",
+);
+const SIDECAR_CPU: Row = Row::new(
+    "cost_sidecar_cpu_us",
+    "sidecar CPU/cycle, Redis (µs) vs Redis' classic",
+)
+.target("≤ 2.5×", Rule::RatioAtMost(2.5));
+const MEMORY_STORE_CPU: Row = Row::new(
+    "cost_memory_store_cpu_us",
+    "sidecar CPU/cycle, memory (µs) vs Redis' classic",
+)
+.target("≤ ½ main's", Rule::AtMost(MAIN_MEMORY_CYCLE_US / 2.0));
+const FLOOR_CPU: Row = Row::new(
+    "cost_floor_cpu_us",
+    "sidecar CPU/cycle, Redis (µs) vs tonic+redis-rs floor",
+);
+const MEMORY_FLOOR_CPU: Row = Row::new(
+    "cost_memory_floor_cpu_us",
+    "sidecar CPU/cycle, memory (µs) vs tonic floor",
+);
+const KERNEL: Row = Row::new(
+    "cost_kernel_us",
+    "  of it in the kernel, Redis (µs) vs the floor's",
+);
+const MEMORY_KERNEL: Row = Row::new(
+    "cost_memory_kernel_us",
+    "  of it in the kernel, memory (µs) vs the floor's",
+);
+const MEMORY_BYTES: Row = Row::new("cost_memory_bytes", "Redis bytes per held lock vs SET PX")
+    .target("≤ 1.5×", Rule::RatioAtMost(1.5));
+const MEMORY_KEYS: Row = Row::new("cost_memory_keys", "Redis keys per held lock vs SET PX");
+const KEYS_LEFT: Row = Row::new(
+    "cost_keys_left",
+    "keys left after release and TTL vs classic",
+)
+.target("0", Rule::Zero);
+
+/// The lines of the table this phase fills, in order; a label that names a yardstick
+/// ("vs ...") has it in the baseline column, measured in the same run.
+pub(super) const ROWS: &[Row] = &[
+    REDIS_CPU,
+    REDIS_CPU_B2B,
+    REDIS_COMMANDS,
+    SIDECAR_CPU,
+    MEMORY_STORE_CPU,
+    FLOOR_CPU,
+    MEMORY_FLOOR_CPU,
+    KERNEL,
+    MEMORY_KERNEL,
+    MEMORY_BYTES,
+    MEMORY_KEYS,
+    KEYS_LEFT,
+];
 
 /// Rounds each side's cycles are split into (alternating sidecar and classic).
 const ROUNDS: u64 = 5;
-/// Unmeasured cycles per side first: scripts loaded, connections and caches warm.
-const WARMUP: u64 = 100;
 /// TTL of the locks whose leftovers are counted: the shortest a client may ask for.
 const LEFT_TTL: Duration = Duration::from_secs(1);
 /// Time for the journal to write every held grant into its session's record.
@@ -45,13 +110,10 @@ const JOURNALED: Duration = Duration::from_secs(1);
 /// Margin after that TTL before counting: Redis' clock and the bench's drift apart by
 /// far less.
 const LEFT_MARGIN: Duration = Duration::from_millis(500);
-/// The classic recipe's release: delete the key only if it still holds our token.
-const RELEASE: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then \
-     return redis.call('del', KEYS[1]) else return 0 end";
 /// The sidecar's CPU per uncontended cycle on the memory store as main measured it
 /// before issue 13 (acb1cde, this project's 2-core machine, `--phases cost`: 73 to
 /// 87 µs in five runs, 112 in one at load average 5.5); the issue's goal is half.
-pub(super) const MAIN_MEMORY_CYCLE_US: f64 = 75.0;
+const MAIN_MEMORY_CYCLE_US: f64 = 75.0;
 
 /// Flags of the cost phase.
 #[derive(Clone, Copy, Debug)]
@@ -65,7 +127,7 @@ pub(super) struct CostArgs {
 }
 
 /// Runs phase 8 and records its lines.
-pub(super) async fn cost_phase(
+pub(super) async fn run(
     args: &BenchArgs,
     cost: CostArgs,
     tag: &str,
@@ -77,20 +139,10 @@ pub(super) async fn cost_phase(
             .push("cost phase skipped: the classic recipe needs a standalone --redis".into());
         return Ok(());
     }
-    let mut servers = Servers::connect(&args.redis).await?;
-    let procs = RedisProcs::find(&mut servers).await?;
-    report.notes.extend(procs.note());
-    let client = redis::Client::open(args.redis.as_str()).map_err(err("--redis"))?;
-    let classic = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(err("connecting to Redis"))?;
-    let mut meter = Meter {
-        servers,
-        procs,
-        classic,
-        release: Script::new(RELEASE),
-    };
+    let meter = Meter::connect(&args.redis).await?;
+    report.notes.extend(meter.procs.note());
+    let classic = Classic::connect(&args.redis).await?;
+    let mut handles = Handles { meter, classic };
 
     let mut spawned = Vec::new();
     let result = async {
@@ -109,7 +161,7 @@ pub(super) async fn cost_phase(
             cost.cycles
         );
         let key = format!("{ns}/cycle");
-        let spent = meter
+        let spent = handles
             .cycles(&channel, &key, Some(pid), cost.cycles, tag)
             .await?;
         let on_memory = burn(memory_channel, &key, memory_pid, cost.cycles).await?;
@@ -120,28 +172,24 @@ pub(super) async fn cost_phase(
         // cycles above read schedstat only, between the classic recipe's rounds.
         let on_redis = burn(channel.clone(), &key, pid, cost.cycles).await?;
         let cycle_us = spent.sidecar.per_cycle_us(spent.sidecar.sidecar_ns);
-        report.put("cost_floor_cpu_us", cycle_us, Some(floor_redis.us));
-        report.put(
-            "cost_memory_floor_cpu_us",
-            Some(on_memory.us),
-            Some(floor.us),
-        );
-        for (id, on, under) in [
-            ("cost_kernel_us", on_redis, floor_redis),
-            ("cost_memory_kernel_us", on_memory, floor),
+        report.put(&FLOOR_CPU, cycle_us, Some(floor_redis.us));
+        report.put(&MEMORY_FLOOR_CPU, Some(on_memory.us), Some(floor.us));
+        for (row, on, under) in [
+            (&KERNEL, on_redis, floor_redis),
+            (&MEMORY_KERNEL, on_memory, floor),
         ] {
-            report.put(id, Some(on.kernel_us), Some(under.kernel_us));
+            report.put(row, Some(on.kernel_us), Some(under.kernel_us));
         }
 
         eprintln!("bench: phase 8: cost, {} locks held vs SET PX", cost.locks);
-        meter.memory(&channel, &ns, cost.locks, report).await?;
+        handles.memory(&channel, &ns, cost.locks, report).await?;
 
         eprintln!("bench: phase 8: cost, keys left after {} keys", cost.left);
         let left_ns = sub_namespace(tag, "left");
         let (left, left_channel) = Sidecar::spawn_with(&Spawn::new(args, left_ns.clone())).await?;
         spawned.push(left);
         let classic_ns = sub_namespace(tag, "classic");
-        meter
+        handles
             .keys_left(left_channel, &left_ns, &classic_ns, cost.left, report)
             .await
     }
@@ -150,53 +198,14 @@ pub(super) async fn cost_phase(
     result
 }
 
-/// What the Redis servers and one sidecar did over some cycles.
-#[derive(Default)]
-struct Spent {
-    cycles: u64,
-    /// Redis CPU, nanoseconds; `None` when Redis is not on this machine.
-    redis_ns: Option<u64>,
-    /// The sidecar's CPU, nanoseconds (none for the classic recipe).
-    sidecar_ns: Option<u64>,
-    /// Commands Redis ran.
-    stats: CommandStats,
+/// The bench's handles on Redis for the cost phase: its counters and processes, and
+/// the classic recipe's connection.
+struct Handles {
+    meter: Meter,
+    classic: Classic,
 }
 
-impl Spent {
-    fn add(
-        &mut self,
-        cycles: u64,
-        redis_ns: Option<u64>,
-        sidecar_ns: Option<u64>,
-        stats: &CommandStats,
-    ) {
-        let sum = |a: Option<u64>, b: Option<u64>| match (a, b) {
-            (None, b) if self.cycles == 0 => b,
-            (a, b) => a.zip(b).map(|(a, b)| a + b),
-        };
-        self.redis_ns = sum(self.redis_ns, redis_ns);
-        self.sidecar_ns = sum(self.sidecar_ns, sidecar_ns);
-        self.cycles += cycles;
-        self.stats.merge(stats);
-    }
-
-    /// Microseconds per cycle of `ns`.
-    fn per_cycle_us(&self, ns: Option<u64>) -> Option<f64> {
-        ns.filter(|_| self.cycles > 0)
-            .map(|ns| ns as f64 / 1e3 / self.cycles as f64)
-    }
-}
-
-/// The bench's handles on Redis for the cost phase.
-struct Meter {
-    servers: Servers,
-    procs: RedisProcs,
-    /// The classic recipe's connection.
-    classic: MultiplexedConnection,
-    release: Script,
-}
-
-impl Meter {
+impl Handles {
     /// `cycles` uncontended cycles through the sidecar at `channel` (pid `pid`) and as
     /// many classic ones twice, alternating in [`ROUNDS`]: back to back, and at the
     /// sidecar's pace (each classic cycle lasts as long as the sidecar's did in the
@@ -214,98 +223,31 @@ impl Meter {
     ) -> Result<Cycles, String> {
         let mut session = Session::open(channel.clone()).await?;
         let classic_key = format!("{}/cycle", sub_namespace(tag, "classic"));
-        sidecar_cycles(&mut session, key, WARMUP).await?;
-        self.classic_cycles(&classic_key, WARMUP, DIRECT_TTL, None)
+        n_cycles(&mut session, key, WARMUP).await?;
+        self.classic
+            .cycles(&classic_key, WARMUP, DIRECT_TTL, None)
             .await?;
         let mut spent = Cycles::default();
         let per_round = cycles.div_ceil(ROUNDS);
         for _ in 0..ROUNDS {
-            let before = self.reading(pid).await?;
+            let before = self.meter.reading(pid).await?;
             let started = Instant::now();
-            sidecar_cycles(&mut session, key, per_round).await?;
+            n_cycles(&mut session, key, per_round).await?;
             let pace = started.elapsed() / per_round as u32;
-            let after = self.reading(pid).await?;
-            self.spent(&mut spent.sidecar, per_round, before, after);
+            let after = self.meter.reading(pid).await?;
+            self.meter
+                .spent(&mut spent.sidecar, per_round, before, after);
             for (pace, into) in [(None, &mut spent.classic), (Some(pace), &mut spent.paced)] {
-                let before = self.reading(None).await?;
-                self.classic_cycles(&classic_key, per_round, DIRECT_TTL, pace)
+                let before = self.meter.reading(None).await?;
+                self.classic
+                    .cycles(&classic_key, per_round, DIRECT_TTL, pace)
                     .await?;
-                let after = self.reading(None).await?;
-                self.spent(into, per_round, before, after);
+                let after = self.meter.reading(None).await?;
+                self.meter.spent(into, per_round, before, after);
             }
             spent.pace += pace / ROUNDS as u32;
         }
         Ok(spent)
-    }
-
-    /// Commandstats, then CPU times; read again after a run, [`Self::spent`] takes the
-    /// difference.
-    async fn reading(&mut self, pid: Option<u32>) -> Result<Reading, String> {
-        let stats = CommandStats::read(&mut self.servers).await?;
-        let redis_ns = self.procs.cpu_ns()?;
-        let sidecar_ns = pid.map(cpu_ns).transpose()?;
-        Ok(Reading {
-            stats,
-            redis_ns,
-            sidecar_ns,
-        })
-    }
-
-    fn spent(&self, into: &mut Spent, cycles: u64, before: Reading, after: Reading) {
-        let diff = |a: Option<u64>, b: Option<u64>| a.zip(b).map(|(a, b)| b.saturating_sub(a));
-        // The first reading's INFO is counted by the second (Redis counts a call after
-        // running it); the second's own call is not in its reply.
-        let own_info = self.servers.0.len() as u64;
-        into.add(
-            cycles,
-            diff(before.redis_ns, after.redis_ns),
-            diff(before.sidecar_ns, after.sidecar_ns),
-            &before.stats.until(&after.stats, own_info),
-        );
-    }
-
-    /// `n` classic cycles on `key`: SET NX PX, then the compare-and-delete script; with
-    /// a `pace`, each cycle lasts that long, its release half of it after its SET.
-    async fn classic_cycles(
-        &mut self,
-        key: &str,
-        n: u64,
-        ttl: Duration,
-        pace: Option<Duration>,
-    ) -> Result<(), String> {
-        for _ in 0..n {
-            let started = Instant::now();
-            let token = random_hex(16)?;
-            let set: Option<String> = redis::cmd("SET")
-                .arg(key)
-                .arg(&token)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl.as_millis() as u64)
-                .query_async(&mut self.classic)
-                .await
-                .map_err(err("classic SET"))?;
-            if let Some(pace) = pace {
-                wait_until(started + pace / 2);
-            }
-            if set.is_none() {
-                return Err(format!("classic SET NX of {key}: the key was taken"));
-            }
-            let deleted: i64 = self
-                .release
-                .key(key)
-                .arg(&token)
-                .invoke_async(&mut self.classic)
-                .await
-                .map_err(err("classic release"))?;
-            if deleted != 1 {
-                return Err(format!("classic release of {key}: nothing deleted"));
-            }
-            if let Some(pace) = pace {
-                wait_until(started + pace);
-            }
-        }
-        Ok(())
     }
 
     /// Redis memory and keys per held lock: `locks` `SET PX` keys first (then deleted),
@@ -319,30 +261,37 @@ impl Meter {
     ) -> Result<(), String> {
         let names: Vec<String> = (0..locks).map(|i| format!("{ns}/mem/{i}")).collect();
         let pattern = format!("*{ns}*");
-        let before = used_memory(&mut self.servers).await?;
-        let keys_before = self.servers.count_matching(&pattern).await?;
-        set_px(&mut self.classic, &names, DIRECT_TTL, || random_hex(16)).await?;
-        let set_bytes = used_memory(&mut self.servers).await?.saturating_sub(before);
-        let set_keys = self.servers.count_matching(&pattern).await?;
+        let before = used_memory(&mut self.meter.servers).await?;
+        let keys_before = self.meter.servers.count_matching(&pattern).await?;
+        set_px(&mut self.classic.conn, &names, DIRECT_TTL, || {
+            random_hex(16)
+        })
+        .await?;
+        let set_bytes = used_memory(&mut self.meter.servers)
+            .await?
+            .saturating_sub(before);
+        let set_keys = self.meter.servers.count_matching(&pattern).await?;
         let set_keys = set_keys.saturating_sub(keys_before);
-        delete(&mut self.classic, &names).await?;
+        delete(&mut self.classic.conn, &names).await?;
 
-        let before = used_memory(&mut self.servers).await?;
-        let keys_before = self.servers.count_matching(&pattern).await?;
+        let before = used_memory(&mut self.meter.servers).await?;
+        let keys_before = self.meter.servers.count_matching(&pattern).await?;
         let held = take_locks(channel, names, DIRECT_TTL).await?.all()?;
         // A grant held past the journal's delay (50 ms) gets its line in the session's
         // record (what resuming the session needs): the steady state of a held lock,
         // which Redis keeps for as long as the lock is held. No event says the journal
         // has caught up; a second is twenty times its delay.
         tokio::time::sleep(JOURNALED).await;
-        let lock_bytes = used_memory(&mut self.servers).await?.saturating_sub(before);
-        let keys = self.servers.count_matching(&pattern).await?;
+        let lock_bytes = used_memory(&mut self.meter.servers)
+            .await?
+            .saturating_sub(before);
+        let keys = self.meter.servers.count_matching(&pattern).await?;
         drop(held);
 
         let per = |v: u64| Some(v as f64 / locks as f64);
-        report.put("cost_memory_bytes", per(lock_bytes), per(set_bytes));
+        report.put(&MEMORY_BYTES, per(lock_bytes), per(set_bytes));
         let lock_keys = keys.saturating_sub(keys_before);
-        report.put("cost_memory_keys", per(lock_keys), per(set_keys));
+        report.put(&MEMORY_KEYS, per(lock_keys), per(set_keys));
         report.notes.push(format!(
             "memory per lock: INFO used_memory before and {JOURNALED:?} after {locks} \
              exclusive locks held (default TTL; each with its line in the session's record \
@@ -370,7 +319,7 @@ impl Meter {
         }
         for i in 0..n {
             let key = format!("{classic_ns}/left/{i}");
-            self.classic_cycles(&key, 1, LEFT_TTL, None).await?;
+            self.classic.cycles(&key, 1, LEFT_TTL, None).await?;
         }
         // Waiting for Redis' clock to pass the TTLs: no event says so.
         tokio::time::sleep(LEFT_TTL + LEFT_MARGIN).await;
@@ -378,15 +327,17 @@ impl Meter {
         // (one each, whatever the number of keys, gone with the session and the
         // sidecar) are not what this counts.
         let left = self
+            .meter
             .servers
             .count_matching(&format!("*{ns}/left/*"))
             .await?;
         let classic = self
+            .meter
             .servers
             .count_matching(&format!("*{classic_ns}/left/*"))
             .await?;
         drop(session);
-        report.put("cost_keys_left", Some(left as f64), Some(classic as f64));
+        report.put(&KEYS_LEFT, Some(left as f64), Some(classic as f64));
         report.notes.push(format!(
             "keys left: {n} distinct keys locked and released with a {LEFT_TTL:?} TTL, \
              counted (SCAN MATCH of the locks' names) {LEFT_MARGIN:?} after the TTL; \
@@ -397,17 +348,7 @@ impl Meter {
     }
 }
 
-/// Sleeps this thread (not the task) until `deadline`: the pauses of a paced cycle are
-/// a fraction of a millisecond, finer than tokio's timer. The bench's runtime has other
-/// workers, which drive the Redis connection meanwhile.
-fn wait_until(deadline: Instant) {
-    let now = Instant::now();
-    if deadline > now {
-        std::thread::sleep(deadline - now);
-    }
-}
-
-/// What the cycles of [`Meter::cycles`] cost, each side.
+/// What the cycles of [`Handles::cycles`] cost, each side.
 #[derive(Default)]
 struct Cycles {
     sidecar: Spent,
@@ -419,106 +360,28 @@ struct Cycles {
     pace: Duration,
 }
 
-/// One reading of [`Meter::reading`].
-struct Reading {
-    stats: CommandStats,
-    redis_ns: Option<u64>,
-    sidecar_ns: Option<u64>,
-}
-
-/// `n` acquire→release cycles of `key` on `s`.
-async fn sidecar_cycles(s: &mut Session, key: &str, n: u64) -> Result<(), String> {
-    for _ in 0..n {
-        let id = s.acquire(key, None, None).await?;
-        s.wait_for(id, Want::Granted).await?;
-        let id = s.release(key).await?;
-        s.wait_for(id, Want::Released).await?;
-    }
-    Ok(())
-}
-
-/// Locks every key of `keys` on `s` with `ttl`, all requests in flight at once, then
-/// releases them all; the answers may come in any order.
-async fn lock_and_release(s: &mut Session, keys: &[String], ttl: Duration) -> Result<(), String> {
-    for key in keys {
-        s.acquire(key, None, Some(ttl)).await?;
-    }
-    answers(s, keys.len(), Want::Granted).await?;
-    for key in keys {
-        s.release(key).await?;
-    }
-    answers(s, keys.len(), Want::Released).await
-}
-
-/// The next `n` events on `s`, each of them a `want`.
-async fn answers(s: &mut Session, n: usize, want: Want) -> Result<(), String> {
-    for _ in 0..n {
-        match (s.event().await?, want) {
-            (E::Granted(_), Want::Granted) | (E::Released(_), Want::Released) => {}
-            (other, _) => return Err(format!("expected {want:?} for {n} keys, got {other:?}")),
-        }
-    }
-    Ok(())
-}
-
-/// A process's CPU per cycle, and the kernel's part of it.
-#[derive(Clone, Copy, Debug)]
-struct Burn {
-    /// Microseconds per cycle (schedstat).
-    us: f64,
-    /// Of which in the kernel: `us` split as /proc/PID/stat's stime and utime are (10 ms
-    /// ticks, too coarse to count a cycle but fine for a share of thousands).
-    kernel_us: f64,
-}
-
-/// The CPU per cycle of the process `pid` serving `channel`: `cycles` cycles after a
-/// warm-up, on a session of their own.
-async fn burn(channel: Channel, key: &str, pid: u32, cycles: u64) -> Result<Burn, String> {
-    let mut session = Session::open(channel).await?;
-    sidecar_cycles(&mut session, key, WARMUP).await?;
-    let (ns, ticks) = (cpu_ns(pid)?, user_system_ticks(pid)?);
-    sidecar_cycles(&mut session, key, cycles).await?;
-    let ns = cpu_ns(pid)?.saturating_sub(ns);
-    let (user, system) = user_system_ticks(pid)?;
-    let (user, system) = (user.saturating_sub(ticks.0), system.saturating_sub(ticks.1));
-    let us = ns as f64 / 1e3 / cycles as f64;
-    let share = system as f64 / (user + system).max(1) as f64;
-    Ok(Burn {
-        us,
-        kernel_us: us * share,
-    })
-}
-
-/// The floor's CPU per cycle (see [`super::floor`]; with `redis`, one EVALSHA per
-/// request), by the same client as the sidecar's.
-async fn floor_cycles(redis: Option<&str>, key: &str, cycles: u64) -> Result<Burn, String> {
-    let (floor, channel) = Floor::start(redis).await?;
-    let pid = floor.pid().ok_or("the floor exited at once")?;
-    burn(channel, key, pid, cycles).await
-}
-
 /// The cycle lines and the commandstats table.
 fn cycle_figures(spent: &Cycles, on_memory: Option<f64>, report: &mut Report) {
     let (side, direct, paced) = (&spent.sidecar, &spent.classic, &spent.paced);
     let classic_cpu = direct.per_cycle_us(direct.redis_ns);
     report.put(
-        "cost_redis_cpu_us",
+        &REDIS_CPU,
         side.per_cycle_us(side.redis_ns),
         paced.per_cycle_us(paced.redis_ns),
     );
     report.put(
-        "cost_redis_cpu_b2b_us",
+        &REDIS_CPU_B2B,
         side.per_cycle_us(side.redis_ns),
         classic_cpu,
     );
     let commands = |s: &Spent| Some(s.stats.calls() as f64 / s.cycles.max(1) as f64);
-    report.put("cost_redis_commands", commands(side), commands(direct));
+    report.put(&REDIS_COMMANDS, commands(side), commands(direct));
     report.put(
-        "cost_sidecar_cpu_us",
+        &SIDECAR_CPU,
         side.per_cycle_us(side.sidecar_ns),
         classic_cpu,
     );
-    report.put("cost_memory_store_cpu_us", on_memory, classic_cpu);
+    report.put(&MEMORY_STORE_CPU, on_memory, classic_cpu);
 
     let mut table = Table::new(
         "INFO commandstats per uncontended cycle (a script's µs include its commands')",
@@ -567,22 +430,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn spent_sums_rounds_and_divides_by_cycles() {
-        let mut spent = Spent::default();
-        let stats = CommandStats::parse("cmdstat_set:calls=100,usec=150\r\n");
-        spent.add(100, Some(4_000_000), Some(1_000_000), &stats);
-        spent.add(100, Some(5_000_000), Some(3_000_000), &stats);
-        assert_eq!(spent.per_cycle_us(spent.redis_ns), Some(45.0));
-        assert_eq!(spent.per_cycle_us(spent.sidecar_ns), Some(20.0));
-        assert_eq!(spent.stats.calls(), 200);
-    }
-
-    #[test]
-    fn a_remote_redis_has_no_cpu_figure() {
-        let mut spent = Spent::default();
-        spent.add(100, None, Some(1_000), &CommandStats::default());
-        spent.add(100, None, Some(1_000), &CommandStats::default());
-        assert_eq!(spent.per_cycle_us(spent.redis_ns), None);
-        assert_eq!(spent.per_cycle_us(spent.sidecar_ns), Some(0.01));
+    fn cost_targets_are_ratios_to_the_yardstick() {
+        use super::super::harness::rows::Figures;
+        let judge = |row: Row, sidecar, direct| {
+            let f = Figures {
+                sidecar: Some(sidecar),
+                direct: Some(direct),
+            };
+            row.judge(f, None).and_then(|(_, met)| met)
+        };
+        assert_eq!(judge(REDIS_CPU, 150.0, 45.0), Some(false));
+        assert_eq!(judge(REDIS_CPU, 60.0, 45.0), Some(true));
+        assert_eq!(judge(MEMORY_BYTES, 563.0, 195.0), Some(false));
+        assert_eq!(judge(SIDECAR_CPU, 110.0, 45.0), Some(true));
+        assert_eq!(judge(KEYS_LEFT, 2000.0, 0.0), Some(false));
+        assert_eq!(judge(KEYS_LEFT, 0.0, 0.0), Some(true));
+        assert_eq!(
+            judge(MEMORY_STORE_CPU, 37.5, 1.0),
+            Some(true),
+            "half of 75 µs"
+        );
+        assert_eq!(judge(MEMORY_STORE_CPU, 38.0, 1.0), Some(false));
     }
 }

@@ -1,5 +1,6 @@
-//! Phase 8: leader election across two sidecars of one store. A second sidecar (B) is
-//! spawned beside the one under test (A); followers watch the election key on B.
+//! Phase 12 (`election`): leader election across two sidecars of one store. A second
+//! sidecar (B) is spawned beside the one under test (A); followers watch the election
+//! key on B.
 //!
 //! - grant → watcher: a leader on A takes the key (fair, with a value); the time from
 //!   its `Granted` to the watcher on B receiving the state that shows it (p50, p99);
@@ -15,17 +16,52 @@ use tokio::process::{Child, Command};
 use tokio::time::{Instant, timeout};
 use tonic::transport::Channel;
 
-use super::process::Sidecar;
-use super::report::{Report, Stats, ms};
-use super::session::{Ask, Session, Want};
-use super::{BenchArgs, Ctx, WAIT, err};
+use super::harness::args::BenchArgs;
+use super::harness::context::{Ctx, WAIT, err};
+use super::harness::process::Sidecar;
+use super::harness::report::{Report, Stats, ms};
+use super::harness::rows::{Row, Rule};
+use super::harness::session::{Ask, Session, Want};
 use lockside::proto::lock_service_client::LockServiceClient;
 use lockside::proto::{DescribeResponse, WatchRequest, WatchResponse};
 
+const SEEN_P50: Row = Row::new("watch_seen_p50_ms", "election: grant → watcher: p50 (ms)")
+    .target("≤ 10 ms", Rule::AtMost(10.0));
+const SEEN_P99: Row = Row::new("watch_seen_p99_ms", "election: grant → watcher: p99 (ms)");
+const TAKEOVER_P50: Row = Row::new(
+    "takeover_p50_ms",
+    "election: leader killed → next grant: p50 (ms)",
+)
+.target("≤ 50 ms", Rule::AtMost(50.0));
+const TAKEOVER_MAX: Row = Row::new(
+    "takeover_max_ms",
+    "election: leader killed → next grant: max (ms)",
+);
+const TAKEOVER_SEEN_P50: Row = Row::new(
+    "takeover_seen_p50_ms",
+    "election: leader killed → watcher: p50 (ms)",
+)
+.target("≤ 50 ms", Rule::AtMost(50.0));
+const TAKEOVER_SEEN_MAX: Row = Row::new(
+    "takeover_seen_max_ms",
+    "election: leader killed → watcher: max (ms)",
+);
+
+/// The lines of the table this phase fills, in order. Its targets are milliseconds
+/// where etcd and ZooKeeper wait out a session timeout (seconds).
+pub(super) const ROWS: &[Row] = &[
+    SEEN_P50,
+    SEEN_P99,
+    TAKEOVER_P50,
+    TAKEOVER_MAX,
+    TAKEOVER_SEEN_P50,
+    TAKEOVER_SEEN_MAX,
+];
+
 /// Grants timed to a watcher on the other sidecar.
-pub(super) const GRANT_ROUNDS: usize = 50;
+const GRANT_ROUNDS: usize = 50;
 /// Leader processes killed.
-pub(super) const DEATH_ROUNDS: usize = 10;
+const DEATH_ROUNDS: usize = 10;
 /// Longest wait for a state: far above any healthy notice, so a store that does not
 /// publish changes fails the phase instead of hanging the bench.
 const SEEN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -69,13 +105,24 @@ fn leader_value(state: &DescribeResponse) -> Option<&[u8]> {
     state.holders.first().map(|h| h.value.as_slice())
 }
 
-/// Runs phase 8 on a second sidecar spawned for it; stops that sidecar after.
-pub(super) async fn election_phase(
+/// Runs phase 12 on a second sidecar spawned for it; stops that sidecar after. Skipped
+/// with `--sidecar`: the bench spawns no sidecar then.
+pub(super) async fn run(
     args: &BenchArgs,
     ctx: &Ctx,
     tag: &str,
     report: &mut Report,
 ) -> Result<(), String> {
+    if args.sidecar.is_some() {
+        report.notes.push(
+            "phase 12 (election) needs a second spawned sidecar: skipped with --sidecar".into(),
+        );
+        return Ok(());
+    }
+    eprintln!(
+        "bench: phase 12: election, {GRANT_ROUNDS} grants and {DEATH_ROUNDS} leader deaths \
+         across two sidecars"
+    );
     let (other, channel) = Sidecar::spawn(args, tag, "none", None).await?;
     let measured = measure(ctx, &other.addr, channel, report).await;
     if let Some(note) = other.stop().await {
@@ -113,8 +160,8 @@ async fn measure(
         watcher.until(|s| s.holders.is_empty()).await?;
     }
     let stats = Stats::new(seen, ctx.seconds, "grant to watcher")?;
-    report.put("watch_seen_p50_ms", ms(stats.p50), None);
-    report.put("watch_seen_p99_ms", ms(stats.p99), None);
+    report.put(&SEEN_P50, ms(stats.p50), None);
+    report.put(&SEEN_P99, ms(stats.p99), None);
 
     // Leader process death → the next leader's grant, and → the watcher seeing it.
     let key = ctx.key("election/death");
@@ -148,10 +195,10 @@ async fn measure(
     }
     let granted = Stats::new(granted, ctx.seconds, "leader death to grant")?;
     let shown = Stats::new(shown, ctx.seconds, "leader death to watcher")?;
-    report.put("takeover_p50_ms", ms(granted.p50), None);
-    report.put("takeover_max_ms", ms(granted.max), None);
-    report.put("takeover_seen_p50_ms", ms(shown.p50), None);
-    report.put("takeover_seen_max_ms", ms(shown.max), None);
+    report.put(&TAKEOVER_P50, ms(granted.p50), None);
+    report.put(&TAKEOVER_MAX, ms(granted.max), None);
+    report.put(&TAKEOVER_SEEN_P50, ms(shown.p50), None);
+    report.put(&TAKEOVER_SEEN_MAX, ms(shown.max), None);
     report.notes.push(format!(
         "election: a second sidecar on the same store ({other}) runs the watcher and the \
          next candidate; the leader that dies is a `lockside elect` process through the \

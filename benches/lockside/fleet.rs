@@ -17,16 +17,18 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 
-use super::contend::{LastRelease, Pace, contend, pool};
-use super::many_locks::take_locks;
-use super::notices::{NoticeTap, Tally};
-use super::process::{Sidecar, Spawn, cpu_ns_all, stop_all};
-use super::redis_side::{RedisProcs, used_memory};
-use super::report::{Report, Stats, Table};
-use super::servers::Servers;
-use super::session::{Ask, Session};
-use super::svg::{Chart, Panel, Series, render};
-use super::{BenchArgs, DIRECT_TTL, err, join_all, plain_redis, sub_namespace};
+use super::harness::args::BenchArgs;
+use super::harness::contention::{LastRelease, Pace, contend, pool};
+use super::harness::context::{DIRECT_TTL, err, plain_redis, sub_namespace};
+use super::harness::load::join_all;
+use super::harness::locks::take_locks;
+use super::harness::notices::{NoticeTap, Tally};
+use super::harness::process::{Sidecar, Spawn, cpu_ns_all, stop_all};
+use super::harness::redis_side::{RedisProcs, used_memory};
+use super::harness::report::{Report, Stats, Table};
+use super::harness::servers::Servers;
+use super::harness::session::{Ask, Session};
+use super::harness::svg::{Chart, Panel, Series, render};
 
 /// Contended keys.
 const HOT_KEYS: usize = 4;
@@ -73,7 +75,7 @@ struct Point {
 }
 
 /// Runs phase 11 and records its table, and draws the SVG.
-pub(super) async fn fleet_phase(
+pub(super) async fn run(
     args: &BenchArgs,
     fleet: &FleetArgs,
     tag: &str,

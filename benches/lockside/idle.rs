@@ -2,32 +2,54 @@
 //! sidecars with no session share a Redis and a namespace with one busy sidecar, on
 //! which four sessions hand one lock around for `--seconds`. Measured: the idle ones'
 //! CPU against the busy one's (and against their own in a window as long with no
-//! contention), release notices delivered per release (`notices.rs`), and Redis CPU
-//! per release.
+//! contention), release notices delivered per release (`harness/notices.rs`), and
+//! Redis CPU per release.
 
 use std::time::Duration;
 
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::contend::{LastRelease, Pace, contend, pool};
-use super::notices::NoticeTap;
-use super::process::{Sidecar, Spawn, cpu_ns_all, stop_all};
-use super::redis_side::RedisProcs;
-use super::report::Report;
-use super::session::{Ask, Session};
-use super::{BenchArgs, join_all, plain_redis, sub_namespace};
+use super::harness::args::BenchArgs;
+use super::harness::contention::{LastRelease, Pace, contend, pool};
+use super::harness::context::{plain_redis, sub_namespace};
+use super::harness::load::join_all;
+use super::harness::notices::NoticeTap;
+use super::harness::process::{Sidecar, Spawn, cpu_ns_all, stop_all};
+use super::harness::redis_side::RedisProcs;
+use super::harness::report::Report;
+use super::harness::rows::{Row, Rule};
+use super::harness::session::{Ask, Session};
+
+const CPU: Row = Row::new("idle_cpu_ms", "idle sidecars' CPU (ms) vs the busy one's")
+    .target("≤ 0.1×", Rule::RatioAtMost(0.1));
+const QUIET_CPU: Row = Row::new(
+    "idle_quiet_cpu_ms",
+    "idle sidecars' CPU (ms) vs theirs, no contention",
+);
+const NOTICES: Row = Row::new("idle_notices_per_release", "notices delivered per release")
+    .target("≤ 1", Rule::AtMost(1.0));
+const REDIS_CPU: Row = Row::new(
+    "idle_redis_cpu_us",
+    "Redis CPU per release (µs), idle sidecars on",
+);
+const RELEASES_PER_S: Row = Row::new("idle_releases_per_s", "busy sidecar: releases/s");
+
+/// The lines of the table this phase fills, in order; a label that names a yardstick
+/// ("vs ...") has it in the baseline column.
+pub(super) const ROWS: &[Row] = &[CPU, QUIET_CPU, NOTICES, REDIS_CPU, RELEASES_PER_S];
 
 /// Sessions on the busy sidecar, taking turns on one key.
 const BUSY_SESSIONS: usize = 4;
 
 /// Runs phase 9 and records its lines.
-pub(super) async fn idle_phase(
+pub(super) async fn run(
     args: &BenchArgs,
     idle: usize,
     tag: &str,
     report: &mut Report,
 ) -> Result<(), String> {
+    eprintln!("bench: phase 9: idle, {idle} idle sidecars beside a busy one");
     let ns = sub_namespace(tag, "idle");
     let mut servers = plain_redis(&args.redis).await?;
     let procs = RedisProcs::find(&mut servers).await?;
@@ -87,23 +109,19 @@ pub(super) async fn idle_phase(
         let busy_ns = busy_after.saturating_sub(busy_before);
         let releases = seen.grants;
         report.put(
-            "idle_cpu_ms",
+            &CPU,
             ms(idle_ns),
             ms(busy_ns).filter(|_| busy_pid.is_some()),
         );
-        report.put("idle_quiet_cpu_ms", ms(idle_ns), ms(quiet));
-        report.put(
-            "idle_notices_per_release",
-            tally.and_then(|t| t.per_release(releases)),
-            None,
-        );
+        report.put(&QUIET_CPU, ms(idle_ns), ms(quiet));
+        report.put(&NOTICES, tally.and_then(|t| t.per_release(releases)), None);
         let redis_ns = redis_before
             .zip(redis_after)
             .map(|(b, a)| a.saturating_sub(b));
         let per_release = redis_ns.map(|ns| ns as f64 / 1e3 / releases.max(1) as f64);
-        report.put("idle_redis_cpu_us", per_release, None);
+        report.put(&REDIS_CPU, per_release, None);
         let rate = releases as f64 / window.as_secs_f64();
-        report.put("idle_releases_per_s", Some(rate), None);
+        report.put(&RELEASES_PER_S, Some(rate), None);
         report.notes.push(format!(
             "idle: {idle} sidecars with no session and one busy sidecar in one namespace; \
              {BUSY_SESSIONS} sessions on the busy one hand one key around for {:.1} s \

@@ -1,6 +1,6 @@
-//! Phase 7: what observability costs. Two more sidecars on the same Redis, one with
-//! traces exported to an OTLP sink in this process and its `/metrics` scraped every
-//! second, one with neither (no traces, no admin listener; the metric counters
+//! Phase 7 (`observe`): what observability costs. Two more sidecars on the same Redis,
+//! one with traces exported to an OTLP sink in this process and its `/metrics` scraped
+//! every second, one with neither (no traces, no admin listener; the metric counters
 //! themselves are always kept: they are a few atomic adds per lock). Uncontended
 //! cycles alternate between the two in short rounds, so that drift in the machine's
 //! load falls on both alike.
@@ -19,10 +19,35 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::process::{Sidecar, free_port};
-use super::report::{Report, Stats, us};
-use super::session::Session;
-use super::{BenchArgs, cycles, err};
+use super::harness::args::BenchArgs;
+use super::harness::context::err;
+use super::harness::load::cycles;
+use super::harness::process::{Sidecar, free_port};
+use super::harness::report::{Report, Stats, us};
+use super::harness::rows::{Row, Rule};
+use super::harness::session::Session;
+
+const P50: Row = Row::new(
+    "observe_p50_us",
+    "cycle, traces+metrics on (vs off): p50 (µs)",
+)
+.target("≤ 1.10× off", Rule::RatioAtMost(1.10));
+const P99: Row = Row::new(
+    "observe_p99_us",
+    "cycle, traces+metrics on (vs off): p99 (µs)",
+);
+const PER_S: Row = Row::new(
+    "observe_per_s",
+    "cycle, traces+metrics on (vs off): cycles/s",
+);
+const SPANS: Row = Row::new(
+    "observe_spans",
+    "traces on: spans received by the OTLP sink",
+);
+
+/// The lines of the table this phase fills, in order; the baseline column is a
+/// sidecar with neither traces nor metrics.
+pub(super) const ROWS: &[Row] = &[P50, P99, PER_S, SPANS];
 
 /// Rounds per sidecar; each is a tenth of `--seconds`, at least 300 ms.
 const ROUNDS: u32 = 10;
@@ -52,11 +77,8 @@ impl TraceService for Sink {
 }
 
 /// Runs phase 7 and records its lines.
-pub(super) async fn observability_phase(
-    args: &BenchArgs,
-    tag: &str,
-    report: &mut Report,
-) -> Result<(), String> {
+pub(super) async fn run(args: &BenchArgs, tag: &str, report: &mut Report) -> Result<(), String> {
+    eprintln!("bench: phase 7: traces and metrics on vs off, uncontended cycles");
     let stop = CancellationToken::new();
     let sink = Sink::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -84,7 +106,7 @@ pub(super) async fn observability_phase(
         let round = (Duration::from_secs(args.seconds) / ROUNDS).max(Duration::from_millis(300));
         let (mut on_samples, mut off_samples) = (Vec::new(), Vec::new());
         let (mut on_time, mut off_time) = (Duration::ZERO, Duration::ZERO);
-        let key = format!("{}/observe", super::namespace(tag));
+        let key = format!("{}/observe", super::harness::context::namespace(tag));
         for _ in 0..ROUNDS {
             let start = Instant::now();
             on_samples.extend(cycles(&mut on, &key, start + round).await?);
@@ -103,15 +125,11 @@ pub(super) async fn observability_phase(
     notes.extend(plain.stop().await);
     stop.cancel();
     let (on, off) = result?;
-    report.put("observe_p50_us", us(on.p50), us(off.p50));
-    report.put("observe_p99_us", us(on.p99), us(off.p99));
-    report.put("observe_per_s", Some(on.rate), Some(off.rate));
+    report.put(&P50, us(on.p50), us(off.p50));
+    report.put(&P99, us(on.p99), us(off.p99));
+    report.put(&PER_S, Some(on.rate), Some(off.rate));
     // After stop(): the observed sidecar flushed its last spans on SIGTERM.
-    report.put(
-        "observe_spans",
-        Some(sink.0.load(Ordering::Relaxed) as f64),
-        None,
-    );
+    report.put(&SPANS, Some(sink.0.load(Ordering::Relaxed) as f64), None);
     report.notes.push(
         "observability lines: the sidecar column has traces exported to an OTLP sink and \
          /metrics scraped every second, the direct column is a sidecar with neither"

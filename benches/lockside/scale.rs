@@ -10,12 +10,72 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, timeout};
 use tonic::transport::Channel;
 
-use super::many_locks::{HOLD_ROUNDS, LOCKS_PER_SESSION, hold, take_locks};
-use super::process::{Sidecar, Spawn, connect, rss_kb};
-use super::report::{Report, mb};
-use super::session::{Session, Want};
-use super::watchdog::classic_hold;
-use super::{BenchArgs, err, join_all, plain_redis, sub_namespace};
+use super::harness::args::BenchArgs;
+use super::harness::classic::classic_hold;
+use super::harness::context::{err, plain_redis, sub_namespace};
+use super::harness::load::join_all;
+use super::harness::locks::{HOLD_ROUNDS, LOCKS_PER_SESSION, hold, take_locks};
+use super::harness::process::{Sidecar, Spawn, connect, rss_kb};
+use super::harness::report::{Report, mb};
+use super::harness::rows::{Row, Rule};
+use super::harness::session::{Session, Want};
+
+const LOCKS_TAKE: Row = Row::new("scale_locks_take_s", "many locks: seconds to take them all");
+const LOCKS_FAILED: Row = Row::new(
+    "scale_locks_failed",
+    "many locks: refused or Lost while taking",
+)
+.target("0", Rule::Zero);
+const LOCKS_CPU: Row = Row::new(
+    "scale_locks_cpu_percent",
+    "many locks held: sidecar CPU (% core)",
+)
+.target("≤ 3% of a core", Rule::AtMost(3.0));
+const LOCKS_RSS: Row = Row::new("scale_locks_rss_mb", "many locks held: sidecar RSS (MB)")
+    .target("≤ 100 MB", Rule::AtMost(100.0));
+const LOCKS_EVALSHA: Row = Row::new("scale_locks_evalsha_per_s", "many locks held: EVALSHA/s");
+const LOCKS_REDIS_CPU: Row = Row::new(
+    "scale_locks_redis_cpu_percent",
+    "many locks held: Redis CPU (% core)",
+);
+const LOCKS_EVENTS: Row = Row::new(
+    "scale_locks_events",
+    "many locks held: Lost (or other events)",
+)
+.target("0", Rule::Zero);
+const SESSIONS_OPEN: Row = Row::new(
+    "scale_sessions_open_s",
+    "many sessions: seconds to open and lock",
+);
+const SESSIONS_CPU: Row = Row::new(
+    "scale_sessions_cpu_percent",
+    "many sessions, 1 lock each: CPU (% core)",
+);
+const SESSIONS_RSS: Row = Row::new(
+    "scale_sessions_rss_mb",
+    "many sessions, 1 lock each: RSS (MB)",
+);
+const SESSIONS_EVENTS: Row = Row::new(
+    "scale_sessions_events",
+    "many sessions: Lost (or other events)",
+)
+.target("0", Rule::Zero);
+
+/// The lines of the table this phase fills, in order; Redis CPU's baseline is the
+/// classic recipe's, renewed the way Redisson's watchdog does it.
+pub(super) const ROWS: &[Row] = &[
+    LOCKS_TAKE,
+    LOCKS_FAILED,
+    LOCKS_CPU,
+    LOCKS_RSS,
+    LOCKS_EVALSHA,
+    LOCKS_REDIS_CPU,
+    LOCKS_EVENTS,
+    SESSIONS_OPEN,
+    SESSIONS_CPU,
+    SESSIONS_RSS,
+    SESSIONS_EVENTS,
+];
 
 /// Sessions per HTTP/2 connection: below the sidecar's 1,024 concurrent streams.
 const SESSIONS_PER_CONNECTION: u64 = 1000;
@@ -32,7 +92,7 @@ pub(super) struct ScaleArgs {
 }
 
 /// Runs phase 10 and records its lines.
-pub(super) async fn scale_phase(
+pub(super) async fn run(
     args: &BenchArgs,
     scale: ScaleArgs,
     tag: &str,
@@ -60,20 +120,16 @@ pub(super) async fn scale_phase(
     .await;
     report.notes.extend(sidecar.stop().await);
     let (took, failed, held) = result?;
-    report.put("scale_locks_take_s", Some(took.as_secs_f64()), None);
-    report.put("scale_locks_failed", Some(failed as f64), None);
-    report.put("scale_locks_cpu_percent", held.cpu_percent, None);
-    report.put("scale_locks_rss_mb", held.rss_kb.map(mb), None);
-    report.put("scale_locks_evalsha_per_s", Some(held.evalsha_per_s), None);
+    report.put(&LOCKS_TAKE, Some(took.as_secs_f64()), None);
+    report.put(&LOCKS_FAILED, Some(failed as f64), None);
+    report.put(&LOCKS_CPU, held.cpu_percent, None);
+    report.put(&LOCKS_RSS, held.rss_kb.map(mb), None);
+    report.put(&LOCKS_EVALSHA, Some(held.evalsha_per_s), None);
     // The baseline: as many locks held by the classic recipe, renewed one call each.
     let watchdog =
         classic_hold(&args.redis, &mut redis, &ns, scale.locks, ttl, HOLD_ROUNDS).await?;
-    report.put(
-        "scale_locks_redis_cpu_percent",
-        held.redis_cpu_percent,
-        watchdog,
-    );
-    report.put("scale_locks_events", Some(held.unexpected as f64), None);
+    report.put(&LOCKS_REDIS_CPU, held.redis_cpu_percent, watchdog);
+    report.put(&LOCKS_EVENTS, Some(held.unexpected as f64), None);
 
     eprintln!(
         "bench: phase 10: scale, {} sessions with one lock each",
@@ -96,10 +152,10 @@ pub(super) async fn scale_phase(
     .await;
     report.notes.extend(sidecar.stop().await);
     let (took, held, rss_idle) = result?;
-    report.put("scale_sessions_open_s", Some(took.as_secs_f64()), None);
-    report.put("scale_sessions_cpu_percent", held.cpu_percent, None);
-    report.put("scale_sessions_rss_mb", held.rss_kb.map(mb), None);
-    report.put("scale_sessions_events", Some(held.unexpected as f64), None);
+    report.put(&SESSIONS_OPEN, Some(took.as_secs_f64()), None);
+    report.put(&SESSIONS_CPU, held.cpu_percent, None);
+    report.put(&SESSIONS_RSS, held.rss_kb.map(mb), None);
+    report.put(&SESSIONS_EVENTS, Some(held.unexpected as f64), None);
     report.notes.push(format!(
         "scale: {} locks in sessions of {LOCKS_PER_SESSION} on one sidecar, then {} \
          sessions with one lock each on another (its RSS with no session: {} MB); TTL \

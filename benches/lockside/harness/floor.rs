@@ -23,7 +23,8 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::err;
+use super::context::err;
+use super::load::{Burn, burn};
 use super::process::{free_port, wait_ready};
 use lockside::proto::lease_request::Command as Cmd;
 use lockside::proto::lease_response::Event as E;
@@ -34,7 +35,7 @@ use lockside::proto::{
 };
 
 /// The first argument that makes this binary a floor server instead of the bench.
-pub(super) const FLOOR_SERVE: &str = "floor-serve";
+pub(crate) const FLOOR_SERVE: &str = "floor-serve";
 /// The key the floor's script reads (it never exists: the script's work is a GET, as
 /// in a release that finds the key gone).
 const FLOOR_KEY: &str = "lockside-bench-floor";
@@ -43,14 +44,14 @@ const SCRIPT: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then \
      return redis.call('del', KEYS[1]) else return 0 end";
 
 /// A floor server process; killed when dropped.
-pub(super) struct Floor {
+pub(crate) struct Floor {
     child: Child,
 }
 
 impl Floor {
     /// Starts a floor server on a free loopback port (with `redis`, one EVALSHA on it
     /// per request) and connects to it.
-    pub(super) async fn start(redis: Option<&str>) -> Result<(Self, Channel), String> {
+    pub(crate) async fn start(redis: Option<&str>) -> Result<(Self, Channel), String> {
         let addr = format!("127.0.0.1:{}", free_port()?);
         let exe = std::env::current_exe().map_err(err("the bench's own path"))?;
         let mut command = Command::new(exe);
@@ -66,13 +67,25 @@ impl Floor {
     }
 
     /// Its process id, for its CPU time.
-    pub(super) fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.child.id()
     }
 }
 
+/// The floor's CPU per cycle (see [`super::harness::floor`]; with `redis`, one EVALSHA per
+/// request), by the same client as the sidecar's.
+pub(crate) async fn floor_cycles(
+    redis: Option<&str>,
+    key: &str,
+    cycles: u64,
+) -> Result<Burn, String> {
+    let (floor, channel) = Floor::start(redis).await?;
+    let pid = floor.pid().ok_or("the floor exited at once")?;
+    burn(channel, key, pid, cycles).await
+}
+
 /// `floor-serve ADDR [REDIS_URL]`: serves until killed.
-pub(super) fn serve(args: &[String]) -> std::process::ExitCode {
+pub(crate) fn serve(args: &[String]) -> std::process::ExitCode {
     let failed = |e: String| {
         eprintln!("floor: {e}");
         std::process::ExitCode::FAILURE

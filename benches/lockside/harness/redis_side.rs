@@ -1,18 +1,20 @@
 //! What the bench reads from the Redis servers themselves: their processes' CPU time
-//! (when they run on this machine), `INFO commandstats` and `INFO memory`. The cost
-//! phases (`cost.rs`, `idle.rs`, `fleet.rs`) take their Redis figures from here, and
-//! count a namespace's keys with `Servers::count_matching`.
+//! (when they run on this machine), `INFO commandstats` and `INFO memory`, and the
+//! counters of one [`Sample`] (with the sidecar's CPU and memory). The phases
+//! take their Redis figures from here, and count a namespace's keys with
+//! `Servers::count_matching`.
 
 use std::collections::BTreeMap;
 
 use deadpool_redis::redis::{self, aio::MultiplexedConnection};
+use tokio::time::Instant;
 
-use super::err;
-use super::process::cpu_ns_all;
+use super::context::err;
+use super::process::{cpu_ns_all, cpu_ticks, rss_kb};
 use super::servers::Servers;
 
 /// The Redis server processes behind a store URL, found on this machine.
-pub(super) enum RedisProcs {
+pub(crate) enum RedisProcs {
     /// Every master's pid: its CPU time can be read from /proc.
     Local(Vec<u32>),
     /// Why Redis' CPU cannot be read here (the bench prints it as a note).
@@ -24,7 +26,7 @@ impl RedisProcs {
     /// them when that pid is a redis-server on this machine that listens on that port:
     /// a Redis in a container or on another host may report a pid that means nothing,
     /// or something else, here.
-    pub(super) async fn find(servers: &mut Servers) -> Result<Self, String> {
+    pub(crate) async fn find(servers: &mut Servers) -> Result<Self, String> {
         let mut pids = Vec::new();
         for conn in &mut servers.0 {
             let server = info(conn, "server").await?;
@@ -47,7 +49,7 @@ impl RedisProcs {
     }
 
     /// CPU time of every Redis process, in nanoseconds; `None` when Redis is remote.
-    pub(super) fn cpu_ns(&self) -> Result<Option<u64>, String> {
+    pub(crate) fn cpu_ns(&self) -> Result<Option<u64>, String> {
         match self {
             Self::Local(pids) => Ok(Some(cpu_ns_all(pids)?)),
             Self::Remote(_) => Ok(None),
@@ -55,7 +57,7 @@ impl RedisProcs {
     }
 
     /// The note to print when Redis' CPU cannot be read.
-    pub(super) fn note(&self) -> Option<String> {
+    pub(crate) fn note(&self) -> Option<String> {
         match self {
             Self::Local(_) => None,
             Self::Remote(why) => Some(format!("Redis CPU figures are n/a: {why}")),
@@ -118,11 +120,11 @@ fn listeners(table: &str) -> Vec<(u16, u64)> {
 /// Commands a script runs are counted under their own names too, and the script's
 /// EVALSHA (or FCALL) microseconds include theirs.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub(super) struct CommandStats(pub(super) BTreeMap<String, (u64, u64)>);
+pub(crate) struct CommandStats(pub(crate) BTreeMap<String, (u64, u64)>);
 
 impl CommandStats {
     /// Sums `INFO commandstats` over every server.
-    pub(super) async fn read(servers: &mut Servers) -> Result<Self, String> {
+    pub(crate) async fn read(servers: &mut Servers) -> Result<Self, String> {
         let mut all = Self::default();
         for conn in &mut servers.0 {
             all.merge(&Self::parse(&info(conn, "commandstats").await?));
@@ -131,7 +133,7 @@ impl CommandStats {
     }
 
     /// Parses `cmdstat_NAME:calls=C,usec=U,...` lines.
-    pub(super) fn parse(info: &str) -> Self {
+    pub(crate) fn parse(info: &str) -> Self {
         let mut stats = BTreeMap::new();
         for line in info.lines() {
             let Some((name, fields)) = line
@@ -153,7 +155,7 @@ impl CommandStats {
     }
 
     /// Adds `other` to this, command by command.
-    pub(super) fn merge(&mut self, other: &Self) {
+    pub(crate) fn merge(&mut self, other: &Self) {
         for (name, (calls, usec)) in &other.0 {
             let entry = self.0.entry(name.clone()).or_default();
             entry.0 += calls;
@@ -163,7 +165,7 @@ impl CommandStats {
 
     /// What ran from this reading to `later`, less `own_info` INFO calls (the
     /// bench's own readings); commands that did not run are left out.
-    pub(super) fn until(&self, later: &Self, own_info: u64) -> Self {
+    pub(crate) fn until(&self, later: &Self, own_info: u64) -> Self {
         let mut diff = BTreeMap::new();
         for (name, (calls, usec)) in &later.0 {
             let (c0, u0) = self.0.get(name).copied().unwrap_or_default();
@@ -179,13 +181,13 @@ impl CommandStats {
     }
 
     /// Commands in all (those run inside scripts included).
-    pub(super) fn calls(&self) -> u64 {
+    pub(crate) fn calls(&self) -> u64 {
         self.0.values().map(|(calls, _)| calls).sum()
     }
 }
 
 /// `used_memory` summed over every server, in bytes.
-pub(super) async fn used_memory(servers: &mut Servers) -> Result<u64, String> {
+pub(crate) async fn used_memory(servers: &mut Servers) -> Result<u64, String> {
     let mut total = 0;
     for conn in &mut servers.0 {
         let memory = info(conn, "memory").await?;
@@ -195,7 +197,7 @@ pub(super) async fn used_memory(servers: &mut Servers) -> Result<u64, String> {
 }
 
 /// The `section` of `INFO` on `conn`.
-pub(super) async fn info(
+pub(crate) async fn info(
     conn: &mut MultiplexedConnection,
     section: &str,
 ) -> Result<String, String> {
@@ -204,7 +206,7 @@ pub(super) async fn info(
 }
 
 /// The number of the `name:value` line of an INFO reply.
-pub(super) fn info_value(info: &str, name: &str) -> Option<u64> {
+pub(crate) fn info_value(info: &str, name: &str) -> Option<u64> {
     info.lines().find_map(|line| {
         let (key, value) = line.split_once(':')?;
         (key == name).then(|| value.trim().parse().ok())?
@@ -213,7 +215,7 @@ pub(super) fn info_value(info: &str, name: &str) -> Option<u64> {
 
 /// Adds one command per name to pipelines of a thousand and runs them on `conn`
 /// (`what` names the commands in an error).
-pub(super) async fn per_name(
+pub(crate) async fn per_name(
     conn: &mut MultiplexedConnection,
     names: &[String],
     what: &str,
@@ -230,7 +232,7 @@ pub(super) async fn per_name(
 }
 
 /// `SET name token PX ttl` for every name, a token from `token` each.
-pub(super) async fn set_px(
+pub(crate) async fn set_px(
     conn: &mut MultiplexedConnection,
     names: &[String],
     ttl: std::time::Duration,
@@ -249,7 +251,7 @@ pub(super) async fn set_px(
 }
 
 /// `DEL name` for every name.
-pub(super) async fn delete(
+pub(crate) async fn delete(
     conn: &mut MultiplexedConnection,
     names: &[String],
 ) -> Result<(), String> {
@@ -261,10 +263,75 @@ pub(super) async fn delete(
 }
 
 /// CPU time between two readings (ns) over `secs`, in % of a core.
-pub(super) fn percent_of_core(before: Option<u64>, after: Option<u64>, secs: f64) -> Option<f64> {
+pub(crate) fn percent_of_core(before: Option<u64>, after: Option<u64>, secs: f64) -> Option<f64> {
     before
         .zip(after)
         .map(|(b, a)| a.saturating_sub(b) as f64 / 1e9 / secs * 100.0)
+}
+
+/// The bench's own INFO calls between two `total_commands_processed` readings.
+const OWN_INFO_CALLS: u64 = 2;
+
+/// One reading of Redis counters and of the sidecar process.
+pub(crate) struct Sample {
+    pub(crate) at: Instant,
+    /// The bench's own INFO calls in one reading (two per server).
+    own_calls: u64,
+    commands: u64,
+    evalsha: u64,
+    /// Microseconds Redis spent running EVALSHA calls (scripts included).
+    evalsha_usec: u64,
+    /// The sidecar's CPU time (utime + stime, clock ticks) and RSS, given its pid.
+    pub(crate) cpu_ticks: Option<u64>,
+    pub(crate) rss_kb: Option<u64>,
+}
+
+impl Sample {
+    /// Commands Redis processed from this reading to `later`, less the bench's own INFO
+    /// calls; it counts every client of that Redis.
+    pub(crate) fn commands_until(&self, later: &Sample) -> u64 {
+        later
+            .commands
+            .saturating_sub(self.commands + self.own_calls)
+    }
+
+    /// EVALSHA calls from this reading to `later`.
+    pub(crate) fn evalsha_until(&self, later: &Sample) -> u64 {
+        later.evalsha.saturating_sub(self.evalsha)
+    }
+
+    /// Microseconds Redis spent in EVALSHA calls from this reading to `later`.
+    pub(crate) fn evalsha_usec_until(&self, later: &Sample) -> u64 {
+        later.evalsha_usec.saturating_sub(self.evalsha_usec)
+    }
+}
+
+/// Reads Redis's command counters (summed over the servers) and, given a pid, the
+/// sidecar's CPU time and memory.
+pub(crate) async fn sample(redis: &mut Servers, pid: Option<u32>) -> Result<Sample, String> {
+    let at = Instant::now();
+    let (mut commands, mut evalsha, mut evalsha_usec) = (0, 0, 0);
+    for conn in &mut redis.0 {
+        let (stats, commandstats) = (
+            info(conn, "stats").await?,
+            info(conn, "commandstats").await?,
+        );
+        commands += info_value(&stats, "total_commands_processed")
+            .ok_or("INFO stats has no total_commands_processed")?;
+        let scripts = CommandStats::parse(&commandstats).0.get("evalsha").copied();
+        let (calls, usec) = scripts.unwrap_or_default();
+        evalsha += calls;
+        evalsha_usec += usec;
+    }
+    Ok(Sample {
+        at,
+        own_calls: OWN_INFO_CALLS * redis.0.len() as u64,
+        commands,
+        evalsha,
+        evalsha_usec,
+        cpu_ticks: pid.map(cpu_ticks).transpose()?,
+        rss_kb: pid.map(rss_kb).transpose()?,
+    })
 }
 
 #[cfg(test)]

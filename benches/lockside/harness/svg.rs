@@ -22,31 +22,31 @@ const COLOURS: [&str; 6] = [
 ];
 
 /// A whole chart: panels side by side, [`COLUMNS`] per row.
-pub(super) struct Chart {
-    pub(super) title: String,
+pub(crate) struct Chart {
+    pub(crate) title: String,
     /// A line under the title: what was measured, and how.
-    pub(super) subtitle: String,
-    pub(super) x_label: String,
+    pub(crate) subtitle: String,
+    pub(crate) x_label: String,
     /// One legend for every panel, under the subtitle: a line's name, colour and dash
     /// mean the same in each panel (its points are not drawn).
-    pub(super) legend: Vec<Series>,
-    pub(super) panels: Vec<Panel>,
+    pub(crate) legend: Vec<Series>,
+    pub(crate) panels: Vec<Panel>,
 }
 
 /// One plot: a title (the y quantity and unit) and its lines.
-pub(super) struct Panel {
-    pub(super) title: String,
-    pub(super) series: Vec<Series>,
+pub(crate) struct Panel {
+    pub(crate) title: String,
+    pub(crate) series: Vec<Series>,
 }
 
 /// One line: (x, y) points in x order; points that are not finite are left out.
-pub(super) struct Series {
+pub(crate) struct Series {
     /// Its name in the legend.
-    pub(super) name: String,
-    pub(super) points: Vec<(f64, f64)>,
+    pub(crate) name: String,
+    pub(crate) points: Vec<(f64, f64)>,
     /// Index into the colours: series of one family share it across panels.
-    pub(super) colour: usize,
-    pub(super) dashed: bool,
+    pub(crate) colour: usize,
+    pub(crate) dashed: bool,
 }
 
 /// Maps a data interval onto a pixel interval (reversed for y: pixels grow downwards).
@@ -118,7 +118,7 @@ fn extent(series: &[Series]) -> ((f64, f64), f64) {
 }
 
 /// The chart as an SVG document.
-pub(super) fn render(chart: &Chart) -> String {
+pub(crate) fn render(chart: &Chart) -> String {
     let rows = chart.panels.len().div_ceil(COLUMNS).max(1);
     let (width, height) = (PANEL_W * COLUMNS as f64, HEADER + PANEL_H * rows as f64);
     let mut svg = String::new();

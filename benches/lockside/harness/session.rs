@@ -7,7 +7,7 @@ use tokio::time::timeout;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
-use super::err;
+use super::context::err;
 use lockside::proto::lease_request::Command as Cmd;
 use lockside::proto::lease_response::Event as E;
 use lockside::proto::lock_service_client::LockServiceClient;
@@ -18,28 +18,28 @@ use lockside::proto::{Acquire, LeaseRequest, LeaseResponse, Release};
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(35);
 
 /// One `Lease` stream, as a client sees it.
-pub(super) struct Session {
+pub(crate) struct Session {
     /// Requests to the sidecar; dropping it ends the stream.
-    pub(super) tx: mpsc::Sender<LeaseRequest>,
+    pub(crate) tx: mpsc::Sender<LeaseRequest>,
     /// Events from the sidecar.
-    pub(super) rx: tonic::Streaming<LeaseResponse>,
+    pub(crate) rx: tonic::Streaming<LeaseResponse>,
     /// The sidecar's default TTL, from `SessionStarted`; waiters refresh at a third.
-    pub(super) default_ttl: Duration,
+    pub(crate) default_ttl: Duration,
     next_id: u64,
 }
 
 /// How an `Acquire` asks beyond key, wait and TTL; the default is a plain unfair lock.
 #[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Ask {
+pub(crate) struct Ask {
     /// FIFO among waiters across sidecars (`Acquire.fair`).
-    pub(super) fair: bool,
+    pub(crate) fair: bool,
     /// 0 or 1: a lock; N > 1: a semaphore of N permits (`Acquire.limit`).
-    pub(super) limit: u32,
+    pub(crate) limit: u32,
 }
 
 /// The answer a session waits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Want {
+pub(crate) enum Want {
     Granted,
     Waiting,
     Released,
@@ -47,7 +47,7 @@ pub(super) enum Want {
 
 impl Session {
     /// Opens a `Lease` stream on `channel` and waits for its `SessionStarted`.
-    pub(super) async fn open(channel: Channel) -> Result<Self, String> {
+    pub(crate) async fn open(channel: Channel) -> Result<Self, String> {
         let (tx, rx) = mpsc::channel(1024);
         let mut client = LockServiceClient::new(channel);
         let lease = timeout(ANSWER_TIMEOUT, client.lease(ReceiverStream::new(rx))).await;
@@ -70,7 +70,7 @@ impl Session {
 
     /// The next event; the end of the stream, or none within [`ANSWER_TIMEOUT`], is an
     /// error.
-    pub(super) async fn event(&mut self) -> Result<E, String> {
+    pub(crate) async fn event(&mut self) -> Result<E, String> {
         match timeout(ANSWER_TIMEOUT, self.rx.message()).await {
             Err(_) => Err(format!("no event within {ANSWER_TIMEOUT:?}")),
             Ok(Err(status)) => Err(format!("Lease stream failed: {status}")),
@@ -92,7 +92,7 @@ impl Session {
 
     /// Sends an `Acquire` of `key` and returns its request id; `None` leaves the
     /// sidecar's default (no wait, default TTL).
-    pub(super) async fn acquire(
+    pub(crate) async fn acquire(
         &mut self,
         key: &str,
         wait: Option<Duration>,
@@ -105,7 +105,7 @@ impl Session {
 
     /// Sends an exclusive `Acquire` of `key` with the default TTL, fair and with the
     /// limit that `ask` says, and returns its request id.
-    pub(super) async fn acquire_as(
+    pub(crate) async fn acquire_as(
         &mut self,
         key: &str,
         wait: Option<Duration>,
@@ -117,7 +117,7 @@ impl Session {
 
     /// Sends an exclusive `Acquire` of `key` that carries `value` (the holder's value,
     /// as a leader's), with the default TTL, and returns its request id.
-    pub(super) async fn acquire_valued(
+    pub(crate) async fn acquire_valued(
         &mut self,
         key: &str,
         wait: Option<Duration>,
@@ -150,7 +150,7 @@ impl Session {
     }
 
     /// Sends a `Release` of `key` and returns its request id.
-    pub(super) async fn release(&mut self, key: &str) -> Result<u64, String> {
+    pub(crate) async fn release(&mut self, key: &str) -> Result<u64, String> {
         let release = Release {
             request_id: self.next_id,
             key: key.to_owned(),
@@ -162,7 +162,7 @@ impl Session {
     /// Waits for `want` in answer to request `id`; a `Waiting` before a `Granted` is
     /// skipped, and the answer says whether one came. Anything else is an error: no
     /// phase expects it.
-    pub(super) async fn wait_for(&mut self, id: u64, want: Want) -> Result<bool, String> {
+    pub(crate) async fn wait_for(&mut self, id: u64, want: Want) -> Result<bool, String> {
         let mut waited = false;
         loop {
             let event = self.event().await?;

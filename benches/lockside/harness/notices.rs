@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use super::err;
+use super::context::err;
 use super::redis_side::{CommandStats, info};
 
 /// How often channel counts are turned into deliveries. Subscriptions that change
@@ -28,21 +28,21 @@ const FLUSH: Duration = Duration::from_millis(50);
 
 /// Messages published on the namespace's channels, and their deliveries to subscribers.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(super) struct Tally {
-    pub(super) published: u64,
-    pub(super) delivered: u64,
+pub(crate) struct Tally {
+    pub(crate) published: u64,
+    pub(crate) delivered: u64,
     /// SPUBLISH calls Redis ran meanwhile: notices the tap cannot see.
-    pub(super) sharded: u64,
+    pub(crate) sharded: u64,
 }
 
 impl Tally {
     /// Deliveries per release, over `releases`; `None` when some notices were sharded.
-    pub(super) fn per_release(self, releases: u64) -> Option<f64> {
+    pub(crate) fn per_release(self, releases: u64) -> Option<f64> {
         (releases > 0 && self.sharded == 0).then(|| self.delivered as f64 / releases as f64)
     }
 
     /// Why [`Self::per_release`] is `None` though releases happened, if it is.
-    pub(super) fn note(self) -> Option<String> {
+    pub(crate) fn note(self) -> Option<String> {
         (self.sharded > 0).then(|| {
             format!(
                 "notices per release are n/a: {} SPUBLISH calls (sharded notices) are not seen \
@@ -54,7 +54,7 @@ impl Tally {
 }
 
 /// A running count of a namespace's notices.
-pub(super) struct NoticeTap {
+pub(crate) struct NoticeTap {
     stop: CancellationToken,
     task: JoinHandle<Result<Tally, String>>,
     /// Commandstats when the count began, and a connection to read them again.
@@ -64,7 +64,7 @@ pub(super) struct NoticeTap {
 
 impl NoticeTap {
     /// Starts counting on `url`'s server; `None` on a Cluster (see the module docs).
-    pub(super) async fn start(url: &str, namespace: &str) -> Result<Option<Self>, String> {
+    pub(crate) async fn start(url: &str, namespace: &str) -> Result<Option<Self>, String> {
         if url.contains("+cluster://") || url.contains("+sentinel://") {
             return Ok(None);
         }
@@ -91,7 +91,7 @@ impl NoticeTap {
 
     /// Stops counting and returns the count. Call it before the subscribers go, so the
     /// last flush still sees them.
-    pub(super) async fn finish(mut self) -> Result<Tally, String> {
+    pub(crate) async fn finish(mut self) -> Result<Tally, String> {
         self.stop.cancel();
         let mut tally = self.task.await.map_err(err("notice tap"))??;
         let later = CommandStats::parse(&info(&mut self.conn, "commandstats").await?);

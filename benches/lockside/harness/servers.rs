@@ -5,10 +5,10 @@
 
 use deadpool_redis::redis::{self, Value, aio::MultiplexedConnection};
 
-use super::err;
+use super::context::err;
 
 /// Plain connections to the data servers (masters) of the bench's store URL.
-pub(super) struct Servers(pub(super) Vec<MultiplexedConnection>);
+pub(crate) struct Servers(pub(crate) Vec<MultiplexedConnection>);
 
 /// The plain `redis[s]://` URL of every node a store URL names.
 fn node_urls(url: &str) -> Vec<String> {
@@ -31,7 +31,7 @@ fn node_urls(url: &str) -> Vec<String> {
 
 impl Servers {
     /// Connects to every node of `url` and keeps the masters.
-    pub(super) async fn connect(url: &str) -> Result<Self, String> {
+    pub(crate) async fn connect(url: &str) -> Result<Self, String> {
         let urls = node_urls(url);
         let cluster = urls.len() > 1 || url.contains("+cluster://");
         let mut masters = Vec::new();
@@ -60,7 +60,7 @@ impl Servers {
 
     /// Deletes every key matching `pattern` on every server. One key per UNLINK: a
     /// Cluster refuses multi-key commands across slots.
-    pub(super) async fn unlink_matching(&mut self, pattern: &str) -> Result<(), String> {
+    pub(crate) async fn unlink_matching(&mut self, pattern: &str) -> Result<(), String> {
         for conn in &mut self.0 {
             let mut cursor = 0u64;
             loop {
@@ -85,7 +85,7 @@ impl Servers {
 
     /// Keys matching `pattern` on every server. Keys whose TTL has passed are not
     /// counted: SCAN drops them when it meets them.
-    pub(super) async fn count_matching(&mut self, pattern: &str) -> Result<u64, String> {
+    pub(crate) async fn count_matching(&mut self, pattern: &str) -> Result<u64, String> {
         let mut total = 0;
         for conn in &mut self.0 {
             let mut cursor = 0u64;

@@ -8,7 +8,8 @@ use tokio::process::{Child, Command};
 use tokio::time::{Instant, timeout};
 use tonic::transport::{Channel, Endpoint};
 
-use super::{BenchArgs, err, namespace};
+use super::args::BenchArgs;
+use super::context::{err, namespace};
 
 /// How long a spawned sidecar may take to accept gRPC connections.
 const STARTUP: Duration = Duration::from_secs(10);
@@ -17,20 +18,20 @@ const STOP: Duration = Duration::from_secs(15);
 
 /// How to spawn one more sidecar: by default on the bench's store (`--store`, else
 /// `--redis`), in `namespace`, without admin listener, traces or extra flags.
-pub(super) struct Spawn {
+pub(crate) struct Spawn {
     /// `LOCKSIDE_STORE`: a URL, or `memory` for the embedded store.
-    pub(super) store: String,
-    pub(super) namespace: String,
+    pub(crate) store: String,
+    pub(crate) namespace: String,
     /// `--admin-listen`: HOST:PORT, or `none`.
-    pub(super) admin: String,
+    pub(crate) admin: String,
     /// `OTEL_EXPORTER_OTLP_ENDPOINT`; `None` exports no traces.
-    pub(super) otlp: Option<String>,
+    pub(crate) otlp: Option<String>,
     /// More `lockside serve` flags, e.g. `--max-sessions`.
-    pub(super) extra: Vec<String>,
+    pub(crate) extra: Vec<String>,
 }
 
 impl Spawn {
-    pub(super) fn new(args: &BenchArgs, namespace: String) -> Self {
+    pub(crate) fn new(args: &BenchArgs, namespace: String) -> Self {
         Self {
             store: args.store.clone().unwrap_or_else(|| args.redis.clone()),
             namespace,
@@ -42,9 +43,9 @@ impl Spawn {
 }
 
 /// The sidecar under test: spawned by the bench or given with `--sidecar`.
-pub(super) struct Sidecar {
+pub(crate) struct Sidecar {
     /// Its gRPC address, HOST:PORT.
-    pub(super) addr: String,
+    pub(crate) addr: String,
     /// The spawned process; `None` with `--sidecar`.
     child: Option<Child>,
 }
@@ -52,7 +53,7 @@ pub(super) struct Sidecar {
 impl Sidecar {
     /// Connects to `--sidecar`, or spawns one on a free loopback port in the run's
     /// namespace and waits until it accepts connections.
-    pub(super) async fn start(args: &BenchArgs, tag: &str) -> Result<(Self, Channel), String> {
+    pub(crate) async fn start(args: &BenchArgs, tag: &str) -> Result<(Self, Channel), String> {
         if let Some(addr) = &args.sidecar {
             let sidecar = Self {
                 addr: addr.clone(),
@@ -67,7 +68,7 @@ impl Sidecar {
     /// Spawns `lockside serve` with its admin listener at `admin` (or `none`) and,
     /// with `otlp`, traces exported there; no traces otherwise, whatever this
     /// process's environment says.
-    pub(super) async fn spawn(
+    pub(crate) async fn spawn(
         args: &BenchArgs,
         tag: &str,
         admin: &str,
@@ -81,7 +82,7 @@ impl Sidecar {
 
     /// Spawns `lockside serve` as `spawn` says, on a free loopback port, and waits
     /// until it accepts connections.
-    pub(super) async fn spawn_with(spawn: &Spawn) -> Result<(Self, Channel), String> {
+    pub(crate) async fn spawn_with(spawn: &Spawn) -> Result<(Self, Channel), String> {
         let addr = format!("127.0.0.1:{}", free_port()?);
         let mut command = Command::new(env!("CARGO_BIN_EXE_lockside"));
         command
@@ -119,13 +120,13 @@ impl Sidecar {
     }
 
     /// The pid of a spawned sidecar, for /proc readings.
-    pub(super) fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.child.as_ref().and_then(Child::id)
     }
 
     /// SIGTERM, then SIGKILL if it has not drained in time. A note if it did not stop
     /// cleanly.
-    pub(super) async fn stop(mut self) -> Option<String> {
+    pub(crate) async fn stop(mut self) -> Option<String> {
         let mut child = self.child.take()?;
         let pid = child.id()?.to_string();
         let term = Command::new("kill").args(["-TERM", &pid]).status().await;
@@ -149,13 +150,13 @@ impl Sidecar {
     }
 }
 
-pub(super) fn free_port() -> Result<u16, String> {
+pub(crate) fn free_port() -> Result<u16, String> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(err("free port"))?;
     Ok(listener.local_addr().map_err(err("free port"))?.port())
 }
 
 /// A new gRPC connection to the sidecar at `addr`.
-pub(super) async fn connect(addr: &str) -> Result<Channel, String> {
+pub(crate) async fn connect(addr: &str) -> Result<Channel, String> {
     Endpoint::from_shared(format!("http://{addr}"))
         .map_err(err(format!("sidecar address {addr:?}")))?
         .connect_timeout(Duration::from_secs(1))
@@ -167,7 +168,7 @@ pub(super) async fn connect(addr: &str) -> Result<Channel, String> {
 
 /// Stops every sidecar of `all`, one after another; the notes of those that did not
 /// stop cleanly.
-pub(super) async fn stop_all(all: Vec<Sidecar>) -> Vec<String> {
+pub(crate) async fn stop_all(all: Vec<Sidecar>) -> Vec<String> {
     let mut notes = Vec::new();
     for sidecar in all {
         notes.extend(sidecar.stop().await);
@@ -176,7 +177,7 @@ pub(super) async fn stop_all(all: Vec<Sidecar>) -> Vec<String> {
 }
 
 /// Waits until the process `child` accepts gRPC connections at `addr`.
-pub(super) async fn wait_ready(addr: &str, child: &mut Child) -> Result<Channel, String> {
+pub(crate) async fn wait_ready(addr: &str, child: &mut Child) -> Result<Channel, String> {
     let deadline = Instant::now() + STARTUP;
     loop {
         if let Some(status) = child.try_wait().map_err(err("sidecar"))? {
@@ -194,13 +195,13 @@ pub(super) async fn wait_ready(addr: &str, child: &mut Child) -> Result<Channel,
 }
 
 /// utime + stime of `pid` in clock ticks ([`user_system_ticks`]).
-pub(super) fn cpu_ticks(pid: u32) -> Result<u64, String> {
+pub(crate) fn cpu_ticks(pid: u32) -> Result<u64, String> {
     user_system_ticks(pid).map(|(user, system)| user + system)
 }
 
 /// utime and stime of `pid` in clock ticks: fields 14 and 15 of /proc/PID/stat, its
 /// time in its own code and in the kernel's (system calls: here mostly sockets).
-pub(super) fn user_system_ticks(pid: u32) -> Result<(u64, u64), String> {
+pub(crate) fn user_system_ticks(pid: u32) -> Result<(u64, u64), String> {
     let (path, stat) = read_proc(pid, "stat")?;
     // The command name (field 2) may hold spaces: count the fields after its ')'.
     let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
@@ -221,7 +222,7 @@ pub(super) fn user_system_ticks(pid: u32) -> Result<(u64, u64), String> {
 /// /proc/PID/stat counts 10 ms ticks: a few thousand lock cycles are well under a
 /// second of CPU. A thread that exits inside a window takes its time with it, so this
 /// is for long-lived threads (Redis' own, a sidecar's runtime workers).
-pub(super) fn cpu_ns(pid: u32) -> Result<u64, String> {
+pub(crate) fn cpu_ns(pid: u32) -> Result<u64, String> {
     let dir = format!("/proc/{pid}/task");
     let mut total = 0;
     for task in std::fs::read_dir(&dir).map_err(err(&dir))? {
@@ -236,17 +237,17 @@ pub(super) fn cpu_ns(pid: u32) -> Result<u64, String> {
 }
 
 /// CPU time of every process of `pids` together, in nanoseconds ([`cpu_ns`]).
-pub(super) fn cpu_ns_all(pids: &[u32]) -> Result<u64, String> {
+pub(crate) fn cpu_ns_all(pids: &[u32]) -> Result<u64, String> {
     pids.iter().map(|pid| cpu_ns(*pid)).sum()
 }
 
 /// The first field of a schedstat line: nanoseconds spent on a CPU.
-pub(super) fn schedstat_ns(line: &str) -> Option<u64> {
+pub(crate) fn schedstat_ns(line: &str) -> Option<u64> {
     line.split_whitespace().next()?.parse().ok()
 }
 
 /// Resident memory of `pid` in kB: `VmRSS` of /proc/PID/status.
-pub(super) fn rss_kb(pid: u32) -> Result<u64, String> {
+pub(crate) fn rss_kb(pid: u32) -> Result<u64, String> {
     let (path, status) = read_proc(pid, "status")?;
     let rss = status.lines().find_map(|line| line.strip_prefix("VmRSS:"));
     let kb = rss.and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok());
@@ -261,7 +262,7 @@ fn read_proc(pid: u32, file: &str) -> Result<(String, String), String> {
 }
 
 /// Clock ticks per second from `getconf CLK_TCK`; Linux's usual 100 if that fails.
-pub(super) async fn clock_ticks() -> f64 {
+pub(crate) async fn clock_ticks() -> f64 {
     let output = Command::new("getconf").arg("CLK_TCK").output().await;
     let ticks = output.ok().and_then(|o| String::from_utf8(o.stdout).ok());
     ticks

@@ -10,16 +10,26 @@ pub const ADMIN_PASSWORD: &str = "admin-pa55-Kd2";
 /// The password of the least-privilege `lockside` user ([`Redis::least_privilege`]).
 pub const LOCKSIDE_PASSWORD: &str = "lockside-pa55-Vb9";
 
-/// The ACL rules of the least-privilege user, as the README documents them (the line
+/// The ACL rules of the least-privilege user, as the docs give them (the line
 /// `ACL SETUSER lockside ...`), for `namespace` and `password`: the documented line is
 /// the one tested.
 pub fn least_privilege_rules(namespace: &str, password: &str) -> Vec<String> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
-    let line = readme
+    // The README, or the docs page the line moved to.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let pages = std::fs::read_dir(root.join("docs"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path())
+        .chain([root.join("README.md")]);
+    let docs: String = pages
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .collect();
+    let line = docs
         .lines()
         .find_map(|l| l.strip_prefix("ACL SETUSER lockside "))
-        .expect("the README documents `ACL SETUSER lockside ...`");
+        .expect("the docs give `ACL SETUSER lockside ...`");
     line.split_whitespace()
         .map(|rule| {
             rule.replace("{lockside:", &format!("{{{namespace}:"))

@@ -10,16 +10,17 @@ pub const ADMIN_PASSWORD: &str = "admin-pa55-Kd2";
 /// The password of the least-privilege `lockside` user ([`Redis::least_privilege`]).
 pub const LOCKSIDE_PASSWORD: &str = "lockside-pa55-Vb9";
 
-/// The ACL rules of the least-privilege user, as the README documents them (the line
+/// The ACL rules of the least-privilege user, as `docs/operations.md` documents them (the line
 /// `ACL SETUSER lockside ...`), for `namespace` and `password`: the documented line is
 /// the one tested.
 pub fn least_privilege_rules(namespace: &str, password: &str) -> Vec<String> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+            .expect("docs/operations.md");
     let line = readme
         .lines()
         .find_map(|l| l.strip_prefix("ACL SETUSER lockside "))
-        .expect("the README documents `ACL SETUSER lockside ...`");
+        .expect("docs/operations.md documents `ACL SETUSER lockside ...`");
     line.split_whitespace()
         .map(|rule| {
             rule.replace("{lockside:", &format!("{{{namespace}:"))

@@ -10,8 +10,8 @@ pub const ADMIN_PASSWORD: &str = "admin-pa55-Kd2";
 /// The password of the least-privilege `lockside` user ([`Redis::least_privilege`]).
 pub const LOCKSIDE_PASSWORD: &str = "lockside-pa55-Vb9";
 
-/// The ACL rules of the least-privilege user, as `docs/operations.md` documents them (the line
-/// `ACL SETUSER lockside ...`), for `namespace` and `password`: the documented line is
+/// The ACL rules of the least-privilege user, as `docs/operations.md` documents them
+/// (the line `ACL SETUSER lockside ...`), for `namespace` and `password`: the documented line is
 /// the one tested.
 pub fn least_privilege_rules(namespace: &str, password: &str) -> Vec<String> {
     let readme =
@@ -80,8 +80,8 @@ impl Redis {
         assert_eq!(self.cli(&args), "OK", "ACL SETUSER {name} {rules:?}");
     }
 
-    /// A server whose only user for Lockside is the least-privilege user the README
-    /// documents (Security, "Least privilege on Redis"), for `namespace`; and the store
+    /// A server whose only user for Lockside is the least-privilege user
+    /// `docs/operations.md` documents (Security, "Least privilege on Redis"), for `namespace`; and the store
     /// URL that logs in as it.
     pub fn least_privilege(namespace: &str) -> (Self, String) {
         let redis = Self::start_with_acl();

@@ -18,7 +18,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("usage: holder ADDR KEY".into());
     };
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
-        // Notice a frozen sidecar well within the TTL (README, "Client guidance").
+        // Notice a frozen sidecar well within the TTL (docs/protocol.md, "Client guidance").
         .http2_keep_alive_interval(Duration::from_secs(1))
         .keep_alive_timeout(Duration::from_secs(1))
         .connect()

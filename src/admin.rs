@@ -80,7 +80,7 @@ fn not_ready(up: bool, found: &StoreCheck, allow_evicting: bool) -> Option<Strin
     if !found.denied.is_empty() {
         return Some(format!(
             "the lock store refuses commands Lockside needs: {} (grant them to its user; \
-             README, \"Least privilege on Redis\")",
+             docs/operations.md, \"Least privilege on Redis\")",
             found.denied.join(", ")
         ));
     }
@@ -101,7 +101,7 @@ fn log_check(before: &StoreCheck, now: &StoreCheck, allow_evicting: bool) {
             denied => tracing::error!(
                 denied = %denied.join(", "),
                 "the lock store refuses commands Lockside needs; not ready until its user may \
-                 run them (README, \"Least privilege on Redis\")"
+                 run them (docs/operations.md, \"Least privilege on Redis\")"
             ),
         }
     }

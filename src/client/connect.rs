@@ -9,8 +9,8 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use super::ClientError;
 
-/// Keepalive of the client's channel: the README's client guidance, below the 1 s
-/// minimum TTL.
+/// Keepalive of the client's channel: the client guidance in docs/protocol.md, below the
+/// 1 s minimum TTL.
 const KEEPALIVE: Duration = Duration::from_secs(1);
 
 /// How to reach a sidecar beyond its address: its bearer token and TLS.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-/// Limits and defaults of the engine. Every value is documented in the README.
+/// Limits and defaults of the engine. Every value is documented in `docs/configuration.md`.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     /// TTL of an `Acquire` that sets none.

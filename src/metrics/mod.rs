@@ -6,7 +6,7 @@
 //! counters and the unit on durations (both added by the encoder, with `# UNIT`); HELP
 //! on every metric; label values in lower snake case; every labelled series created at
 //! start, at 0, so that `rate()` and `increase()` see the first event and a dashboard
-//! shows 0 rather than "no data". The README lists every name.
+//! shows 0 rather than "no data". `docs/operations.md` lists every name.
 //!
 //! Recording is cheap: every labelled series is a handle taken once at start (an array
 //! indexed by the label's enum), so a count is one atomic add, with no label set built,

@@ -1,7 +1,7 @@
 //! Limits and defaults that are part of the protocol: each is stated in the `.proto`'s
-//! comments or in the README's contract sections, and clients in every language rely on it. Limits a
-//! sidecar operator may tune (sessions, locks per session, ...) are not here: they are
-//! the engine's configuration.
+//! comments or in `docs/` (protocol.md, configuration.md), and clients in every language
+//! rely on it. Limits a sidecar operator may tune (sessions, locks per session, ...) are
+//! not here: they are the engine's configuration.
 
 use std::time::Duration;
 

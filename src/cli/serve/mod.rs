@@ -95,7 +95,7 @@ pub struct ServeArgs {
     /// acknowledged in time is undone and the acquire answered UNAVAILABLE; a renewal
     /// that is not counts as failed (Jeopardy, then Lost). 0 (off) by default: it costs
     /// a replica round trip per grant and needs replicas; without it a failover may
-    /// hand out a lock twice (see README "Which topology, what guarantee").
+    /// hand out a lock twice (see docs/guarantees.md, "Which topology, what guarantee").
     #[arg(long, env = "LOCKSIDE_MIN_REPLICA_ACKS", default_value_t = 0)]
     pub min_replica_acks: u32,
 

@@ -31,7 +31,7 @@ pub struct RedisOptions {
     /// The key of `client_cert`.
     pub client_key: Option<PathBuf>,
     /// Replicas that must acknowledge a grant or a renewal (`WAIT`) before it counts.
-    /// 0: none (a failover may lose the last grants; see README "Which topology").
+    /// 0: none (a failover may lose the last grants; see docs/guarantees.md).
     pub min_replica_acks: u32,
     /// How long a grant or renewal waits for those acknowledgements.
     pub replica_ack_timeout: Duration,

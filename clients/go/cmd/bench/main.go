@@ -2,6 +2,7 @@
 // prints what it measured; it is not a test (nothing is asserted):
 //
 //	bench --addr 127.0.0.1:7420 --redis 127.0.0.1:6379 [-n 2000] [--kills 20]
+//	      [--handoff 5s] [--handoff-only]
 //
 // First, uncontended lock + unlock round trips through the sidecar with this client,
 // p50 and p99, beside the classic recipe on the same Redis with go-redis (SET key
@@ -9,6 +10,8 @@
 // process is SIGKILLed while this process waits for its key, and the time from the
 // kill to the waiter's grant is measured (the sidecar sees the stream end and
 // releases at once; with the classic recipe the key would stay until its TTL).
+// Last, handoff between 8 goroutines in two processes (handoff.go): this client,
+// unfair and fair, beside the classic recipe retrying SET NX every 1 ms.
 //
 // The sidecar must use that Redis (`lockside serve --store redis://HOST:PORT`). The
 // program is a module of its own, so that go-redis stays out of the client
@@ -45,12 +48,24 @@ func main() {
 		hold(os.Args[2:])
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == "handoff-child" {
+		handoffChild(os.Args[2:])
+		return
+	}
 	addr := flag.String("addr", "127.0.0.1:7420", "the sidecar")
 	redisAddr := flag.String("redis", "127.0.0.1:6379", "the sidecar's Redis")
 	n := flag.Int("n", 2000, "lock + unlock cycles per client")
 	kills := flag.Int("kills", 20, "holders to kill")
+	handoff := flag.Duration("handoff", 5*time.Second, "handoff run per variant (0: skip)")
+	handoffOnly := flag.Bool("handoff-only", false, "run the handoff alone")
 	flag.Parse()
 	ctx := context.Background()
+	self, err := os.Executable()
+	check(err)
+	if *handoffOnly {
+		runHandoff(self, *addr, *redisAddr, *handoff)
+		return
+	}
 
 	c, err := lockside.Connect(ctx, *addr)
 	check(err)
@@ -80,8 +95,6 @@ func main() {
 	}))
 
 	fmt.Printf("kill -> grant, %d holders SIGKILLed (ms)\n", *kills)
-	self, err := os.Executable()
-	check(err)
 	var took []time.Duration
 	for i := 0; i < *kills; i++ {
 		key := fmt.Sprintf("bench/kill/%d", i)
@@ -118,6 +131,9 @@ func main() {
 	}
 	report("lockside: holder killed -> waiter granted", took)
 	fmt.Printf("  (the classic recipe: a killed holder's key stays until its TTL, %v here)\n", ttl)
+	if *handoff > 0 {
+		runHandoff(self, *addr, *redisAddr, *handoff)
+	}
 }
 
 // hold is the child process: take the key, say so, wait to be killed.

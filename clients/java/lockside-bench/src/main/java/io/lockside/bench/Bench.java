@@ -21,8 +21,10 @@ import org.redisson.config.Config;
  * LocksideLock beside Redisson's RLock on the same redis-server:
  * <ol>
  *   <li>uncontended lock()+unlock() latency, one thread, p50/p99/max;</li>
- *   <li>a holder process SIGKILLed while a waiter elsewhere waits: kill to grant.</li>
+ *   <li>a holder process SIGKILLed while a waiter elsewhere waits: kill to grant;</li>
+ *   <li>handoff between 8 threads in two processes ({@link Handoff}).</li>
  * </ol>
+ * Arguments: {@code [cycles]}, or {@code handoff [seconds]} for the handoff alone.
  * Redisson's watchdog timeout is set to 10 s, the sidecar's default TTL, so that both
  * keep a lock of a dead holder equally long at most. Not a test: it prints figures.
  */
@@ -30,8 +32,14 @@ public final class Bench {
     private static final int WARMUP = 500;
 
     public static void main(String[] args) throws Exception {
-        int cycles = args.length > 0 ? Integer.parseInt(args[0]) : 5000;
+        boolean handoffOnly = args.length > 0 && args[0].equals("handoff");
+        int cycles = args.length > 0 && !handoffOnly ? Integer.parseInt(args[0]) : 5000;
+        int seconds = handoffOnly && args.length > 1 ? Integer.parseInt(args[1]) : 5;
         try (RedisServer redis = RedisServer.start(); Sidecar sidecar = Sidecar.start(redis.url())) {
+            if (handoffOnly) {
+                Handoff.run(sidecar.address(), redis.url(), seconds);
+                return;
+            }
             RedissonClient redisson = redisson(redis.url());
             try (LocksideClient client = LocksideClient.connect(sidecar.address())) {
                 System.out.printf("uncontended lock()+unlock(), %d cycles after %d warm-up, one thread%n", cycles,
@@ -49,6 +57,7 @@ public final class Bench {
                 long ms = takeover(new String[] {"redisson", redis.url(), "bench/takeover-redisson"},
                         redisson.getLock("bench/takeover-redisson"), null);
                 System.out.printf("  %-32s %8d ms  (watchdog timeout 10 s)%n", "Redisson RLock", ms);
+                Handoff.run(sidecar.address(), redis.url(), seconds);
             } finally {
                 redisson.shutdown();
             }

@@ -117,12 +117,12 @@ fn the_image_runs_serve_as_a_numeric_non_root_user_with_a_healthcheck() {
 }
 
 /// The image runs with two malloc arenas, as the bench runs the sidecar it measures
-/// (`benches/lockside/process.rs`): more left the RSS of 100,000 held locks 15% higher in
+/// (`benches/lockside/harness/process.rs`): more left the RSS of 100,000 held locks 15% higher in
 /// half the runs.
 #[test]
 fn the_image_limits_malloc_arenas_as_the_bench_does() {
     assert_eq!(only(&runtime_stage(), "ENV"), "MALLOC_ARENA_MAX=2");
-    let bench = read("benches/lockside/process.rs");
+    let bench = read("benches/lockside/harness/process.rs");
     assert!(bench.contains(r#".env("MALLOC_ARENA_MAX", "2")"#));
 }
 

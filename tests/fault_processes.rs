@@ -328,9 +328,10 @@ async fn sidecar_kills_with_resuming_clients() {
                         continue;
                     };
                     let begin = Instant::now();
-                    // Some holds span a kill and a restart.
+                    // Some holds span a kill of their sidecar (each is killed every
+                    // 3 s) and outlast the resume that follows it (under a second).
                     let hold = if n % 4 == 0 {
-                        Duration::from_millis(1500)
+                        Duration::from_millis(2500)
                     } else {
                         Duration::from_millis(20 + rng.below(100))
                     };

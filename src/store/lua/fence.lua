@@ -1,4 +1,5 @@
 --#include core
+--#include lock
 -- Raises the lock's last token to ARGV[1] when it is lower (Redlock: the token of a
 -- grant made by a majority is written back, so any later majority, which shares a
 -- master with this one, issues a larger one). Where nobody holds the lock, a string
@@ -30,14 +31,9 @@ if ok then
     -- help a majority issue smaller tokens. So the lock is kept as a one-permit hash
     -- (the semaphore form, 'x1'), the grant inside with its own expiry, 'f' until this
     -- master's clock passes the token (at most a day: a bound on a wild clock).
-    local len, at = string.match(tail, '^[^|]*|(%d+)|()')
-    local name, value = '', ''
-    if at then
-      len = tonumber(len)
-      name, value = string.sub(tail, at, at + len - 1), string.sub(tail, at + len)
-    end
+    local name, value = tail_parts(tail)
     redis.call('DEL', h)
-    redis.call('HSET', h, 'm', 'x1', 'f', ARGV[1], owner, count .. '|' .. ARGV[1] .. '|' .. int(expiry))
+    redis.call('HSET', h, 'm', 'x1', 'f', ARGV[1], owner, record(count, ARGV[1], expiry))
     if name ~= '' then
       redis.call('HSET', h, 'n:' .. owner, name)
     end

@@ -25,6 +25,16 @@ pub fn name<'a>(key: &'a str, holder: &str) -> Cow<'a, str> {
     }
 }
 
+/// The name of `holder`'s grant of `key`, made of the key's own string for the
+/// session itself: no copy on the common path.
+pub fn into_name(key: String, holder: &str) -> String {
+    if holder.is_empty() {
+        key
+    } else {
+        format!("{key}{SEPARATOR}{holder}")
+    }
+}
+
 /// A name's key and holder.
 pub fn split(name: &str) -> (&str, &str) {
     name.split_once(SEPARATOR).unwrap_or((name, ""))
@@ -42,6 +52,7 @@ mod tests {
     #[test]
     fn a_name_splits_back_into_its_key_and_holder() {
         assert_eq!(name("k", ""), "k");
+        assert_eq!(into_name("k".into(), "t"), name("k", "t"));
         assert!(matches!(name("k", ""), Cow::Borrowed(_)));
         assert_eq!(split(&name("k", "thread-7")), ("k", "thread-7"));
         assert_eq!(split("k"), ("k", ""));

@@ -94,7 +94,9 @@ impl Session {
     }
 
     pub(super) fn acquire(&mut self, request: AcquireRequest) {
-        let name = names::name(&request.key, &request.holder).into_owned();
+        // Borrowed from the request (a copy only for a named holder): the first
+        // acquire's slot makes its one string of it, a reentrant hold an owned copy.
+        let name = names::name(&request.key, &request.holder);
         let (ttl, sharing, limit) = match self.check(&request) {
             Ok(checked) => checked,
             Err((code, message)) => {
@@ -103,7 +105,7 @@ impl Session {
         };
         let config = &self.shared.config;
         let (max_locks, max_waiters) = (config.max_locks_per_session, config.max_waiters_per_key);
-        match self.slots.get_mut(name.as_str()) {
+        match self.slots.get_mut(name.as_ref()) {
             Some(Slot::Acquiring(a)) => {
                 self.pending.insert(request.request_id);
                 a.queue.push_back(Command::Acquire(request));
@@ -162,6 +164,7 @@ impl Session {
                 let (owner, ttl, lease_id) = (h.owner.clone(), h.ttl, h.lease_id);
                 let count = h.count + 1;
                 let value = request.value.clone();
+                let name = name.into_owned();
                 self.ops.push(Box::pin(async move {
                     let _turn = turns.acquire().await;
                     let key = names::key_of(&name);
@@ -248,7 +251,7 @@ impl Session {
                 };
                 let cancel = CancellationToken::new();
                 let span = acquire_span(&self.span, &request, sharing, limit);
-                let name: Arc<str> = name.into();
+                let name: Arc<str> = name.as_ref().into();
                 self.slots.insert(
                     name.clone(),
                     Slot::Acquiring(Box::new(Acquiring {
@@ -280,7 +283,8 @@ impl Session {
     }
 
     pub(super) fn release(&mut self, request_id: u64, key: String, holder: String) {
-        let name = names::name(&key, &holder).into_owned();
+        // The key's own string for the session itself: a release copies nothing.
+        let name = names::into_name(key, &holder);
         match self.slots.get_mut(name.as_str()) {
             Some(Slot::Acquiring(a)) => {
                 // A Release of a key the holder waits for cancels the wait; the pending
@@ -292,7 +296,7 @@ impl Session {
                 self.pending.insert(request_id);
                 h.queue.push_back(Command::Release {
                     request_id,
-                    key,
+                    key: names::key_of(&name).to_owned(),
                     holder,
                 });
             }

@@ -127,7 +127,9 @@ async fn a_killed_sidecar_keeps_its_locks_until_the_ttl_and_not_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_redis_sends_jeopardy_then_lost_and_grants_resume_when_it_returns() {
     let mut redis = Redis::start();
-    let sidecar = in_process(&redis, &namespace()).await;
+    // Held off for the TTL of its locks after Redis comes back empty.
+    let hold_off = Duration::from_secs(2);
+    let sidecar = Sidecar::start(common::redis_store(&redis.url(), &namespace(), hold_off)).await;
     let client = sidecar.client().await;
     let mut a = client.lease().await;
     let id = a
@@ -170,23 +172,26 @@ async fn losing_redis_sends_jeopardy_then_lost_and_grants_resume_when_it_returns
         killed.elapsed() < Duration::from_secs(2),
         "Lost before the store's TTL could pass"
     );
-    // Redis comes back (empty): new grants work without restarting the sidecar.
+    // Redis comes back (empty): new grants work without restarting the sidecar, once
+    // the hold-off after a store that lost its data has passed (busy until then).
     redis.restart();
-    let mut granted = None;
-    for _ in 0..40 {
+    let back = Instant::now();
+    let (mut granted, mut held_off) = (None, false);
+    for _ in 0..100 {
         let id = a.send_acquire(acquire("k")).await;
         match a.next().await {
             lease_response::Event::Granted(g) if g.request_id == id => {
                 granted = Some(g);
                 break;
             }
-            lease_response::Event::Rejected(r) if r.code == Code::Unavailable as i32 => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            lease_response::Event::Rejected(r) if r.code == Code::Unavailable as i32 => {}
+            lease_response::Event::NotAcquired(n) if n.request_id == id => held_off = true,
             other => panic!("unexpected {other:?}"),
         }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let again = granted.expect("granted once Redis is back");
+    assert!(held_off && back.elapsed() >= hold_off, "held off first");
     assert!(
         again.fencing_token > g.fencing_token,
         "the clock part of the token survives an empty Redis"

@@ -271,8 +271,10 @@ async fn the_rust_client_campaigns_proclaims_and_watches() {
 async fn watchers_follow_a_leader_elected_after_a_redis_restart() {
     let mut redis = common::Redis::start();
     let ns = common::namespace();
-    let a = Sidecar::start(make_store(&StoreKind::Redis(redis.url()), &ns)).await;
-    let b = Sidecar::start(make_store(&StoreKind::Redis(redis.url()), &ns)).await;
+    // After the restart no new grant for a second (`fault_store_restart.rs`).
+    let hold_off = Duration::from_secs(1);
+    let a = Sidecar::start(common::redis_store(&redis.url(), &ns, hold_off)).await;
+    let b = Sidecar::start(common::redis_store(&redis.url(), &ns, hold_off)).await;
     let watcher = b.client().await;
     let mut states = watch(&watcher, "jobs").await.expect("watch");
     assert_eq!(leader(&next_state(&mut states).await), None);
@@ -283,8 +285,12 @@ async fn watchers_follow_a_leader_elected_after_a_redis_restart() {
         common::topology::wait_until(PATIENCE, || redis.cli(&["EXISTS", &registered]) == "1").await;
     assert!(back, "the watch was registered again after the restart");
     let mut candidate = a.client().await.lease().await;
-    let id = candidate.send_acquire(valued("jobs", b"a:1")).await;
-    let token = candidate.expect_granted(id).await.fencing_token;
+    let campaign = proto::Acquire {
+        wait_timeout: Some(common::secs(30.0)),
+        ..valued("jobs", b"a:1")
+    };
+    let id = candidate.send_acquire(campaign).await;
+    let token = candidate.granted_after_wait(id).await.fencing_token;
     let elected = tokio::time::Instant::now();
     loop {
         let state = next_state(&mut states).await;

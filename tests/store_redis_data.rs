@@ -39,11 +39,14 @@ async fn granted(store: &RedisStore, c: &Claim) -> u64 {
 /// Every key of namespace `ns`, with its time to live in ms (-1: none). A key that
 /// expired between the scan and its PTTL (-2; one redis-cli per key is slow on a loaded
 /// machine) is not listed: it is gone.
+/// The store's epoch marker is not listed: the one key a namespace keeps for good
+/// (`a_namespace_keeps_one_epoch_marker`).
 fn keys_of(redis: &Redis, ns: &str) -> Vec<(String, i64)> {
     let listed = redis.cli(&["--scan", "--pattern", &format!("{{{ns}:*")]);
+    let marker = format!("{{{ns}:epoch}}:e");
     listed
         .lines()
-        .filter(|k| !k.is_empty())
+        .filter(|k| !k.is_empty() && *k != marker)
         .map(|k| {
             let ttl = redis.cli(&["PTTL", k]).parse().expect("a number");
             (k.to_owned(), ttl)
@@ -155,7 +158,12 @@ async fn a_holder_is_kept_in_the_locks_own_string() {
 async fn tokens_increase_after_the_state_is_gone() {
     let mut redis = Redis::start();
     let ns = namespace();
-    let store = RedisStore::new(&redis.url(), &ns, Duration::from_secs(1)).expect("store");
+    // After the restart, no new grant for a second (`fault_store_restart.rs`).
+    let options = lockside::store::redis::RedisOptions {
+        restart_hold_off: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let store = RedisStore::with_options(&redis.url(), &ns, &options).expect("store");
     let ttl = Duration::from_secs(30);
     let c = claim("k", "a", ttl);
     let first = granted(&store, &c).await;
@@ -175,15 +183,42 @@ async fn tokens_increase_after_the_state_is_gone() {
     assert!(second > first, "after expiry: {second} <= {first}");
     // Redis restarted with an empty dataset.
     redis.restart();
+    let mut held_off = false;
     let third = loop {
         match store.acquire(&claim("k", "c", ttl)).await {
             Ok(Acquired::Granted { fence }) => break fence,
+            Ok(Acquired::Busy { expires_in, .. }) => {
+                held_off = true;
+                tokio::time::sleep(expires_in).await;
+            }
             Ok(other) => panic!("a restarted Redis holds nothing: {other:?}"),
             // The store reconnects on its next call.
             Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
         }
     };
+    assert!(held_off, "no new grant right after the store lost its data");
     assert!(third > second, "after a restart: {third} <= {second}");
+}
+
+/// The store's epoch marker (`store/redis/restarts.rs`): the one key a namespace keeps
+/// without an expiry, written at the first connection, `epoch|hold-off end|known`; it
+/// is how every sidecar tells a server that lost its data.
+#[tokio::test]
+async fn a_namespace_keeps_one_epoch_marker() {
+    let redis = Redis::start();
+    let ns = namespace();
+    let store = RedisStore::new(&redis.url(), &ns, Duration::from_secs(1)).expect("store");
+    granted(&store, &claim("k", "a", Duration::from_secs(5))).await;
+    let marker = format!("{{{ns}:epoch}}:e");
+    assert_eq!(redis.cli(&["PTTL", &marker]), "-1", "kept for good");
+    let value = redis.cli(&["GET", &marker]);
+    let parts: Vec<&str> = value.split('|').collect();
+    assert_eq!(parts.len(), 3, "{value}");
+    assert_eq!(
+        &parts[1..],
+        ["0", "0"],
+        "no hold-off on a first start: {value}"
+    );
 }
 
 /// A rolling upgrade: a lock held by a sidecar of the previous data model (a sorted set

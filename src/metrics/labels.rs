@@ -91,12 +91,14 @@ pub enum Operation {
     Attach,
     /// `resume` (a session resumed here).
     Resume,
+    /// `reassert` (a grant written back after the store lost its data).
+    Reassert,
 }
 
 impl Operation {
-    pub(super) const LABELS: [&'static str; 11] = [
+    pub(super) const LABELS: [&'static str; 12] = [
         "acquire", "hold", "release", "renew", "unwait", "describe", "ping", "proclaim", "record",
-        "attach", "resume",
+        "attach", "resume", "reassert",
     ];
 }
 

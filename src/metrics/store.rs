@@ -114,6 +114,21 @@ impl Store for MeteredStore {
         self.meter(Operation::Ping, self.inner.ping())
     }
 
+    fn restarted(&self) -> bool {
+        self.inner.restarted()
+    }
+
+    fn hold_offs(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.inner.hold_offs()
+    }
+
+    fn reassert<'a>(&'a self, claim: &'a Claim, count: u32, fence: u64) -> StoreFuture<'a, bool> {
+        self.meter(
+            Operation::Reassert,
+            self.inner.reassert(claim, count, fence),
+        )
+    }
+
     fn check(&self) -> StoreFuture<'_, StoreCheck> {
         // Not metered: mostly answered from the last result, without a call.
         self.inner.check()

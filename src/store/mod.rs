@@ -140,6 +140,31 @@ pub trait Store: Send + Sync + 'static {
     /// Checks that the store answers.
     fn ping(&self) -> StoreFuture<'_, ()>;
 
+    /// Whether the store lost its data (Redis restarted empty) and holds off new grants
+    /// for now: acquires are answered busy, and a grant it no longer holds may be
+    /// written back by [`Store::reassert`] (`store/redis/restarts.rs`).
+    fn restarted(&self) -> bool {
+        false
+    }
+
+    /// Changes when such a hold-off begins: the renewer then renews every grant at
+    /// once, so that each one the store lost is written back before it ends.
+    fn hold_offs(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
+
+    /// Writes back a grant the store lost with its data, while [`Store::restarted`]:
+    /// `claim`'s owner, with `count` holds and token `fence`. `true` when held again,
+    /// `false` when the lock admits it no more (or no hold-off runs).
+    fn reassert<'a>(
+        &'a self,
+        _claim: &'a Claim,
+        _count: u32,
+        _fence: u64,
+    ) -> StoreFuture<'a, bool> {
+        Box::pin(std::future::ready(Ok(false)))
+    }
+
     /// Checks what the store allows this sidecar and whether it may evict its keys
     /// ([`StoreCheck`]). Called by the health check after every ping that answered: a
     /// store checks at its first call and after every reconnect (Redis: every new

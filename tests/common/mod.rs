@@ -105,6 +105,18 @@ pub fn make_store(kind: &StoreKind, ns: &str) -> Arc<dyn Store> {
     }
 }
 
+/// A Redis store whose hold-off after the store lost its data (`store/redis/restarts.rs`)
+/// is `hold_off` rather than the product's default (the default TTL, 10 s): for tests
+/// that restart Redis empty to test something else, with the TTL of their locks.
+pub fn redis_store(url: &str, ns: &str, hold_off: Duration) -> Arc<dyn Store> {
+    let options = lockside::store::redis::RedisOptions {
+        timeout: Duration::from_millis(500),
+        restart_hold_off: hold_off,
+        ..Default::default()
+    };
+    Arc::new(RedisStore::with_options(url, ns, &options).expect("redis store"))
+}
+
 /// Server settings for tests: short keepalive so a frozen client is noticed fast.
 pub fn test_server_config() -> ServerConfig {
     ServerConfig {

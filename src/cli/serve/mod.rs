@@ -111,6 +111,13 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKSIDE_ALLOW_EVICTING_STORE")]
     pub allow_evicting_store: bool,
 
+    /// After the store lost its data (Redis restarted empty, or flushed: its marker key
+    /// is gone), how long no new lock is granted, by any sidecar, while holders write
+    /// theirs back. Unset: --default-ttl. Cover the longest TTL your apps use; 0s turns
+    /// the watch off (see docs/guarantees.md, "A store that restarts empty").
+    #[arg(long, env = "LOCKSIDE_RESTART_HOLD_OFF", value_parser = parse_duration)]
+    pub restart_hold_off: Option<Duration>,
+
     /// How long shutdown may take to release every lock.
     #[arg(long, env = "LOCKSIDE_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
@@ -236,6 +243,7 @@ impl ServeArgs {
             client_key: self.store_client_key.clone(),
             min_replica_acks: self.min_replica_acks,
             replica_ack_timeout: self.replica_ack_timeout,
+            restart_hold_off: self.restart_hold_off.unwrap_or(self.default_ttl),
         }
     }
 
@@ -344,7 +352,7 @@ impl ServeArgs {
                     .map_err(|e| format!("--store: {e}"))?,
             ),
             StoreSpec::Redlock(url) => Arc::new(
-                RedlockStore::new(url, &self.namespace, self.store_timeout)
+                RedlockStore::with_options(url, &self.namespace, &self.redis_options())
                     .map_err(|e| format!("--store: {e}"))?,
             ),
         };

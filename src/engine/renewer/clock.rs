@@ -43,7 +43,7 @@ impl LeaseClock {
 
     /// Moves the validity to `valid_until`, unless the grant was released: then it
     /// returns `false` and the clock stays released.
-    pub(super) fn extend(&self, valid_until: Instant) -> bool {
+    pub(crate) fn extend(&self, valid_until: Instant) -> bool {
         let nanos = Self::nanos(self.epoch, valid_until);
         (self.valid_until)
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {

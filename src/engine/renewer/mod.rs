@@ -22,10 +22,12 @@
 //! frozen Cluster node, too few Redlock masters) go failing and are retried soon; the
 //! rest of the batch is renewed as usual.
 //!
-//! Files: this one has the handle and the task; `clock.rs` a grant's [`LeaseClock`];
+//! Files: this one has the handle and the task; `entry.rs` a grant as it keeps it;
+//! `clock.rs` a grant's [`LeaseClock`];
 //! `failing.rs` what the log says of failing renewals.
 
 mod clock;
+mod entry;
 mod failing;
 
 use std::collections::BTreeMap;
@@ -40,8 +42,9 @@ use super::mailbox::Mailbox;
 use super::session::Note;
 use crate::metrics::{Metrics, Renewed as Counted};
 use crate::store::drift_margin;
-use crate::store::{Renewal, Renewed, Store, StoreError, names};
+use crate::store::{Renewal, Renewed, Store, StoreError};
 pub(crate) use clock::LeaseClock;
+use entry::Entry;
 use failing::Failing;
 
 /// Shortest pause before retrying a failed renewal.
@@ -96,6 +99,7 @@ impl Renewer {
         let alive = CancellationToken::new();
         tokio::spawn(
             Task {
+                hold_offs: store.hold_offs(),
                 store,
                 metrics,
                 drift,
@@ -122,28 +126,11 @@ impl Renewer {
     }
 }
 
-/// One grant as the renewer keeps it: a [`Renewable`] without `confirmed_at` (read
-/// once, for its first due time), in the [`Task::schedule`] group of the time it is due.
-struct Entry {
-    id: u64,
-    name: Arc<str>,
-    owner: Arc<str>,
-    ttl: Duration,
-    clock: Arc<LeaseClock>,
-    events: mpsc::UnboundedSender<Note>,
-    failing: bool,
-}
-
-impl Entry {
-    fn event(&self, event: fn(u64, Arc<str>) -> RenewEvent) {
-        let _ = self
-            .events
-            .send(Note::Renew(event(self.id, self.name.clone())));
-    }
-
-    /// The key the store knows the grant by.
-    fn key(&self) -> &str {
-        names::key_of(&self.name)
+/// Waits for a hold-off to begin (`true`); `false` when the store can tell no more.
+async fn began(hold_offs: &mut Option<tokio::sync::watch::Receiver<u64>>) -> bool {
+    match hold_offs {
+        Some(rx) => rx.changed().await.is_ok(),
+        None => std::future::pending().await,
     }
 }
 
@@ -171,6 +158,10 @@ struct Task {
     /// How many grants' renewals are failing: the log tells when a streak of failures
     /// starts (none failed before) and when it ends (see `failing.rs`).
     failing: usize,
+    /// Changes when the store lost its data and holds off new grants: every grant is
+    /// renewed at once, so that those it lost are written back by their sessions well
+    /// before the hold-off ends, whatever their TTL (`store/redis/restarts.rs`).
+    hold_offs: Option<tokio::sync::watch::Receiver<u64>>,
 }
 
 impl Task {
@@ -185,6 +176,18 @@ impl Task {
                 _ = self.mailbox.earlier() => {}
                 _ = tokio::time::sleep_until(next.unwrap_or_else(Instant::now)), if next.is_some() => {
                     self.collect();
+                    self.tick().await;
+                }
+                began = began(&mut self.hold_offs) => {
+                    if !began {
+                        self.hold_offs = None;
+                        continue;
+                    }
+                    self.collect();
+                    let now = Instant::now();
+                    for entry in std::mem::take(&mut self.schedule).into_values().flatten() {
+                        self.schedule(now, entry, 1);
+                    }
                     self.tick().await;
                 }
             }

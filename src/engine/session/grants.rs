@@ -60,6 +60,7 @@ impl Session {
                 jeopardy: false,
                 busy: false,
                 queue,
+                value: claim.value.into_boxed_slice(),
             })),
         );
         let (key, holder) = names::split(&name);
@@ -211,6 +212,11 @@ impl Session {
                     ttl: left,
                     holder,
                 });
+            }
+            // Gone while the store holds off new grants after losing its data: nobody
+            // else can have it, so it is written back (`reassert.rs`).
+            RenewEvent::NotHeld(..) if !h.busy && self.shared.store.restarted() => {
+                self.reassert(name);
             }
             RenewEvent::NotHeld(..) => {
                 let queue = self.lose(&name, Loss::NotHeld);

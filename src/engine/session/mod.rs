@@ -17,8 +17,9 @@
 //! `requests.rs` turns client commands into store calls; `results.rs` handles what the
 //! store answers; `grants.rs` a held grant's life (released, lost by the renewer's word
 //! or the safe-deadline timer) and the commands queued behind a key; `attempt.rs` is
-//! one acquire, with its waiting; `resume.rs` a resumed session; `end.rs` releasing
-//! everything when the session ends.
+//! one acquire, with its waiting; `resume.rs` a resumed session; `reassert.rs` a grant
+//! written back after the store lost its data; `end.rs` releasing everything when the
+//! session ends.
 
 /// Logs an event at `level` inside the session's span: `log!(self, WARN, %key, "...")`.
 /// The span is entered here, where something is logged, and only when the level is on,
@@ -36,6 +37,7 @@ macro_rules! log {
 mod attempt;
 mod end;
 mod grants;
+mod reassert;
 mod requests;
 mod results;
 mod resume;
@@ -99,6 +101,9 @@ struct Held {
     /// A store call for this grant is under way.
     busy: bool,
     queue: VecDeque<Command>,
+    /// The holder's value as last asked for: written back with the grant after the
+    /// store lost its data (`reassert.rs`).
+    value: Box<[u8]>,
 }
 
 /// What reaches a session from outside its own store calls, on one channel: a tokio
@@ -141,6 +146,12 @@ enum Done {
         name: String,
         lease_id: u64,
         request_id: u64,
+        result: Result<bool, StoreError>,
+    },
+    Reassert {
+        name: Arc<str>,
+        lease_id: u64,
+        sent_at: Instant,
         result: Result<bool, StoreError>,
     },
 }

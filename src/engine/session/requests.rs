@@ -361,6 +361,7 @@ impl Session {
             }
             Some(Slot::Held(h)) => {
                 h.busy = true;
+                h.value = value.clone().into_boxed_slice();
                 self.pending.insert(request_id);
                 let (store, turns) = (self.shared.store.clone(), self.shared.store_calls.clone());
                 let (owner, lease_id) = (h.owner.clone(), h.lease_id);

@@ -79,6 +79,9 @@ impl Session {
                 match result {
                     Ok(Some(count)) => {
                         h.count = count;
+                        if !request.value.is_empty() {
+                            h.value = request.value.into_boxed_slice();
+                        }
                         let event = Event::Granted {
                             request_id: request.request_id,
                             key: request.key,
@@ -158,6 +161,12 @@ impl Session {
                 request_id,
                 result,
             } => self.proclaimed(name, lease_id, request_id, result),
+            Done::Reassert {
+                name,
+                lease_id,
+                sent_at,
+                result,
+            } => self.reasserted(name, lease_id, sent_at, result),
         }
     }
 

@@ -143,6 +143,7 @@ impl Session {
                 jeopardy: false,
                 busy: false,
                 queue: VecDeque::new(),
+                value: Box::default(),
             })),
         );
         log!(self, DEBUG, %key, %holder, fence = grant.fence, "resumed");

@@ -17,31 +17,33 @@ use super::{Lua, RedisStore};
 use crate::store::StoreError;
 
 impl RedisStore {
-    /// Runs `script` on `keys` and `args`, then `WAIT`; returns the script's reply and
-    /// whether enough replicas acknowledged it.
+    /// Runs the acquire `script` on `keys` and `args`, then `WAIT`; returns the script's
+    /// reply and whether enough replicas acknowledged it; `None` when not sent because
+    /// new grants are held off (see `RedisStore::invoke_unless_held_off`).
     pub(super) async fn invoke_acked(
         &self,
         lua: &Lua,
         keys: &[String],
         args: &[&[u8]],
-    ) -> Result<(Value, bool), StoreError> {
+    ) -> Result<Option<(Value, bool)>, StoreError> {
         let mut evalsha = redis::cmd("EVALSHA");
         evalsha
             .arg(lua.script.get_hash())
             .arg(keys.len())
             .arg(keys)
             .arg(args);
-        self.pipelined_with_wait(lua, evalsha).await
+        self.pipelined_with_wait(lua, evalsha, true).await
     }
 
     /// Runs `call` (an EVALSHA of `lua`) and `WAIT` in one pipeline; loads the script
     /// and tries once more on NOSCRIPT. Returns the call's reply and whether enough
-    /// replicas acknowledged it.
+    /// replicas acknowledged it; with `grants`, `None` when held off.
     pub(super) async fn pipelined_with_wait(
         &self,
         lua: &Lua,
         call: redis::Cmd,
-    ) -> Result<(Value, bool), StoreError> {
+        grants: bool,
+    ) -> Result<Option<(Value, bool)>, StoreError> {
         let wanted = self.acks.min;
         let mut pipe = redis::pipe();
         pipe.add_command(call);
@@ -49,22 +51,28 @@ impl RedisStore {
             .arg(wanted)
             .arg(self.acks.timeout.as_millis() as u64);
         let pipe = &pipe;
-        let mut replies = self
+        let replies = self
             .run(|mut conn| async move {
-                match pipe.query_async::<Vec<Value>>(&mut conn).await {
+                if grants && self.link.restarts().holding_off().is_some() {
+                    return Ok(None);
+                }
+                match pipe.query_async::<Vec<Value>>(&mut conn).await.map(Some) {
                     Err(e) if e.code() == Some("NOSCRIPT") => {
                         lua.script.prepare_invoke().load_async(&mut conn).await?;
-                        pipe.query_async(&mut conn).await
+                        pipe.query_async(&mut conn).await.map(Some)
                     }
                     other => other,
                 }
             })
             .await?;
+        let Some(mut replies) = replies else {
+            return Ok(None);
+        };
         let acks = match replies.pop() {
             Some(Value::Int(n)) => n,
             _ => return Err(StoreError::Protocol("WAIT: bad reply".into())),
         };
         let reply = replies.pop().unwrap_or(Value::Nil);
-        Ok((reply, acks >= i64::from(wanted)))
+        Ok(Some((reply, acks >= i64::from(wanted))))
     }
 }

@@ -98,6 +98,20 @@ impl RedisStore {
         key: &str,
         args: &[&[u8]],
     ) -> Result<T, StoreError> {
+        let answer = self.invoke_unless_held_off(lua, key, args, false).await?;
+        answer.ok_or_else(|| StoreError::Protocol("a call held off".into()))
+    }
+
+    /// [`RedisStore::invoke`]; with `grants`, not sent (`None`) while new grants are
+    /// held off after the store lost its data (`redis/restarts.rs`). Asked once the
+    /// connection is made: a new connection learns of the loss before it is used.
+    pub(super) async fn invoke_unless_held_off<T: redis::FromRedisValue>(
+        &self,
+        lua: &Lua,
+        key: &str,
+        args: &[&[u8]],
+        grants: bool,
+    ) -> Result<Option<T>, StoreError> {
         let hash = lua.script.get_hash();
         let keys = LOCK_PARTS.map(|part| KeyName {
             namespace: &self.namespace,
@@ -119,13 +133,16 @@ impl RedisStore {
             cmd.arg(*a);
         }
         self.run(|mut conn| async move {
-            match cmd.query_async(&mut conn).await {
+            if grants && self.link.restarts().holding_off().is_some() {
+                return Ok(None);
+            }
+            match cmd.query_async(&mut conn).await.map(Some) {
                 Err(e)
                     if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                 {
                     // A restarted or failed-over server: load it, then run it again.
                     lua.script.load_async(&mut conn).await?;
-                    cmd.query_async(&mut conn).await
+                    cmd.query_async(&mut conn).await.map(Some)
                 }
                 answer => answer,
             }

@@ -26,12 +26,13 @@ use deadpool_redis::redis::cluster::{ClusterClient, ClusterClientBuilder};
 use deadpool_redis::redis::cluster_async::ClusterConnection;
 use deadpool_redis::redis::io::tcp::TcpSettings;
 use deadpool_redis::redis::{
-    self, AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, ProtocolVersion, PushInfo,
-    RedisError,
+    self, AsyncConnectionConfig, ConnectionInfo, ProtocolVersion, PushInfo, RedisError,
 };
 use tokio::sync::{mpsc, watch};
 
 use super::options::Topology;
+use super::restarts::Restarts;
+use super::sentinel::{master_connection, resolve};
 use crate::store::StoreError;
 
 /// A connection on which scripts run.
@@ -100,10 +101,16 @@ pub(crate) struct Link {
     push_sender: mpsc::UnboundedSender<Push>,
     /// Where the push messages arrive, until the notice listener takes them.
     pushes: Mutex<Option<mpsc::UnboundedReceiver<Push>>>,
+    /// The store's epoch, read on each new connection before it is used.
+    restarts: Restarts,
 }
 
 impl Link {
-    pub(crate) fn new(topology: Topology, timeout: Duration) -> Result<Self, StoreError> {
+    pub(crate) fn new(
+        topology: Topology,
+        timeout: Duration,
+        restarts: Restarts,
+    ) -> Result<Self, StoreError> {
         let server = match &topology {
             Topology::Standalone(info) => Some(info.clone()),
             Topology::Sentinel { .. } | Topology::Cluster { .. } => None,
@@ -135,7 +142,13 @@ impl Link {
             cluster,
             push_sender,
             pushes: Mutex::new(Some(pushes)),
+            restarts,
         })
+    }
+
+    /// Whether the store lost its data and new grants are held off (`restarts.rs`).
+    pub(crate) fn restarts(&self) -> &Restarts {
+        &self.restarts
     }
 
     /// Whether the store is a Redis Cluster.
@@ -189,14 +202,19 @@ impl Link {
         };
         let pushes = || Some(tagged(self.push_sender.clone(), id));
         let conn = match &self.topology {
-            Topology::Standalone(info) => Conn::Single(single(info, self.timeout, pushes()).await?),
+            Topology::Standalone(info) => {
+                let mut conn = single(info, self.timeout, pushes()).await?;
+                self.restarts.greet(&mut conn).await?;
+                Conn::Single(conn)
+            }
             Topology::Sentinel {
                 sentinels,
                 master,
                 template,
             } => {
                 let info = resolve(sentinels, master, template, self.timeout).await?;
-                let conn = master_connection(&info, self.timeout, pushes()).await?;
+                let mut conn = master_connection(&info, self.timeout, pushes()).await?;
+                self.restarts.greet(&mut conn).await?;
                 self.server.send_if_modified(|server| {
                     let moved = server.as_ref().map(|s| s.addr()) != Some(info.addr());
                     if moved {
@@ -316,72 +334,5 @@ pub(crate) async fn single(
         .map_err(|e| StoreError::Unavailable(e.to_string()))
 }
 
-/// The master's address as the first sentinel that answers names it, with the
-/// template's credentials and TLS settings. Sentinels are asked in order; one that does
-/// not answer within `timeout` is skipped.
-async fn resolve(
-    sentinels: &[ConnectionInfo],
-    master: &str,
-    template: &ConnectionInfo,
-    timeout: Duration,
-) -> Result<ConnectionInfo, StoreError> {
-    for sentinel in sentinels {
-        let ask = async {
-            let mut conn = single(sentinel, timeout, None::<Unused>).await?;
-            redis::cmd("SENTINEL")
-                .arg("get-master-addr-by-name")
-                .arg(master)
-                .query_async::<Option<(String, u16)>>(&mut conn)
-                .await
-                .map_err(|e| StoreError::Unavailable(e.to_string()))
-        };
-        match tokio::time::timeout(timeout, ask).await {
-            Ok(Ok(Some((host, port)))) => {
-                let addr = match template.addr() {
-                    ConnectionAddr::TcpTls {
-                        insecure,
-                        tls_params,
-                        ..
-                    } => ConnectionAddr::TcpTls {
-                        host,
-                        port,
-                        insecure: *insecure,
-                        tls_params: tls_params.clone(),
-                    },
-                    _ => ConnectionAddr::Tcp(host, port),
-                };
-                return Ok(template.clone().set_addr(addr));
-            }
-            Ok(Ok(None)) => tracing::warn!(%master, "a sentinel does not know the master"),
-            Ok(Err(e)) => tracing::debug!(error = %e, "a sentinel did not answer"),
-            Err(_) => tracing::debug!("a sentinel did not answer in time"),
-        }
-    }
-    Err(StoreError::Unavailable(
-        "no sentinel named the master".into(),
-    ))
-}
-
-/// A connection to the server the sentinels named, checked to be a master: a sentinel
-/// may still name a demoted master for a moment after a failover.
-async fn master_connection(
-    info: &ConnectionInfo,
-    timeout: Duration,
-    pushes: Option<impl AsyncPushSender>,
-) -> Result<MultiplexedConnection, StoreError> {
-    let mut conn = single(info, timeout, pushes).await?;
-    let role: Vec<redis::Value> = redis::cmd("ROLE")
-        .query_async(&mut conn)
-        .await
-        .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-    match role.first() {
-        Some(redis::Value::BulkString(r)) if r == b"master" => Ok(conn),
-        _ => Err(StoreError::Unavailable(format!(
-            "{} is not a master (yet)",
-            info.addr()
-        ))),
-    }
-}
-
 /// The push sender type of a connection that has none (a sentinel's).
-type Unused = mpsc::UnboundedSender<PushInfo>;
+pub(super) type Unused = mpsc::UnboundedSender<PushInfo>;

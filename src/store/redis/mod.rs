@@ -10,10 +10,13 @@
 //! session records and resuming in `redis/sessions.rs`.
 //!
 //! This file has the store and its `Store` methods; opening it is in `redis/open.rs`,
-//! how one call reaches Redis (timeout, connection, script) in `redis/call.rs`, the
-//! store's own check of its permissions and eviction policy in `redis/checks.rs`.
+//! how one call reaches Redis (timeout, connection, script) in `redis/call.rs`, what
+//! the scripts are given in `redis/args.rs`, Sentinel in `redis/sentinel.rs`, the
+//! store's own check of its permissions and eviction policy in `redis/checks/`, a
+//! server that lost its data (the hold-off, grants written back) in `redis/restarts.rs`.
 
 mod acked;
+mod args;
 mod call;
 mod checks;
 mod link;
@@ -21,7 +24,9 @@ mod open;
 mod options;
 mod renew;
 mod replies;
+mod restarts;
 mod scripts;
+mod sentinel;
 mod sessions;
 mod slots;
 mod subscriptions;
@@ -40,6 +45,7 @@ use super::{
     Acquired, Claim, KeyState, Notice, RecordWrite, Recorded, Renewal, Renewed, ResumeClaim,
     Resumption, Store, StoreCheck, StoreError, StoreFuture,
 };
+use args::{LOCK_PARTS, claimed, tail};
 use link::{Conn, Link};
 use replies::{acquired, held_count, key_state, ms};
 use scripts::{Lua, Scripts};
@@ -118,83 +124,6 @@ impl RedisStore {
         let n: i64 = self.invoke(&self.scripts.release, key, &args).await?;
         Ok(held_count(n))
     }
-
-    /// The Redis key of one part of a lock (see `lua/core.lua`).
-    fn key(&self, key: &str, part: &str) -> String {
-        // Pushed rather than format!-ed: every store call makes four of these.
-        let mut name = String::with_capacity(self.namespace.len() + key.len() + 4 + part.len());
-        name.push('{');
-        name.push_str(&self.namespace);
-        name.push(':');
-        name.push_str(key);
-        name.push_str("}:");
-        name.push_str(part);
-        name
-    }
-
-    /// Where the scripts publish the notices of `key` (its own channel `{ns:KEY}:n`),
-    /// and whether with `SPUBLISH` ("1": a shard channel, Cluster) or `PUBLISH` ("0").
-    fn notice_channel(&self, key: &str) -> (String, &'static str) {
-        let sharded = if self.subscriptions.sharded() {
-            "1"
-        } else {
-            "0"
-        };
-        (self.subscriptions.channel(key), sharded)
-    }
-
-    /// The `notice` argument of `acquire.lua` and `release.lua`: whether they publish
-    /// with `SPUBLISH` ("1": Cluster) or `PUBLISH` ("0"), then the lock's name. The
-    /// scripts make the channel from the lock's key (see [`Self::notice_channel`]):
-    /// one argument fewer, and Redis pays for every argument on every call.
-    fn notice(&self, key: &str) -> String {
-        let mut notice = String::with_capacity(1 + key.len());
-        notice.push(if self.subscriptions.sharded() {
-            '1'
-        } else {
-            '0'
-        });
-        notice.push_str(key);
-        notice
-    }
-
-    /// The keys of one lock, in the order the scripts take them: its hash, its
-    /// waiters, its fair queue, its watchers (see `lua/core.lua`).
-    fn keys(&self, key: &str) -> [String; 4] {
-        LOCK_PARTS.map(|part| self.key(key, part))
-    }
-}
-
-/// The parts of one lock's keys (`{ns:KEY}:part`), in the order the scripts take them:
-/// its hash, its waiters, its fair queue, its watchers (see `lua/core.lua`).
-const LOCK_PARTS: [&str; 4] = ["h", "w", "q", "l"];
-
-/// The end of an exclusive lock's string (see `lua/core.lua`): `owner|name length|name`,
-/// then the value. Made here, once per acquire, rather than in Lua.
-fn tail(claim: &Claim) -> Vec<u8> {
-    let name = claim.shown_name();
-    let name = name.as_bytes();
-    let mut tail = Vec::with_capacity(claim.owner.len() + name.len() + claim.value.len() + 8);
-    tail.extend_from_slice(claim.owner.as_bytes());
-    tail.push(b'|');
-    tail.extend_from_slice(name.len().to_string().as_bytes());
-    tail.push(b'|');
-    tail.extend_from_slice(name);
-    tail.extend_from_slice(&claim.value);
-    tail
-}
-
-/// The `claim` argument of `acquire.lua`: wait and fair ("1" or "0" each), '|', then
-/// the waiter as `w` and `q` keep it (`mode|limit|owner|session_id|client_name`), from
-/// which the script reads mode, limit and owner.
-fn claimed(claim: &Claim) -> String {
-    let flag = |on: bool| if on { '1' } else { '0' };
-    let mut claimed = String::new();
-    claimed.push(flag(claim.wait));
-    claimed.push(flag(claim.fair));
-    claimed.push('|');
-    claimed.push_str(&claim.waiter());
-    claimed
 }
 
 impl Store for RedisStore {
@@ -205,14 +134,28 @@ impl Store for RedisStore {
             let claimed = claimed(claim);
             let notice = self.notice(&claim.key);
             let args: [&[u8]; 4] = [ttl.as_bytes(), &tail, claimed.as_bytes(), notice.as_bytes()];
+            // Not sent while new grants are held off after the store lost its data.
+            let held_off = || {
+                self.held_off().unwrap_or(Acquired::Busy {
+                    expires_in: Duration::ZERO,
+                    position: 0,
+                })
+            };
             let reply: Value = if self.acks.min == 0 {
-                self.invoke(&self.scripts.acquire, &claim.key, &args)
+                let acquire = &self.scripts.acquire;
+                match self
+                    .invoke_unless_held_off(acquire, &claim.key, &args, true)
                     .await?
+                {
+                    Some(reply) => reply,
+                    None => return Ok(held_off()),
+                }
             } else {
                 let keys = self.keys(&claim.key);
-                let (reply, acked) = self
-                    .invoke_acked(&self.scripts.acquire, &keys, &args)
-                    .await?;
+                let acked = self.invoke_acked(&self.scripts.acquire, &keys, &args);
+                let Some((reply, acked)) = acked.await? else {
+                    return Ok(held_off());
+                };
                 if !acked && let Ok(Acquired::Granted { fence }) = acquired(&reply) {
                     // Not on enough replicas: a failover could hand it out again. Undo
                     // it rather than hand out a grant that is not safe.
@@ -318,6 +261,18 @@ impl Store for RedisStore {
             let held: i64 = self.invoke(&self.scripts.proclaim, key, &args).await?;
             Ok(held == 1)
         })
+    }
+
+    fn restarted(&self) -> bool {
+        self.link.restarts().holding_off().is_some()
+    }
+
+    fn hold_offs(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.link.restarts().began())
+    }
+
+    fn reassert<'a>(&'a self, claim: &'a Claim, count: u32, fence: u64) -> StoreFuture<'a, bool> {
+        Box::pin(self.reassert_grant(claim, count, fence))
     }
 
     fn ping(&self) -> StoreFuture<'_, ()> {

@@ -9,6 +9,7 @@ use tokio::sync::broadcast;
 
 use super::link::Link;
 use super::options::{RedisOptions, Topology};
+use super::restarts::Restarts;
 use super::scripts::Scripts;
 use super::subscriptions::Subscriptions;
 use super::watchers::Watchers;
@@ -47,7 +48,8 @@ impl RedisStore {
             Topology::Sentinel { .. } => "redis_sentinel",
             Topology::Cluster { .. } => "redis_cluster",
         };
-        let link = Arc::new(Link::new(topology, options.timeout)?);
+        let restarts = Restarts::new(namespace, options.restart_hold_off);
+        let link = Arc::new(Link::new(topology, options.timeout, restarts)?);
         let notices = broadcast::channel(NOTICE_BUFFER).0;
         let (subscriptions, mut tasks) =
             Subscriptions::start(link.clone(), namespace, options.timeout, notices.clone());

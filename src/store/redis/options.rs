@@ -35,6 +35,9 @@ pub struct RedisOptions {
     pub min_replica_acks: u32,
     /// How long a grant or renewal waits for those acknowledgements.
     pub replica_ack_timeout: Duration,
+    /// After the store lost its data (restarted empty), how long no new lock is granted
+    /// while holders write theirs back (`redis/restarts.rs`); zero: not watched.
+    pub restart_hold_off: Duration,
 }
 
 impl Default for RedisOptions {
@@ -48,6 +51,9 @@ impl Default for RedisOptions {
             // A replica on the same network acknowledges in about a millisecond; 100 ms
             // tolerates a busy replica and still answers an acquire quickly.
             replica_ack_timeout: Duration::from_millis(100),
+            // The default TTL: every grant of a TTL up to it is written back by its
+            // holder, or lost by its safe deadline, before anything is granted anew.
+            restart_hold_off: Duration::from_secs(10),
         }
     }
 }

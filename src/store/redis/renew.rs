@@ -190,12 +190,16 @@ impl RedisStore {
     /// count as failed: a failover could lose the renewal.
     async fn renew_acked(&self, batch: &[Renewal<'_>], chunk: &[usize]) -> Answers {
         let call = self.renew_call(batch, chunk, false);
-        match self.pipelined_with_wait(&self.scripts.renew, call).await {
-            Ok((reply, true)) => match Vec::<u8>::from_redis_value(reply) {
+        match self
+            .pipelined_with_wait(&self.scripts.renew, call, false)
+            .await
+        {
+            Ok(None) => failed(chunk, StoreError::Protocol("renew: held off".into())),
+            Ok(Some((reply, true))) => match Vec::<u8>::from_redis_value(reply) {
                 Ok(flags) => flagged(chunk, flags),
                 Err(e) => failed(chunk, StoreError::Protocol(e.to_string())),
             },
-            Ok((_, false)) => failed(
+            Ok(Some((_, false))) => failed(
                 chunk,
                 StoreError::Unavailable(format!(
                     "the renewal was not acknowledged by {} replicas within {:?}",

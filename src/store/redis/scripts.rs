@@ -62,6 +62,8 @@ pub(super) struct Scripts {
     pub(super) describe: Lua,
     pub(super) fence: Lua,
     pub(super) proclaim: Lua,
+    /// A grant written back after the store lost its data (`redis/restarts.rs`).
+    pub(super) reassert: Lua,
     pub(super) watch: Lua,
     /// Session records and resuming (`redis/sessions.rs`).
     pub(super) record: Lua,
@@ -85,6 +87,7 @@ impl Scripts {
             describe: lua(include_str!("../lua/describe.lua")),
             fence: lua(include_str!("../lua/fence.lua")),
             proclaim: lua(include_str!("../lua/proclaim.lua")),
+            reassert: lua(include_str!("../lua/reassert.lua")),
             watch: lua(include_str!("../lua/watch.lua")),
             record: lua(include_str!("../lua/record.lua")),
             resume: lua(include_str!("../lua/resume.lua")),

@@ -53,7 +53,7 @@ mod vote;
 pub use urls::master_urls;
 use vote::{merge, renewal_vote};
 
-use super::redis::RedisStore;
+use super::redis::{RedisOptions, RedisStore};
 use super::{
     Acquired, Claim, KeyState, Notice, Renewal, Renewed, Sharing, Store, StoreCheck, StoreError,
     StoreFuture,
@@ -91,12 +91,25 @@ impl std::fmt::Debug for RedlockStore {
 }
 
 impl RedlockStore {
-    /// Connects lazily to every master of `url` (see [`master_urls`]); every call to one
-    /// master gives up after `timeout`. Must be called inside a tokio runtime.
+    /// Connects lazily to every master of `url` ([`master_urls`]), `timeout` per call.
     pub fn new(url: &str, namespace: &str, timeout: Duration) -> Result<Self, StoreError> {
+        let options = RedisOptions {
+            timeout,
+            ..RedisOptions::default()
+        };
+        Self::with_options(url, namespace, &options)
+    }
+
+    /// [`RedlockStore::new`] with the masters' options (see `redis/restarts.rs`). Must
+    /// be called inside a tokio runtime.
+    pub fn with_options(
+        url: &str,
+        namespace: &str,
+        options: &RedisOptions,
+    ) -> Result<Self, StoreError> {
         let masters = master_urls(url)?
             .iter()
-            .map(|u| RedisStore::new(u, namespace, timeout).map(Arc::new))
+            .map(|u| RedisStore::with_options(u, namespace, options).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
         let notices = broadcast::channel(NOTICE_BUFFER).0;
         let forwarders = masters

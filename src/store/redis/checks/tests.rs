@@ -3,13 +3,15 @@
 use super::*;
 
 /// Every script, as `scripts.rs` includes them.
-const SCRIPTS: [&str; 15] = [
+const SCRIPTS: [&str; 17] = [
     include_str!("../../lua/acquire.lua"),
     include_str!("../../lua/core.lua"),
     include_str!("../../lua/describe.lua"),
+    include_str!("../../lua/epoch.lua"),
     include_str!("../../lua/fence.lua"),
     include_str!("../../lua/lock.lua"),
     include_str!("../../lua/proclaim.lua"),
+    include_str!("../../lua/reassert.lua"),
     include_str!("../../lua/record.lua"),
     include_str!("../../lua/reenter.lua"),
     include_str!("../../lua/rekey.lua"),
@@ -20,6 +22,18 @@ const SCRIPTS: [&str; 15] = [
     include_str!("../../lua/unwait.lua"),
     include_str!("../../lua/watch.lua"),
 ];
+
+/// Every script of `src/store/lua/` is in [`SCRIPTS`] (but `check.lua`, the check itself).
+#[test]
+fn every_script_is_checked() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/store/lua");
+    let files = std::fs::read_dir(dir).expect("the scripts' folder");
+    let scripts = files.filter_map(|f| f.ok()).map(|f| f.file_name());
+    let count = scripts
+        .filter(|name| name.to_string_lossy().ends_with(".lua") && name != "check.lua")
+        .count();
+    assert_eq!(count, SCRIPTS.len(), "a script is missing from SCRIPTS");
+}
 
 /// The commands a script's text calls: every quoted upper-case word right after
 /// `redis.call(`, `redis.pcall(`, `pcall(redis.call, ` or `chunked(` (record.lua's

@@ -4,6 +4,10 @@
 # processes they start on free loopback ports, the jars).
 #
 #   LOCKSIDE_BIN=/path/to/lockside bash clients/java/ci.sh
+#   bash clients/java/ci.sh build    the jars only, without tests or a sidecar, and each
+#                                    module's compile classpath in target/classpath.txt:
+#                                    what tests/client_doc_examples.rs compiles the
+#                                    README's Java against (.ci/run runs it before cargo test)
 #
 # LOCKSIDE_BIN is the sidecar binary the tests run; unset, the repository's
 # target/debug/lockside (what `cargo build` / `cargo test` made) is used if it exists.
@@ -11,6 +15,11 @@
 # allowed). The first run downloads the dependencies and protoc from Maven Central into
 # ~/.m2; later runs reuse them.
 set -euo pipefail
+mode="${1:-all}"
+case "$mode" in
+  build | all) ;;
+  *) echo "usage: ci.sh [build]" >&2; exit 64 ;;
+esac
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 
@@ -25,6 +34,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${missing[*]}"
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ "$mode" = build ]; then
+  cd "$here"
+  mvn -B -q package -DskipTests dependency:build-classpath -Dmdep.outputFile=target/classpath.txt
+  exit 0
 fi
 
 if [ -z "${LOCKSIDE_BIN:-}" ] && [ -x "$repo/target/debug/lockside" ]; then

@@ -423,3 +423,80 @@ async fn hundreds_of_locks_resume_from_a_record_of_small_hashes_on_a_cluster() {
     };
     common::records::many_locks_resume(&cluster.url(), &namespace(), cli, false).await;
 }
+
+/// Issue 26, item 3, on a Cluster: a master SIGKILLed and started again empty (with its
+/// `nodes.conf`, so it comes back with its slots before its replica takes over: the
+/// node timeout is 15 s). The cluster client reconnects by itself; the dropped
+/// connection makes the sidecars read every master's epoch marker before their next
+/// grant or renewal: the holder's lock is written back with its token, a new key of
+/// that master is not granted during the hold-off (10 s, the default), and a waiter
+/// is granted only after the holder's release and the hold-off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_restarted_empty_holds_off_and_keeps_its_holders() {
+    let mut cluster = tokio::task::block_in_place(|| ClusterSetup::start_with_node_timeout(15_000));
+    let ns = namespace();
+    let a = Sidecar::start(store(&cluster.url(), &ns)).await;
+    let b = Sidecar::start(store(&cluster.url(), &ns)).await;
+    let keys = keys_per_master(&cluster, &ns, 2);
+    let master = keys[0].1;
+    let (held, fresh) = {
+        let mut on_master = keys.iter().filter(|(_, m)| *m == master).map(|(k, _)| k);
+        let held = on_master.next().expect("a key").clone();
+        (held, on_master.next().expect("another key").clone())
+    };
+    let mut holder = a.client().await.lease().await;
+    let token = holder.grant(&held).await.fencing_token;
+    let mut other = b.client().await.lease().await;
+    other.grant("elsewhere").await;
+    // Both sidecars have read every master's marker (their first grant did).
+    let node = (cluster.nodes.iter_mut())
+        .find(|n| n.port == master)
+        .expect("the master's node");
+    tokio::task::block_in_place(|| node.restart());
+    let restarted = Instant::now();
+    let lock = format!("{{{ns}:{held}}}:h");
+    let back = wait_until(PATIENCE, || {
+        common::topology::cli(master, &["GET", &lock]).contains(&format!("|{token}|"))
+    })
+    .await;
+    assert!(
+        back,
+        "the lock is written back on the restarted master, with its token"
+    );
+    let back_after = restarted.elapsed();
+    // (A waiter that waits through the restart is told UNAVAILABLE when it looks again
+    // while the node is down: it waits here from after the restart.)
+    let mut waiter = b.client().await.lease().await;
+    let waiting = waiter.send_acquire(waiting_for(&held, 60.0)).await;
+    waiter.expect_waiting(waiting).await;
+    let mut newcomer = b.client().await.lease().await;
+    let id = newcomer.send_acquire(acquire(&fresh)).await;
+    assert_eq!(
+        newcomer.expect_not_acquired(id).await,
+        proto::not_acquired::Reason::Busy as i32,
+        "no new grant on the restarted master during the hold-off"
+    );
+    // The holder may hear `Jeopardy` (a renewal went out while the node was down) and
+    // then `Restored`, never `Lost`.
+    let mut jeopardy = false;
+    while let Ok(event) = tokio::time::timeout(Duration::from_millis(300), holder.next()).await {
+        match event {
+            Event::Jeopardy(j) if j.key == held => jeopardy = true,
+            Event::Restored(r) if r.key == held && jeopardy => jeopardy = false,
+            other => panic!("the holder keeps its lock: {other:?}"),
+        }
+    }
+    assert!(!jeopardy, "restored");
+    assert_eq!(holder.release(&held).await, 0);
+    let granted = waiter.granted_after_wait(waiting).await;
+    assert!(granted.fencing_token > token);
+    assert!(
+        restarted.elapsed() >= Duration::from_secs(10),
+        "not before the hold-off"
+    );
+    eprintln!(
+        "SCENARIO 11 Cluster, a master restarted empty: its lock written back {back_after:?} \
+         after the restart, the waiter granted {:?} after it",
+        restarted.elapsed()
+    );
+}

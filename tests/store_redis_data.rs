@@ -200,7 +200,7 @@ async fn tokens_increase_after_the_state_is_gone() {
     assert!(third > second, "after a restart: {third} <= {second}");
 }
 
-/// The store's epoch marker (`store/redis/restarts.rs`): the one key a namespace keeps
+/// The store's epoch marker (`store/redis/restarts/`): the one key a namespace keeps
 /// without an expiry, written at the first connection, `epoch|hold-off end|known`; it
 /// is how every sidecar tells a server that lost its data.
 #[tokio::test]

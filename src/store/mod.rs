@@ -142,7 +142,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Whether the store lost its data (Redis restarted empty) and holds off new grants
     /// for now: acquires are answered busy, and a grant it no longer holds may be
-    /// written back by [`Store::reassert`] (`store/redis/restarts.rs`).
+    /// written back by [`Store::reassert`] (`store/redis/restarts/`).
     fn restarted(&self) -> bool {
         false
     }

@@ -105,7 +105,7 @@ pub fn make_store(kind: &StoreKind, ns: &str) -> Arc<dyn Store> {
     }
 }
 
-/// A Redis store whose hold-off after the store lost its data (`store/redis/restarts.rs`)
+/// A Redis store whose hold-off after the store lost its data (`store/redis/restarts/`)
 /// is `hold_off` rather than the product's default (the default TTL, 10 s): for tests
 /// that restart Redis empty to test something else, with the TTL of their locks.
 pub fn redis_store(url: &str, ns: &str, hold_off: Duration) -> Arc<dyn Store> {

@@ -160,7 +160,7 @@ struct Task {
     failing: usize,
     /// Changes when the store lost its data and holds off new grants: every grant is
     /// renewed at once, so that those it lost are written back by their sessions well
-    /// before the hold-off ends, whatever their TTL (`store/redis/restarts.rs`).
+    /// before the hold-off ends, whatever their TTL (`store/redis/restarts/`).
     hold_offs: Option<tokio::sync::watch::Receiver<u64>>,
 }
 

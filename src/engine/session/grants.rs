@@ -59,6 +59,7 @@ impl Session {
                 granted_at: Instant::now(),
                 jeopardy: false,
                 busy: false,
+                gone: false,
                 queue,
                 value: claim.value.into_boxed_slice(),
             })),
@@ -131,8 +132,15 @@ impl Session {
         crate::engine::release_in_background(&self.shared.store, key, owner, ttl);
     }
 
-    /// Runs the commands queued behind a slot while it has no call under way.
+    /// Runs the commands queued behind a slot while it has no call under way (first
+    /// writing the grant back, if the renewer found it gone meanwhile).
     pub(super) fn drain(&mut self, name: &str) {
+        if let Some((name, Slot::Held(h))) = self.slots.get_key_value(name)
+            && h.gone
+            && !h.busy
+        {
+            return self.reassert(name.clone());
+        }
         loop {
             let command = match self.slots.get_mut(name) {
                 Some(Slot::Held(h)) if !h.busy => h.queue.pop_front(),
@@ -215,9 +223,11 @@ impl Session {
             }
             // Gone while the store holds off new grants after losing its data: nobody
             // else can have it, so it is written back (`reassert.rs`).
-            RenewEvent::NotHeld(..) if !h.busy && self.shared.store.restarted() => {
-                self.reassert(name);
-            }
+            RenewEvent::NotHeld(..) if self.shared.store.restarted() => match h.busy {
+                // The call under way goes first; then it is written back.
+                true => h.gone = true,
+                false => self.reassert(name),
+            },
             RenewEvent::NotHeld(..) => {
                 let queue = self.lose(&name, Loss::NotHeld);
                 self.redispatch(queue);

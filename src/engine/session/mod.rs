@@ -100,6 +100,9 @@ struct Held {
     jeopardy: bool,
     /// A store call for this grant is under way.
     busy: bool,
+    /// The renewer found the grant gone during a hold-off while a call was under way:
+    /// written back once that call is done (`reassert.rs`).
+    gone: bool,
     queue: VecDeque<Command>,
     /// The holder's value as last asked for: written back with the grant after the
     /// store lost its data (`reassert.rs`).

@@ -1,14 +1,16 @@
-//! A grant the store lost with its data, written back (`store/redis/restarts.rs`): when
+//! A grant the store lost with its data, written back (`store/redis/restarts/`): when
 //! the renewer finds a grant gone while the store holds off new grants after losing its
 //! data, nobody else can have been granted the key since, so the session writes its
 //! grant back (same owner, hold count and token) instead of telling its client `Lost`.
-//! Its validity then counts from that write, as from a renewal.
+//! Its validity then counts from that write, as from a renewal (and a client told
+//! `Jeopardy` while the store was down hears `Restored`).
 
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
 use super::{Done, Session, Slot};
+use crate::engine::Event;
 use crate::engine::renewer::Renewable;
 use crate::metrics::Loss;
 use crate::store::{Claim, StoreError, drift_margin, names};
@@ -19,7 +21,7 @@ impl Session {
         let Some(Slot::Held(h)) = self.slots.get_mut(&*name) else {
             return;
         };
-        h.busy = true;
+        (h.busy, h.gone) = (true, false);
         let (key, holder) = names::split(&name);
         let claim = Claim {
             key: key.to_owned(),
@@ -80,6 +82,13 @@ impl Session {
                     events: self.notes_tx.clone(),
                 });
                 log!(self, INFO, %key, %holder, fence = h.fence, "written back after the store lost its data");
+                if h.jeopardy {
+                    // Renewals failed while the store was down: confirmed again now.
+                    h.jeopardy = false;
+                    let ttl = h.clock.get().saturating_duration_since(Instant::now());
+                    let (key, holder) = (key.to_owned(), holder.to_owned());
+                    self.send(Event::Restored { key, ttl, holder });
+                }
                 self.drain(&name);
             }
             Err(e) if self.shared.store.restarted() && h.clock.get() > Instant::now() => {

@@ -93,6 +93,13 @@ impl Session {
                         self.send(event);
                         self.drain(&name);
                     }
+                    // Lost with the store's data during its hold-off: written back
+                    // first (`reassert.rs`), then held once more.
+                    Ok(None) if self.shared.store.restarted() => {
+                        self.pending.insert(request.request_id);
+                        h.queue.push_front(Command::Acquire(request));
+                        self.reassert(name.into());
+                    }
                     Ok(None) => {
                         let queue = self.lose(&name, Loss::NotHeld);
                         self.handle(Command::Acquire(request));

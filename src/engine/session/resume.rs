@@ -142,6 +142,7 @@ impl Session {
                 granted_at: now,
                 jeopardy: false,
                 busy: false,
+                gone: false,
                 queue: VecDeque::new(),
                 value: Box::default(),
             })),

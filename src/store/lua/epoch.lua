@@ -1,7 +1,8 @@
--- The store's epoch (`redis/restarts.rs`): a marker key, '{ns:epoch}:e', that every
--- sidecar reads on each new connection before any other call goes out on it. It holds
--- 'epoch|hold-off end|known' and never expires, so it is gone only when the server lost
--- its data: restarted empty (no persistence), or flushed.
+-- The store's epoch (`redis/restarts/`): a marker key, '{ns:epoch}:e' (on a Cluster one
+-- per master, '{ns:epoch/N}:e'), that every sidecar reads on each new connection before
+-- any other call goes out on it (on a Cluster: after a node's connection dropped, before
+-- the next grant). It holds 'epoch|hold-off end|known' and never expires, so it is gone
+-- only when the server lost its data: restarted empty (no persistence), or flushed.
 -- ARGV: known (the epoch this sidecar read before, '' for none), a new random epoch, the
 -- hold-off in ms.
 -- - No marker: written with the new epoch. A sidecar that knew one sees that the server

@@ -1,6 +1,6 @@
 --#include core
 --#include lock
--- Writes back a grant the store lost with its data (`redis/restarts.rs`): while the
+-- Writes back a grant the store lost with its data (`redis/restarts/`): while the
 -- sidecars hold off new grants after the loss, the holder's sidecar re-asserts each of
 -- its grants with its owner, hold count and token, so that its client keeps the lock.
 -- Admitted as an acquire would be, among the grants already written back (two readers

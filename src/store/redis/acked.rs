@@ -17,32 +17,36 @@ use super::{Lua, RedisStore};
 use crate::store::StoreError;
 
 impl RedisStore {
-    /// Runs the acquire `script` on `keys` and `args`, then `WAIT`; returns the script's
-    /// reply and whether enough replicas acknowledged it; `None` when not sent because
-    /// new grants are held off (see `RedisStore::invoke_unless_held_off`).
+    /// Runs the acquire `script` on the keys of the lock `key` and `args`, then `WAIT`;
+    /// returns the script's reply and whether enough replicas acknowledged it; `None`
+    /// when not sent because new grants are held off (see
+    /// `RedisStore::invoke_unless_held_off`).
     pub(super) async fn invoke_acked(
         &self,
         lua: &Lua,
-        keys: &[String],
+        key: &str,
         args: &[&[u8]],
     ) -> Result<Option<(Value, bool)>, StoreError> {
+        let keys = self.keys(key);
         let mut evalsha = redis::cmd("EVALSHA");
         evalsha
             .arg(lua.script.get_hash())
             .arg(keys.len())
-            .arg(keys)
+            .arg(&keys)
             .arg(args);
-        self.pipelined_with_wait(lua, evalsha, true).await
+        let drops = self.read_markers(Some(key)).await?;
+        self.pipelined_with_wait(lua, evalsha, Some(drops)).await
     }
 
     /// Runs `call` (an EVALSHA of `lua`) and `WAIT` in one pipeline; loads the script
     /// and tries once more on NOSCRIPT. Returns the call's reply and whether enough
-    /// replicas acknowledged it; with `grants`, `None` when held off.
+    /// replicas acknowledged it; with `grants` (the drops its markers were read at),
+    /// `None` when held off.
     pub(super) async fn pipelined_with_wait(
         &self,
         lua: &Lua,
         call: redis::Cmd,
-        grants: bool,
+        grants: Option<u64>,
     ) -> Result<Option<(Value, bool)>, StoreError> {
         let wanted = self.acks.min;
         let mut pipe = redis::pipe();
@@ -53,7 +57,7 @@ impl RedisStore {
         let pipe = &pipe;
         let replies = self
             .run(|mut conn| async move {
-                if grants && self.link.restarts().holding_off().is_some() {
+                if grants.is_some_and(|drops| self.held_off_since(drops)) {
                     return Ok(None);
                 }
                 match pipe.query_async::<Vec<Value>>(&mut conn).await.map(Some) {

@@ -103,7 +103,7 @@ impl RedisStore {
     }
 
     /// [`RedisStore::invoke`]; with `grants`, not sent (`None`) while new grants are
-    /// held off after the store lost its data (`redis/restarts.rs`). Asked once the
+    /// held off after the store lost its data (`redis/restarts/`). Asked once the
     /// connection is made: a new connection learns of the loss before it is used.
     pub(super) async fn invoke_unless_held_off<T: redis::FromRedisValue>(
         &self,
@@ -132,8 +132,13 @@ impl RedisStore {
         for a in args {
             cmd.arg(*a);
         }
+        // A Cluster reads its masters' markers first when a node's connection dropped.
+        let drops = match grants {
+            true => self.read_markers(Some(key)).await?,
+            false => 0,
+        };
         self.run(|mut conn| async move {
-            if grants && self.link.restarts().holding_off().is_some() {
+            if grants && self.held_off_since(drops) {
                 return Ok(None);
             }
             match cmd.query_async(&mut conn).await.map(Some) {

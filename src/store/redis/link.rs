@@ -146,7 +146,7 @@ impl Link {
         })
     }
 
-    /// Whether the store lost its data and new grants are held off (`restarts.rs`).
+    /// Whether the store lost its data and new grants are held off (`restarts/`).
     pub(crate) fn restarts(&self) -> &Restarts {
         &self.restarts
     }

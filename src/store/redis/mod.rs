@@ -13,7 +13,7 @@
 //! how one call reaches Redis (timeout, connection, script) in `redis/call.rs`, what
 //! the scripts are given in `redis/args.rs`, Sentinel in `redis/sentinel.rs`, the
 //! store's own check of its permissions and eviction policy in `redis/checks/`, a
-//! server that lost its data (the hold-off, grants written back) in `redis/restarts.rs`.
+//! server that lost its data (the hold-off, grants written back) in `redis/restarts/`.
 
 mod acked;
 mod args;
@@ -151,8 +151,7 @@ impl Store for RedisStore {
                     None => return Ok(held_off()),
                 }
             } else {
-                let keys = self.keys(&claim.key);
-                let acked = self.invoke_acked(&self.scripts.acquire, &keys, &args);
+                let acked = self.invoke_acked(&self.scripts.acquire, &claim.key, &args);
                 let Some((reply, acked)) = acked.await? else {
                     return Ok(held_off());
                 };

@@ -36,7 +36,7 @@ pub struct RedisOptions {
     /// How long a grant or renewal waits for those acknowledgements.
     pub replica_ack_timeout: Duration,
     /// After the store lost its data (restarted empty), how long no new lock is granted
-    /// while holders write theirs back (`redis/restarts.rs`); zero: not watched.
+    /// while holders write theirs back (`redis/restarts/`); zero: not watched.
     pub restart_hold_off: Duration,
 }
 

@@ -191,7 +191,7 @@ impl RedisStore {
     async fn renew_acked(&self, batch: &[Renewal<'_>], chunk: &[usize]) -> Answers {
         let call = self.renew_call(batch, chunk, false);
         match self
-            .pipelined_with_wait(&self.scripts.renew, call, false)
+            .pipelined_with_wait(&self.scripts.renew, call, None)
             .await
         {
             Ok(None) => failed(chunk, StoreError::Protocol("renew: held off".into())),
@@ -289,6 +289,10 @@ impl RedisStore {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
+        // A Cluster whose node's connection dropped reads its masters' epoch markers
+        // first, so a grant its restarted master lost is written back, not lost. A
+        // master that cannot be read fails its own chunks below anyway.
+        let _ = self.read_markers(None).await;
         // By node on a Cluster once the slot map is known; replica acknowledgement
         // keeps per-slot groups (each is followed by a WAIT on its node).
         let owners = if self.link.is_cluster() && self.acks.min == 0 {

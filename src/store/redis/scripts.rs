@@ -62,7 +62,7 @@ pub(super) struct Scripts {
     pub(super) describe: Lua,
     pub(super) fence: Lua,
     pub(super) proclaim: Lua,
-    /// A grant written back after the store lost its data (`redis/restarts.rs`).
+    /// A grant written back after the store lost its data (`redis/restarts/`).
     pub(super) reassert: Lua,
     pub(super) watch: Lua,
     /// Session records and resuming (`redis/sessions.rs`).

@@ -103,6 +103,21 @@ impl SlotMap {
             .clone()
     }
 
+    /// Reads the map now, within `timeout`, for a caller that cannot go on without it.
+    pub(super) async fn read_now(&self, link: &Link, timeout: Duration) -> Option<Arc<Vec<usize>>> {
+        let read = async {
+            let mut conn = link.connection().await.ok()?;
+            let mut slots = redis::cmd("CLUSTER");
+            slots.arg("SLOTS");
+            slots.query_async::<Value>(&mut conn).await.ok()
+        };
+        let owners = Arc::new(slot_owners(
+            &tokio::time::timeout(timeout, read).await.ok()??,
+        )?);
+        *self.owners.lock().unwrap_or_else(|e| e.into_inner()) = Some(owners.clone());
+        Some(owners)
+    }
+
     /// Forgets the map (a node refused a chunk grouped by it).
     pub(super) fn forget(&self) {
         self.owners.lock().unwrap_or_else(|e| e.into_inner()).take();

@@ -100,7 +100,7 @@ impl RedlockStore {
         Self::with_options(url, namespace, &options)
     }
 
-    /// [`RedlockStore::new`] with the masters' options (see `redis/restarts.rs`). Must
+    /// [`RedlockStore::new`] with the masters' options (see `redis/restarts/`). Must
     /// be called inside a tokio runtime.
     pub fn with_options(
         url: &str,

@@ -93,6 +93,9 @@ impl Subscriptions {
                     // Releases on that node were missed until the connection
                     // re-subscribes.
                     tracing::debug!("a cluster node connection dropped");
+                    // It may have restarted empty: its epoch marker is read again
+                    // before the next grant (`redis/restarts/cluster.rs`).
+                    self.link.restarts().suspect();
                     let _ = self.notices.send(Notice::Resync);
                     self.heal();
                 }

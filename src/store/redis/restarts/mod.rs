@@ -20,19 +20,27 @@
 //!   A holder whose sidecar cannot reach the server loses its lock by its safe deadline,
 //!   which the hold-off outlasts for every TTL up to the hold-off.
 //!
+//! On a Cluster each master keeps a marker of its own, and the cluster client
+//! reconnects to a node by itself, with no call of ours first: a dropped connection
+//! (its push) marks every marker to be read again, and a grant or a renewal reads them
+//! first (`cluster.rs`).
+//!
 //! What it cannot see: a sidecar that never connected before (it knew no epoch) and
 //! reaches a server that lost its data before any sidecar that knew it cannot tell it
 //! from a new server. The first sidecar that knew the old epoch to arrive starts the
-//! hold-off then. A Redis Cluster is not covered yet: its client reconnects to a node
-//! by itself, with no call of ours first (see docs/guarantees.md).
+//! hold-off then (see docs/guarantees.md).
 //!
 //! This file has the marker's reading ([`Restarts::greet`]), the hold-off, and the
-//! store's side of acquiring under it and of re-asserting.
+//! store's side of acquiring under it and of re-asserting; `cluster.rs` the markers of
+//! a Cluster's masters.
 
+mod cluster;
+
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use deadpool_redis::redis::aio::MultiplexedConnection;
+use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
 use deadpool_redis::redis::{self, Value};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -41,35 +49,41 @@ use super::replies::ms;
 use super::{RedisStore, tail};
 use crate::store::{Acquired, Claim, StoreError};
 
-/// What this sidecar knows of the store's epoch.
+/// What this sidecar knows of the store's epochs.
 #[derive(Default)]
 struct Known {
-    /// The epoch read last; `None` before the first connection.
-    epoch: Option<String>,
+    /// The epoch read last in each marker (one; on a Cluster, one per master).
+    epochs: HashMap<String, String>,
     /// When the hold-off ends, in this sidecar's clock.
     until: Option<Instant>,
 }
 
 /// The marker, the hold-off, and who wants to hear that one began.
 pub(crate) struct Restarts {
+    namespace: String,
     marker: String,
     hold_off: Duration,
     script: redis::Script,
     known: Mutex<Known>,
-    /// Bumped when a hold-off begins: the renewer renews every grant at once, so that
-    /// grants with long TTLs are written back before it ends.
+    /// Bumped when a hold-off begins (and, on a Cluster, when a node's connection
+    /// drops): the renewer renews every grant at once, so that grants with long TTLs
+    /// are written back before it ends.
     began: watch::Sender<u64>,
+    /// Cluster: which markers were read since a node's connection last dropped.
+    cluster: cluster::Verified,
 }
 
 impl Restarts {
     /// For the keys of `namespace`; `hold_off` zero turns it all off.
     pub(crate) fn new(namespace: &str, hold_off: Duration) -> Self {
         Self {
+            namespace: namespace.to_owned(),
             marker: format!("{{{namespace}:epoch}}:e"),
             hold_off,
-            script: redis::Script::new(include_str!("../lua/epoch.lua")),
+            script: redis::Script::new(include_str!("../../lua/epoch.lua")),
             known: Mutex::default(),
             began: watch::channel(0).0,
+            cluster: cluster::Verified::default(),
         }
     }
 
@@ -96,11 +110,20 @@ impl Restarts {
         if self.hold_off.is_zero() {
             return Ok(());
         }
-        let known = self.known().epoch.clone().unwrap_or_default();
+        self.read(conn, &self.marker).await
+    }
+
+    /// Reads (or writes) `marker` on `conn` (see [`Restarts::greet`]).
+    async fn read<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        marker: &str,
+    ) -> Result<(), StoreError> {
+        let known = self.known().epochs.get(marker).cloned().unwrap_or_default();
         let fresh = crate::store::random_id();
         let reply = self
             .script
-            .key(&self.marker)
+            .key(marker)
             .arg(&known)
             .arg(&fresh)
             .arg(ms(self.hold_off))
@@ -119,7 +142,7 @@ impl Restarts {
         let left = Duration::from_millis(left);
         let mut state = self.known();
         let was_holding = state.until.is_some_and(|until| until > Instant::now());
-        state.epoch = Some(epoch);
+        state.epochs.insert(marker.to_owned(), epoch);
         if left.is_zero() {
             return Ok(());
         }
@@ -141,6 +164,13 @@ impl Restarts {
 }
 
 impl RedisStore {
+    /// Whether a grant is not to be sent: a hold-off runs, or (Cluster) a node's
+    /// connection dropped since its markers were read at `drops`.
+    pub(in crate::store::redis) fn held_off_since(&self, drops: u64) -> bool {
+        let restarts = self.link.restarts();
+        restarts.holding_off().is_some() || restarts.drops() != drops
+    }
+
     /// Busy for what is left of the hold-off, if one runs: the acquire is not sent.
     pub(super) fn held_off(&self) -> Option<Acquired> {
         let left = self.link.restarts().holding_off()?;

@@ -378,20 +378,26 @@ impl ClusterSetup {
         panic!("no node knows the master of {redis_key}");
     }
 
-    /// A replica of the master on `port`.
+    /// A replica of the master on `port`, once the master lists one (on a loaded machine
+    /// it may not yet, although the cluster said ok: once seen failing a test).
     pub fn replica_of(&self, port: u16) -> u16 {
         let node_id = cli(port, &["cluster", "myid"]);
-        let replicas = cli(port, &["cluster", "replicas", &node_id]);
-        replicas
-            .split_whitespace()
-            .find_map(|f| {
+        let find = || {
+            let replicas = cli(port, &["cluster", "replicas", &node_id]);
+            replicas.split_whitespace().find_map(|f| {
                 f.split('@')
                     .next()
                     .and_then(|a| a.rsplit(':').next())
                     .and_then(|p| p.parse().ok())
                     .filter(|p: &u16| self.nodes.iter().any(|n| n.port == *p))
             })
-            .expect("a replica")
+        };
+        let mut found = None;
+        poll(PATIENCE, || {
+            found = find();
+            found.is_some()
+        });
+        found.expect("a replica")
     }
 
     /// The ports of the three masters, as the nodes see them now.

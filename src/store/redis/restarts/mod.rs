@@ -38,6 +38,7 @@ mod cluster;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -49,22 +50,18 @@ use super::replies::ms;
 use super::{RedisStore, tail};
 use crate::store::{Acquired, Claim, StoreError};
 
-/// What this sidecar knows of the store's epochs.
-#[derive(Default)]
-struct Known {
-    /// The epoch read last in each marker (one; on a Cluster, one per master).
-    epochs: HashMap<String, String>,
-    /// When the hold-off ends, in this sidecar's clock.
-    until: Option<Instant>,
-}
-
 /// The marker, the hold-off, and who wants to hear that one began.
 pub(crate) struct Restarts {
     namespace: String,
     marker: String,
     hold_off: Duration,
     script: redis::Script,
-    known: Mutex<Known>,
+    /// The epoch read last in each marker (one; on a Cluster, one per master).
+    epochs: Mutex<HashMap<String, String>>,
+    /// When the hold-off ends, in ns after `base` (0: none): asked by every acquire,
+    /// so one atomic load when none runs.
+    until: AtomicU64,
+    base: Instant,
     /// Bumped when a hold-off begins (and, on a Cluster, when a node's connection
     /// drops): the renewer renews every grant at once, so that grants with long TTLs
     /// are written back before it ends.
@@ -81,19 +78,24 @@ impl Restarts {
             marker: format!("{{{namespace}:epoch}}:e"),
             hold_off,
             script: redis::Script::new(include_str!("../../lua/epoch.lua")),
-            known: Mutex::default(),
+            epochs: Mutex::default(),
+            until: AtomicU64::new(0),
+            base: Instant::now(),
             began: watch::channel(0).0,
             cluster: cluster::Verified::default(),
         }
     }
 
-    fn known(&self) -> std::sync::MutexGuard<'_, Known> {
-        self.known.lock().unwrap_or_else(|e| e.into_inner())
+    fn epochs(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.epochs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// How long new grants are still held off, if they are.
     pub(crate) fn holding_off(&self) -> Option<Duration> {
-        let until = self.known().until?;
+        let until = match self.until.load(Ordering::Acquire) {
+            0 => return None,
+            nanos => self.base + Duration::from_nanos(nanos),
+        };
         let left = until.saturating_duration_since(Instant::now());
         (!left.is_zero()).then_some(left)
     }
@@ -119,7 +121,7 @@ impl Restarts {
         conn: &mut C,
         marker: &str,
     ) -> Result<(), StoreError> {
-        let known = self.known().epochs.get(marker).cloned().unwrap_or_default();
+        let known = self.epochs().get(marker).cloned().unwrap_or_default();
         let fresh = crate::store::random_id();
         let reply = self
             .script
@@ -140,16 +142,16 @@ impl Restarts {
             }
         };
         let left = Duration::from_millis(left);
-        let mut state = self.known();
-        let was_holding = state.until.is_some_and(|until| until > Instant::now());
-        state.epochs.insert(marker.to_owned(), epoch);
+        self.epochs().insert(marker.to_owned(), epoch);
         if left.is_zero() {
             return Ok(());
         }
+        let was_holding = self.holding_off().is_some();
         // Counted from the answer: it may end a round trip later here than in the
-        // store, never earlier.
-        state.until = Some(Instant::now() + left);
-        drop(state);
+        // store, never earlier; and a later end (another master's) is kept.
+        let until = (Instant::now() + left).saturating_duration_since(self.base);
+        let until = u64::try_from(until.as_nanos()).unwrap_or(u64::MAX).max(1);
+        self.until.fetch_max(until, Ordering::AcqRel);
         if found == 1 {
             tracing::warn!(
                 hold_off = ?left,

@@ -1,6 +1,7 @@
 //! Issue 28, item 6: every example runs. Every fenced code block of the user's
-//! documentation (`README.md`, `CONTRIBUTING.md`, `ARCHITECTURE.md`, `docs/*.md` and
-//! `clients/*/README.md`, found by listing, so a page or a block added later is covered)
+//! documentation (`README.md`, `CONTRIBUTING.md`, `ARCHITECTURE.md`, `docs/*.md`,
+//! `clients/*/README.md` and `deploy/README.md`, `deploy/*/README.md`, found by listing,
+//! so a page or a block added later is covered)
 //! is run or checked here, or says why not. The line just before each opening fence is
 //! an HTML comment (invisible once rendered) that says which:
 //!
@@ -70,8 +71,8 @@ pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The documentation pages: the front door, the contributor's pages, `docs/` and each
-/// client package's README.
+/// The documentation pages: the front door, the contributor's pages, `docs/`, each
+/// client package's README and the deployment's.
 fn pages() -> Vec<PathBuf> {
     let root = repo();
     let mut pages: Vec<PathBuf> = ["README.md", "CONTRIBUTING.md", "ARCHITECTURE.md"]
@@ -87,6 +88,13 @@ fn pages() -> Vec<PathBuf> {
     }
     for entry in std::fs::read_dir(root.join("clients")).expect("clients/") {
         let path = entry.expect("clients/ entry").path().join("README.md");
+        if path.exists() {
+            listed.push(path);
+        }
+    }
+    listed.push(root.join("deploy/README.md"));
+    for entry in std::fs::read_dir(root.join("deploy")).expect("deploy/") {
+        let path = entry.expect("deploy/ entry").path().join("README.md");
         if path.exists() {
             listed.push(path);
         }

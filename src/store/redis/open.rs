@@ -23,11 +23,7 @@ impl RedisStore {
     /// Connects lazily to `url`; keys live under `namespace`; every call gives up after
     /// `timeout`. Must be called inside a tokio runtime.
     pub fn new(url: &str, namespace: &str, timeout: Duration) -> Result<Self, StoreError> {
-        let options = RedisOptions {
-            timeout,
-            ..RedisOptions::default()
-        };
-        Self::with_options(url, namespace, &options)
+        Self::with_options(url, namespace, &RedisOptions::with_timeout(timeout))
     }
 
     /// Connects lazily to `url` with `options` (certificates, replica acknowledgement).

@@ -58,6 +58,16 @@ impl Default for RedisOptions {
     }
 }
 
+impl RedisOptions {
+    /// The defaults, with every call giving up after `timeout`.
+    pub fn with_timeout(timeout: Duration) -> Self {
+        Self {
+            timeout,
+            ..Self::default()
+        }
+    }
+}
+
 /// Where the data lives, with everything needed to connect.
 #[derive(Clone, Debug)]
 pub(crate) enum Topology {

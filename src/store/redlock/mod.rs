@@ -93,11 +93,7 @@ impl std::fmt::Debug for RedlockStore {
 impl RedlockStore {
     /// Connects lazily to every master of `url` ([`master_urls`]), `timeout` per call.
     pub fn new(url: &str, namespace: &str, timeout: Duration) -> Result<Self, StoreError> {
-        let options = RedisOptions {
-            timeout,
-            ..RedisOptions::default()
-        };
-        Self::with_options(url, namespace, &options)
+        Self::with_options(url, namespace, &RedisOptions::with_timeout(timeout))
     }
 
     /// [`RedlockStore::new`] with the masters' options (see `redis/restarts/`). Must

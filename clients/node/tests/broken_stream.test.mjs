@@ -152,8 +152,12 @@ describe('a broken stream', () => {
       assert.deepEqual(history.overlaps(), [], `round ${round}`);
       assert.ok(told, `round ${round}: the holder was never told to stop`);
       noticed.push(told - stopped);
-      assert.equal(lock.suspended, true);
-      assert.deepEqual(followed.events.map((e) => e.event), ['suspended']);
+      // Suspended, never restored (the sidecar released it on waking); on a loaded
+      // machine the client may already have tried to resume, been refused and called it
+      // lost (seen once in CI).
+      const seen = followed.events.map((e) => e.event);
+      assert.ok(['suspended', 'suspended,lost'].includes(seen.join()), `round ${round}: ${seen}`);
+      assert.equal(lock.suspended, seen.length === 1);
       endWaiter('release');
       await granted.release();
       await holder.close();

@@ -80,11 +80,13 @@ async fn hand_around(sidecar: &Sidecar, key: &str, rounds: usize) {
 
 /// The channels of namespace `ns` subscribed on the server at `port` (`sharded`: shard
 /// channels).
+/// The notice channels of namespace `ns` subscribed to on `port` (not the masters'
+/// witnesses on a Cluster, `store/redis/restarts/witness.rs`, which carry no notices).
 fn channels(port: u16, ns: &str, sharded: bool) -> Vec<String> {
     let kind = if sharded { "shardchannels" } else { "channels" };
     cli(port, &["pubsub", kind, "*"])
         .lines()
-        .filter(|c| c.contains(ns))
+        .filter(|c| c.contains(ns) && !c.contains("}:w:"))
         .map(str::to_owned)
         .collect()
 }

@@ -201,8 +201,9 @@ async fn tokens_increase_after_the_state_is_gone() {
 }
 
 /// The store's epoch marker (`store/redis/restarts/`): the one key a namespace keeps
-/// without an expiry, written at the first connection, `epoch|hold-off end|known`; it
-/// is how every sidecar tells a server that lost its data.
+/// without an expiry, written at the first connection, `epoch|hold-off end|known|
+/// tenure|witness`, the tenure being the server's `run_id:master_replid`; it is how
+/// every sidecar tells a server that lost its data, or may have.
 #[tokio::test]
 async fn a_namespace_keeps_one_epoch_marker() {
     let redis = Redis::start();
@@ -213,12 +214,23 @@ async fn a_namespace_keeps_one_epoch_marker() {
     assert_eq!(redis.cli(&["PTTL", &marker]), "-1", "kept for good");
     let value = redis.cli(&["GET", &marker]);
     let parts: Vec<&str> = value.split('|').collect();
-    assert_eq!(parts.len(), 3, "{value}");
+    assert_eq!(parts.len(), 5, "{value}");
     assert_eq!(
-        &parts[1..],
+        &parts[1..3],
         ["0", "0"],
         "no hold-off on a first start: {value}"
     );
+    let info = |section: &str, field: &str| {
+        let text = redis.cli(&["INFO", section]);
+        let line = text.lines().find_map(|l| l.strip_prefix(field));
+        line.expect("the field").trim().to_owned()
+    };
+    let tenure = format!(
+        "{}:{}",
+        info("server", "run_id:"),
+        info("replication", "master_replid:")
+    );
+    assert_eq!(parts[3], tenure, "the server's tenure: {value}");
 }
 
 /// A rolling upgrade: a lock held by a sidecar of the previous data model (a sorted set

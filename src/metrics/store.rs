@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::{Operation, StoreCalls};
 use crate::store::{
-    Acquired, Claim, KeyState, Notice, RecordWrite, Recorded, Renewal, Renewed, ResumeClaim,
+    Acquired, Claim, Early, KeyState, Notice, RecordWrite, Recorded, Renewal, Renewed, ResumeClaim,
     Resumption, Sharing, Store, StoreCheck, StoreError, StoreFuture,
 };
 
@@ -100,6 +100,14 @@ impl Store for MeteredStore {
 
     fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<Renewed>> {
         self.meter(Operation::Renew, self.inner.renew(batch))
+    }
+
+    fn renew_early<'a>(
+        &'a self,
+        batch: &'a [Renewal<'a>],
+        early: Early<'a>,
+    ) -> StoreFuture<'a, Vec<Renewed>> {
+        self.meter(Operation::Renew, self.inner.renew_early(batch, early))
     }
 
     fn unwait<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, ()> {

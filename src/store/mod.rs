@@ -40,6 +40,10 @@ use tokio::sync::broadcast;
 /// A future returned by a [`Store`] method.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
+/// Told each answer of a renewal batch as soon as its part of the batch is answered
+/// (see [`Store::renew_early`]): the grant's position in the batch and its answer.
+pub type Early<'a> = &'a (dyn Fn(usize, &Renewed) + Send + Sync);
+
 /// A place where locks live. Implementations must pass the conformance suite in
 /// `tests/store_conformance.rs`. Every method is one atomic step.
 pub trait Store: Send + Sync + 'static {
@@ -102,6 +106,20 @@ pub trait Store: Send + Sync + 'static {
     /// one frozen node puts only its own grants in jeopardy. `Err` means that the whole
     /// batch failed.
     fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<Renewed>>;
+
+    /// [`Store::renew`], also telling `early` each grant's answer as soon as its part of
+    /// the batch is answered (a Cluster master's chunk), before the slowest part is: a
+    /// renewal that a healthy master confirmed is not held back by a frozen one until
+    /// its call times out. The answers returned are the same. By default none early
+    /// (a store that keeps every grant in one place answers them all at once).
+    fn renew_early<'a>(
+        &'a self,
+        batch: &'a [Renewal<'a>],
+        early: Early<'a>,
+    ) -> StoreFuture<'a, Vec<Renewed>> {
+        let _ = early;
+        self.renew(batch)
+    }
 
     /// Removes a waiter registration, and its place in the fair queue (after a timeout
     /// or a cancel).

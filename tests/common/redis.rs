@@ -230,6 +230,22 @@ impl Redis {
     /// Starts it again on the same port, empty.
     pub fn restart(&mut self) {
         self.kill();
+        let _ = std::fs::remove_file(self.dir.0.join("dump.rdb"));
+        self.start_again();
+    }
+
+    /// Starts it again on the same port from its last snapshot (`SAVE`), as Redis'
+    /// default configuration does after a crash: what came after the snapshot is lost.
+    pub fn restart_from_snapshot(&mut self) {
+        self.kill();
+        assert!(
+            self.dir.0.join("dump.rdb").exists(),
+            "no snapshot was taken"
+        );
+        self.start_again();
+    }
+
+    fn start_again(&mut self) {
         for _ in 0..50 {
             if self.spawn() {
                 return;
@@ -241,6 +257,11 @@ impl Redis {
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("running").id()
+    }
+
+    /// Whether the server runs (it was not killed).
+    pub fn alive(&self) -> bool {
+        self.child.is_some()
     }
 }
 

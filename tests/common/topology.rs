@@ -346,10 +346,7 @@ impl ClusterSetup {
 
     /// The port of the master serving the slot of `redis_key`, as `node` sees it.
     pub fn master_of(&self, redis_key: &str) -> u16 {
-        for node in &self.nodes {
-            if self.frozen.contains(&node.pid()) {
-                continue;
-            }
+        for node in self.up() {
             let slot = cli(node.port, &["cluster", "keyslot", redis_key]);
             let Ok(slot) = slot.parse::<u16>() else {
                 continue;
@@ -402,9 +399,7 @@ impl ClusterSetup {
 
     /// The ports of the three masters, as the nodes see them now.
     pub fn masters(&self) -> Vec<u16> {
-        self.nodes
-            .iter()
-            .filter(|n| !self.frozen.contains(&n.pid()))
+        self.up()
             .filter(|n| n.cli(&["role"]).starts_with("master"))
             .map(|n| n.port)
             .collect()
@@ -417,17 +412,19 @@ impl ClusterSetup {
 
     /// Whether every node that is not frozen sees `port` as a master serving slots.
     pub fn promoted(&self, port: u16) -> bool {
-        self.nodes
-            .iter()
-            .filter(|n| !self.frozen.contains(&n.pid()))
-            .all(|n| {
-                n.cli(&["cluster", "nodes"]).lines().any(|line| {
-                    let fields: Vec<&str> = line.split(' ').collect();
-                    fields.len() > 8
-                        && fields[1].starts_with(&format!("127.0.0.1:{port}@"))
-                        && fields[2].contains("master")
-                })
+        self.up().all(|n| {
+            n.cli(&["cluster", "nodes"]).lines().any(|line| {
+                let fields: Vec<&str> = line.split(' ').collect();
+                fields.len() > 8
+                    && fields[1].starts_with(&format!("127.0.0.1:{port}@"))
+                    && fields[2].contains("master")
             })
+        })
+    }
+
+    /// The nodes neither frozen nor killed.
+    fn up(&self) -> impl Iterator<Item = &Redis> {
+        (self.nodes.iter()).filter(|n| n.alive() && !self.frozen.contains(&n.pid()))
     }
 
     /// SIGSTOPs the node on `port` (SIGCONT on drop).
@@ -438,6 +435,12 @@ impl ClusterSetup {
     /// SIGCONTs every frozen node.
     pub fn thaw(&mut self) {
         thaw(&mut self.frozen);
+    }
+
+    /// SIGKILLs the node on `port`.
+    pub fn kill(&mut self, port: u16) {
+        let node = self.nodes.iter_mut().find(|n| n.port == port);
+        node.expect("a node").kill();
     }
 }
 

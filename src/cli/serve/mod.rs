@@ -111,12 +111,21 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKSIDE_ALLOW_EVICTING_STORE")]
     pub allow_evicting_store: bool,
 
-    /// After the store lost its data (Redis restarted empty, or flushed: its marker key
-    /// is gone), how long no new lock is granted, by any sidecar, while holders write
+    /// After the store may have come back with less than it had (Redis restarted, from a
+    /// snapshot or empty; a failover to a replica; a Cluster slot served by another
+    /// node), how long no new lock is granted, by any sidecar, while holders write
     /// theirs back. Unset: --default-ttl. Cover the longest TTL your apps use; 0s turns
-    /// the watch off (see docs/guarantees.md, "A store that restarts empty").
+    /// the watch off (see docs/guarantees.md, "A store that comes back with less").
     #[arg(long, env = "LOCKSIDE_RESTART_HOLD_OFF", value_parser = parse_duration)]
     pub restart_hold_off: Option<Duration>,
+
+    /// The store never comes back with less than it acknowledged (every write on disk
+    /// before its answer, `appendfsync always`, and no failover): only a server that
+    /// lost everything (restarted empty, flushed) holds new grants off, not a restart
+    /// or a failover. Off by default: Redis' defaults (snapshots, `everysec`,
+    /// asynchronous replicas) can lose the last grants.
+    #[arg(long, env = "LOCKSIDE_DURABLE_STORE")]
+    pub durable_store: bool,
 
     /// How long shutdown may take to release every lock.
     #[arg(long, env = "LOCKSIDE_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
@@ -244,6 +253,7 @@ impl ServeArgs {
             min_replica_acks: self.min_replica_acks,
             replica_ack_timeout: self.replica_ack_timeout,
             restart_hold_off: self.restart_hold_off.unwrap_or(self.default_ttl),
+            durable: self.durable_store,
         }
     }
 

@@ -117,6 +117,16 @@ impl Session {
         self.shared.journal.dropped(&self.record, shared_name);
         // If the store is reachable again, let the others in now rather than at expiry.
         self.release_in_background(key.to_owned(), h.owner.to_string(), h.ttl);
+        if why == Loss::Deadline && !h.jeopardy {
+            // The renewal under way went unanswered until the deadline (a store slower
+            // than the TTL allows): its client hears that renewals failed, with no time
+            // left, before it hears `Lost`, as for any other lapse.
+            self.send(Event::Jeopardy {
+                key: key.to_owned(),
+                ttl_remaining: Duration::ZERO,
+                holder: holder.to_owned(),
+            });
+        }
         self.send(Event::Lost {
             key: key.to_owned(),
             reason: reason.to_owned(),

@@ -16,11 +16,18 @@ use crate::metrics::Loss;
 use crate::store::{Claim, StoreError, drift_margin, names};
 
 impl Session {
-    /// Writes back `name`'s grant, which the renewer found gone during a hold-off.
+    /// Writes back `name`'s grant, which the renewer found gone during a hold-off; not
+    /// a grant past its safe deadline (it is lost: its client may already be told, and
+    /// the store may have let it go before the loss), nor one the store's hold-off does
+    /// not cover (the store's own script checks that too).
     pub(super) fn reassert(&mut self, name: Arc<str>) {
         let Some(Slot::Held(h)) = self.slots.get_mut(&*name) else {
             return;
         };
+        if h.clock.get() <= Instant::now() {
+            let queue = self.lose(&name, Loss::Deadline);
+            return self.redispatch(queue);
+        }
         (h.busy, h.gone) = (true, false);
         let (key, holder) = names::split(&name);
         let claim = Claim {

@@ -2,7 +2,7 @@
 -- lock-delay runs, and (fair) nobody queued ahead of it could be granted instead.
 -- Otherwise answers busy and, when it waits, registers the waiter for ARGV[1] ms (and
 -- queues it, when fair).
--- ARGV: ttl_ms tail claim notice
+-- ARGV: ttl_ms tail claim notice guard
 --   tail: 'owner|name length|name' then the value, as the lock's string keeps them.
 --   claim: wait fair '|' waiter, e.g. '01|x|1|owner|session_id|client_name'; the waiter
 --   ('mode|limit|owner|session_id|client_name') is what w and q keep. A waiting claim
@@ -10,8 +10,10 @@
 --   registration.
 --   notice: sharded ('1': SPUBLISH, a Cluster) then the lock's name; its channel is
 --   h's name with 'n' for the last letter.
+--   guard: '' on one server; on a Cluster 'marker|witness' (guard.lua): no grant on a
+--   master whose tenure the sidecar did not read, nor while its hold-off runs.
 -- Every argument costs Redis a Lua string on every call (and a table that grows past 4
--- costs another rehash): hence four, the rarely needed parts packed.
+-- costs another rehash): hence few, the rarely needed parts packed.
 -- Returns the fence (a bare integer: a table reply costs Redis more) granted; {0, ms
 -- until something may change, queue position} busy; {2, the holders' limit} when the
 -- holders use another limit.
@@ -20,6 +22,16 @@ local ttl, tail, claim = ARGV[1], ARGV[2], ARGV[3]
 local again, fair = string.sub(claim, 1, 1) == '1', string.sub(claim, 2, 2) == '1'
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
+if ARGV[5] ~= '' then
+--#include guard
+  local until_ms = guarded(ARGV[5])
+  if not until_ms then
+    return redis.error_reply(UNVERIFIED)
+  end
+  if until_ms > now then
+    return {0, until_ms - now, 0}
+  end
+end
 
 -- The common case: an exclusive lock nobody holds (no key, or only its last token kept
 -- after a release) and no lock-delay runs, for a fair claim with nobody queued: one

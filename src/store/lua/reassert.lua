@@ -5,10 +5,15 @@
 -- its grants with its owner, hold count and token, so that its client keeps the lock.
 -- Admitted as an acquire would be, among the grants already written back (two readers
 -- of one lock both come back; two writers cannot, having never held it together).
--- ARGV: ttl_ms tail grant
+-- ARGV: ttl_ms tail grant guard
 --   tail: 'owner|name length|name' then the value, as the lock's string keeps them.
 --   grant: 'mode|limit|count|fence'.
--- Returns 1 when the grant is held again (or still was), 0 when the lock admits it not.
+--   guard: the server's marker, with the witness on a Cluster (guard.lua): a grant is
+--   written back only on a server that holds new grants off, so never on one that did
+--   not lose its data (where a missing grant was released or expired).
+-- Returns 1 when the grant is held again (or still was), 0 when the lock admits it not
+-- or no hold-off runs there; UNVERIFIED on a master whose tenure was not read.
+--#include guard
 local h = KEYS[1]
 local ttl, tail = tonumber(ARGV[1]), ARGV[2]
 local mode, limit, count, fence = string.match(ARGV[3], '^([xs])|(%d+)|(%d+)|(%d+)$')
@@ -18,6 +23,13 @@ end
 limit = tonumber(limit)
 local owner = string.match(tail, '^([^|]*)|')
 local now = now_ms()
+local until_ms = guarded(ARGV[4])
+if not until_ms then
+  return redis.error_reply(UNVERIFIED)
+end
+if until_ms <= now then
+  return 0
+end
 local lock = load(h, now)
 if not lock then
   return 0

@@ -3,8 +3,13 @@
 -- from now (never shortens it). The count is the one the session wants, not "one
 -- more": a retried or timed-out hold that ran leaves the same count (the session is the
 -- authority; the store mirrors it).
--- ARGV: owner count ttl_ms channel key sharded
--- Returns the count set, or -1 when ARGV[1] does not hold the lock.
+-- ARGV: owner count ttl_ms channel key sharded guard
+-- Returns the count set, or -1 when ARGV[1] does not hold the lock; UNVERIFIED on a
+-- Cluster master whose tenure the sidecar did not read (guard.lua).
+--#include guard
+if not guarded(ARGV[7]) then
+  return redis.error_reply(UNVERIFIED)
+end
 local h, l = KEYS[1], KEYS[4]
 local owner, want, ttl = ARGV[1], string.format('%d', math.max(tonumber(ARGV[2]), 1)), ARGV[3]
 local before

@@ -34,19 +34,17 @@ impl RedisStore {
             .arg(keys.len())
             .arg(&keys)
             .arg(args);
-        let drops = self.read_markers(Some(key)).await?;
-        self.pipelined_with_wait(lua, evalsha, Some(drops)).await
+        self.pipelined_with_wait(lua, evalsha, true).await
     }
 
     /// Runs `call` (an EVALSHA of `lua`) and `WAIT` in one pipeline; loads the script
     /// and tries once more on NOSCRIPT. Returns the call's reply and whether enough
-    /// replicas acknowledged it; with `grants` (the drops its markers were read at),
-    /// `None` when held off.
+    /// replicas acknowledged it; with `grants`, `None` when new grants are held off.
     pub(super) async fn pipelined_with_wait(
         &self,
         lua: &Lua,
         call: redis::Cmd,
-        grants: Option<u64>,
+        grants: bool,
     ) -> Result<Option<(Value, bool)>, StoreError> {
         let wanted = self.acks.min;
         let mut pipe = redis::pipe();
@@ -57,7 +55,7 @@ impl RedisStore {
         let pipe = &pipe;
         let replies = self
             .run(|mut conn| async move {
-                if grants.is_some_and(|drops| self.held_off_since(drops)) {
+                if grants && self.held_off_here() {
                     return Ok(None);
                 }
                 match pipe.query_async::<Vec<Value>>(&mut conn).await.map(Some) {

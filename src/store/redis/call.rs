@@ -20,7 +20,9 @@ pub(super) const REFUSED: &str = "refused by the store's ACL";
 /// `maxmemory`, by the command or inside a script), or unavailable (refused by the
 /// ACL, or any other failure).
 pub(super) fn store_error(e: &redis::RedisError) -> StoreError {
-    if e.code() == Some("OOM") {
+    if super::restarts::unverified(e) {
+        StoreError::Unavailable(format!("{}: {e}", super::restarts::UNVERIFIED))
+    } else if e.code() == Some("OOM") {
         StoreError::OutOfMemory(e.to_string())
     } else if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) {
         StoreError::Unavailable(format!("{REFUSED}: {e}"))
@@ -103,8 +105,9 @@ impl RedisStore {
     }
 
     /// [`RedisStore::invoke`]; with `grants`, not sent (`None`) while new grants are
-    /// held off after the store lost its data (`redis/restarts/`). Asked once the
-    /// connection is made: a new connection learns of the loss before it is used.
+    /// held off after the store may have lost data (`redis/restarts/`). Asked once the
+    /// connection is made: a new connection learns of the loss before it is used. (On
+    /// a Cluster the acquire script asks its own master instead: `lua/guard.lua`.)
     pub(super) async fn invoke_unless_held_off<T: redis::FromRedisValue>(
         &self,
         lua: &Lua,
@@ -112,40 +115,49 @@ impl RedisStore {
         args: &[&[u8]],
         grants: bool,
     ) -> Result<Option<T>, StoreError> {
-        let hash = lua.script.get_hash();
         let keys = LOCK_PARTS.map(|part| KeyName {
             namespace: &self.namespace,
             key,
             part,
         });
-        let bytes = (keys.iter().map(KeyName::len))
-            .chain(args.iter().map(|a| a.len()))
-            .sum::<usize>()
-            + "EVALSHA".len()
-            + hash.len()
-            + 4;
-        let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + args.len(), bytes);
-        cmd.arg("EVALSHA").arg(hash).arg(keys.len());
-        for k in &keys {
-            cmd.arg(k);
-        }
-        for a in args {
-            cmd.arg(*a);
-        }
-        // A Cluster reads its masters' markers first when a node's connection dropped.
-        let drops = match grants {
-            true => self.read_markers(Some(key)).await?,
-            false => 0,
+        // EVALSHA; or, where a Cluster node lacks the script, EVAL of its text on that
+        // node alone (`SCRIPT LOAD` would go to every node and wait for a frozen one).
+        let call = |head: &str, script: &str| {
+            let bytes = (keys.iter().map(KeyName::len))
+                .chain(args.iter().map(|a| a.len()))
+                .sum::<usize>()
+                + head.len()
+                + script.len()
+                + 4;
+            let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + args.len(), bytes);
+            cmd.arg(head).arg(script).arg(keys.len());
+            for k in &keys {
+                cmd.arg(k);
+            }
+            for a in args {
+                cmd.arg(*a);
+            }
+            cmd
         };
+        let cmd = call("EVALSHA", lua.script.get_hash());
+        let call = &call;
         self.run(|mut conn| async move {
-            if grants && self.held_off_since(drops) {
+            if grants && self.held_off_here() {
                 return Ok(None);
             }
             match cmd.query_async(&mut conn).await.map(Some) {
                 Err(e)
                     if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                 {
-                    // A restarted or failed-over server: load it, then run it again.
+                    // A restarted or failed-over server (on one server: on the connection
+                    // that read its marker; on a Cluster the guarded scripts check their
+                    // master themselves).
+                    if self.link.is_cluster() {
+                        return call("EVAL", &lua.source)
+                            .query_async(&mut conn)
+                            .await
+                            .map(Some);
+                    }
                     lua.script.load_async(&mut conn).await?;
                     cmd.query_async(&mut conn).await.map(Some)
                 }

@@ -26,7 +26,8 @@ use deadpool_redis::redis::cluster::{ClusterClient, ClusterClientBuilder};
 use deadpool_redis::redis::cluster_async::ClusterConnection;
 use deadpool_redis::redis::io::tcp::TcpSettings;
 use deadpool_redis::redis::{
-    self, AsyncConnectionConfig, ConnectionInfo, ProtocolVersion, PushInfo, RedisError,
+    self, AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, ProtocolVersion, PushInfo,
+    RedisError,
 };
 use tokio::sync::{mpsc, watch};
 
@@ -154,6 +155,14 @@ impl Link {
     /// Whether the store is a Redis Cluster.
     pub(crate) fn is_cluster(&self) -> bool {
         self.cluster.is_some()
+    }
+
+    /// Cluster: a seed node, whose credentials and TLS settings every node shares.
+    pub(crate) fn cluster_template(&self) -> Option<ConnectionInfo> {
+        match &self.topology {
+            Topology::Cluster { nodes, .. } => nodes.first().cloned(),
+            _ => None,
+        }
     }
 
     /// The push messages of every connection (taken once, by the notice listener).
@@ -332,6 +341,25 @@ pub(crate) async fn single(
         .get_multiplexed_async_connection_with_config(&config)
         .await
         .map_err(|e| StoreError::Unavailable(e.to_string()))
+}
+
+/// `template` (credentials, TLS settings) for the server at `host:port`: the master the
+/// sentinels name, a Cluster master's own connection.
+pub(crate) fn at_address(template: &ConnectionInfo, host: String, port: u16) -> ConnectionInfo {
+    let addr = match template.addr() {
+        ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        } => ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: *insecure,
+            tls_params: tls_params.clone(),
+        },
+        _ => ConnectionAddr::Tcp(host, port),
+    };
+    template.clone().set_addr(addr)
 }
 
 /// The push sender type of a connection that has none (a sentinel's).

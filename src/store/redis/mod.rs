@@ -5,7 +5,7 @@
 //!
 //! Requests share one connection (`redis/link.rs`); notices come on the same connection,
 //! from subscriptions to the channels of the keys this sidecar listens to
-//! (`redis/subscriptions/`). Batched renewals are in `redis/renew.rs` (grouped by
+//! (`redis/subscriptions/`). Batched renewals are in `redis/renew/` (grouped by
 //! Cluster slot, `redis/slots.rs`), replica acknowledgement in `redis/acked.rs`,
 //! session records and resuming in `redis/sessions.rs`.
 //!
@@ -42,7 +42,7 @@ use tokio::task::JoinHandle;
 pub use options::RedisOptions;
 
 use super::{
-    Acquired, Claim, KeyState, Notice, RecordWrite, Recorded, Renewal, Renewed, ResumeClaim,
+    Acquired, Claim, Early, KeyState, Notice, RecordWrite, Recorded, Renewal, Renewed, ResumeClaim,
     Resumption, Store, StoreCheck, StoreError, StoreFuture,
 };
 use args::{LOCK_PARTS, claimed, tail};
@@ -68,8 +68,11 @@ pub struct RedisStore {
     namespace: String,
     /// A notice channel per key, subscribed while listened to.
     subscriptions: Arc<Subscriptions>,
-    /// Cluster: which node serves each slot, for grouping renewals (`redis/renew.rs`).
+    /// Cluster: which node serves each slot, for grouping renewals (`redis/renew/`)
+    /// and for the guard of each call (`redis/restarts/witness.rs`).
     slot_map: Arc<slots::SlotMap>,
+    /// Cluster: the masters whose tenure this sidecar read, and their witnesses.
+    witnesses: Arc<restarts::Witnesses>,
     timeout: Duration,
     scripts: Scripts,
     notices: broadcast::Sender<Notice>,
@@ -133,8 +136,8 @@ impl Store for RedisStore {
             let tail = tail(claim);
             let claimed = claimed(claim);
             let notice = self.notice(&claim.key);
-            let args: [&[u8]; 4] = [ttl.as_bytes(), &tail, claimed.as_bytes(), notice.as_bytes()];
-            // Not sent while new grants are held off after the store lost its data.
+            let (ttl, tail, claimed, notice) = (&ttl, &tail, &claimed, &notice);
+            // Not sent while new grants are held off after the store may have lost data.
             let held_off = || {
                 self.held_off().unwrap_or(Acquired::Busy {
                     expires_in: Duration::ZERO,
@@ -143,15 +146,31 @@ impl Store for RedisStore {
             };
             let reply: Value = if self.acks.min == 0 {
                 let acquire = &self.scripts.acquire;
-                match self
-                    .invoke_unless_held_off(acquire, &claim.key, &args, true)
-                    .await?
-                {
+                let reply = self.guarded(&claim.key, false, |guard| async move {
+                    let args: [&[u8]; 5] = [
+                        ttl.as_bytes(),
+                        tail,
+                        claimed.as_bytes(),
+                        notice.as_bytes(),
+                        &guard,
+                    ];
+                    (self.invoke_unless_held_off(acquire, &claim.key, &args, true)).await
+                });
+                match reply.await? {
                     Some(reply) => reply,
                     None => return Ok(held_off()),
                 }
             } else {
-                let acked = self.invoke_acked(&self.scripts.acquire, &claim.key, &args);
+                let acked = self.guarded(&claim.key, false, |guard| async move {
+                    let args: [&[u8]; 5] = [
+                        ttl.as_bytes(),
+                        tail,
+                        claimed.as_bytes(),
+                        notice.as_bytes(),
+                        &guard,
+                    ];
+                    (self.invoke_acked(&self.scripts.acquire, &claim.key, &args)).await
+                });
                 let Some((reply, acked)) = acked.await? else {
                     return Ok(held_off());
                 };
@@ -182,15 +201,21 @@ impl Store for RedisStore {
         Box::pin(async move {
             let (count, ttl) = (count.to_string(), ms(ttl));
             let (channel, sharded) = self.notice_channel(key);
-            let args: [&[u8]; 6] = [
-                owner.as_bytes(),
-                count.as_bytes(),
-                ttl.as_bytes(),
-                channel.as_bytes(),
-                key.as_bytes(),
-                sharded.as_bytes(),
-            ];
-            let n: i64 = self.invoke(&self.scripts.reenter, key, &args).await?;
+            let (count, ttl, channel) = (&count, &ttl, &channel);
+            let n: i64 = self
+                .guarded(key, false, |guard| async move {
+                    let args: [&[u8]; 7] = [
+                        owner.as_bytes(),
+                        count.as_bytes(),
+                        ttl.as_bytes(),
+                        channel.as_bytes(),
+                        key.as_bytes(),
+                        sharded.as_bytes(),
+                        &guard,
+                    ];
+                    self.invoke(&self.scripts.reenter, key, &args).await
+                })
+                .await?;
             Ok(held_count(n))
         })
     }
@@ -216,7 +241,15 @@ impl Store for RedisStore {
     }
 
     fn renew<'a>(&'a self, batch: &'a [Renewal<'a>]) -> StoreFuture<'a, Vec<Renewed>> {
-        Box::pin(self.renew_batch(batch))
+        Box::pin(self.renew_batch(batch, &|_, _| {}))
+    }
+
+    fn renew_early<'a>(
+        &'a self,
+        batch: &'a [Renewal<'a>],
+        early: Early<'a>,
+    ) -> StoreFuture<'a, Vec<Renewed>> {
+        Box::pin(self.renew_batch(batch, early))
     }
 
     fn unwait<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, ()> {

@@ -9,7 +9,7 @@ use tokio::sync::broadcast;
 
 use super::link::Link;
 use super::options::{RedisOptions, Topology};
-use super::restarts::Restarts;
+use super::restarts::{Restarts, Witnesses};
 use super::scripts::Scripts;
 use super::subscriptions::Subscriptions;
 use super::watchers::Watchers;
@@ -44,8 +44,10 @@ impl RedisStore {
             Topology::Sentinel { .. } => "redis_sentinel",
             Topology::Cluster { .. } => "redis_cluster",
         };
-        let restarts = Restarts::new(namespace, options.restart_hold_off);
+        let restarts = Restarts::new(namespace, options.restart_hold_off, options.durable);
+        let marker = restarts.marker().to_owned();
         let link = Arc::new(Link::new(topology, options.timeout, restarts)?);
+        let witnesses = Arc::new(Witnesses::new(link.cluster_template(), &marker));
         let notices = broadcast::channel(NOTICE_BUFFER).0;
         let (subscriptions, mut tasks) =
             Subscriptions::start(link.clone(), namespace, options.timeout, notices.clone());
@@ -57,6 +59,7 @@ impl RedisStore {
             options.timeout,
         ));
         tasks.push(tokio::spawn(watchers.clone().refresh(notices.subscribe())));
+        tasks.push(tokio::spawn(witnesses.clone().watch(link.clone())));
         Ok(Self {
             kind,
             acks: Acks {
@@ -67,6 +70,7 @@ impl RedisStore {
             namespace: namespace.to_owned(),
             subscriptions,
             slot_map: Arc::default(),
+            witnesses,
             timeout: options.timeout,
             scripts,
             notices,

@@ -35,9 +35,13 @@ pub struct RedisOptions {
     pub min_replica_acks: u32,
     /// How long a grant or renewal waits for those acknowledgements.
     pub replica_ack_timeout: Duration,
-    /// After the store lost its data (restarted empty), how long no new lock is granted
-    /// while holders write theirs back (`redis/restarts/`); zero: not watched.
+    /// After the store may have lost data (restarted, failed over), how long no new
+    /// lock is granted while holders write theirs back (`redis/restarts/`); zero: not
+    /// watched.
     pub restart_hold_off: Duration,
+    /// The store never comes back with less than it acknowledged: a restart or a
+    /// failover that kept the epoch marker holds nothing off (`--durable-store`).
+    pub durable: bool,
 }
 
 impl Default for RedisOptions {
@@ -54,6 +58,9 @@ impl Default for RedisOptions {
             // The default TTL: every grant of a TTL up to it is written back by its
             // holder, or lost by its safe deadline, before anything is granted anew.
             restart_hold_off: Duration::from_secs(10),
+            // Redis' defaults (RDB snapshots, `appendfsync everysec`, asynchronous
+            // replicas) can all lose the last writes.
+            durable: false,
         }
     }
 }

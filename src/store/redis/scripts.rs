@@ -6,13 +6,14 @@
 use deadpool_redis::redis::Script;
 
 /// The helper files a script may include, by name.
-const INCLUDES: [(&str, &str); 2] = [
+const INCLUDES: [(&str, &str); 3] = [
     ("core", include_str!("../lua/core.lua")),
     ("lock", include_str!("../lua/lock.lua")),
+    ("guard", include_str!("../lua/guard.lua")),
 ];
 
 /// A script and its text (a Cluster node that lacks it gets `EVAL` of the text: see
-/// `renew.rs`).
+/// `renew/calls.rs`).
 #[derive(Clone)]
 pub(super) struct Lua {
     pub(super) script: Script,

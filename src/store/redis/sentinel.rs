@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use deadpool_redis::redis::aio::{AsyncPushSender, MultiplexedConnection};
-use deadpool_redis::redis::{self, ConnectionAddr, ConnectionInfo};
+use deadpool_redis::redis::{self, ConnectionInfo};
 
-use super::link::{Unused, single};
+use super::link::{Unused, at_address, single};
 use crate::store::StoreError;
 
 /// The master's address as the first sentinel that answers names it, with the
@@ -28,22 +28,7 @@ pub(super) async fn resolve(
                 .map_err(|e| StoreError::Unavailable(e.to_string()))
         };
         match tokio::time::timeout(timeout, ask).await {
-            Ok(Ok(Some((host, port)))) => {
-                let addr = match template.addr() {
-                    ConnectionAddr::TcpTls {
-                        insecure,
-                        tls_params,
-                        ..
-                    } => ConnectionAddr::TcpTls {
-                        host,
-                        port,
-                        insecure: *insecure,
-                        tls_params: tls_params.clone(),
-                    },
-                    _ => ConnectionAddr::Tcp(host, port),
-                };
-                return Ok(template.clone().set_addr(addr));
-            }
+            Ok(Ok(Some((host, port)))) => return Ok(at_address(template, host, port)),
             Ok(Ok(None)) => tracing::warn!(%master, "a sentinel does not know the master"),
             Ok(Err(e)) => tracing::debug!(error = %e, "a sentinel did not answer"),
             Err(_) => tracing::debug!("a sentinel did not answer in time"),

@@ -1,6 +1,6 @@
 //! Redis Cluster hash slots: which slot a key lives in, and which node serves each slot
 //! ([`SlotMap`], read in the background), for grouping renewals by node
-//! (`redis/renew.rs`).
+//! (`redis/renew/`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -45,13 +45,29 @@ pub(super) const SLOTS: usize = 16384;
 /// chunks refused at once, and one read serves them all.
 const MAP_PAUSE: Duration = Duration::from_secs(1);
 
-/// Which node serves each slot (an index into the nodes of one `CLUSTER SLOTS` reply;
-/// `usize::MAX` for a slot nobody serves).
-pub(super) fn slot_owners(reply: &Value) -> Option<Vec<usize>> {
+/// Which master serves each slot, as one `CLUSTER SLOTS` reply said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Owners {
+    /// Per slot, an index into `nodes` (`usize::MAX` for a slot nobody serves).
+    pub(crate) slots: Vec<usize>,
+    /// The masters, as `host` and `port`.
+    pub(crate) nodes: Vec<(String, u16)>,
+}
+
+impl Owners {
+    /// The master that serves `slot`, if any: its index and address.
+    pub(crate) fn node(&self, slot: u16) -> Option<(usize, &(String, u16))> {
+        let index = *self.slots.get(usize::from(slot))?;
+        Some((index, self.nodes.get(index)?))
+    }
+}
+
+/// Which node serves each slot (see [`Owners`]).
+pub(super) fn slot_owners(reply: &Value) -> Option<Owners> {
     let Value::Array(ranges) = reply else {
         return None;
     };
-    let mut nodes: Vec<(Vec<u8>, i64)> = Vec::new();
+    let mut nodes: Vec<(String, u16)> = Vec::new();
     let mut owners = vec![usize::MAX; SLOTS];
     for range in ranges {
         let Value::Array(fields) = range else {
@@ -67,7 +83,10 @@ pub(super) fn slot_owners(reply: &Value) -> Option<Vec<usize>> {
         else {
             return None;
         };
-        let node = (host.clone(), *port);
+        let node = (
+            String::from_utf8(host.clone()).ok()?,
+            u16::try_from(*port).ok()?,
+        );
         let index = match nodes.iter().position(|n| *n == node) {
             Some(index) => index,
             None => {
@@ -80,14 +99,17 @@ pub(super) fn slot_owners(reply: &Value) -> Option<Vec<usize>> {
             *owner = index;
         }
     }
-    Some(owners)
+    Some(Owners {
+        slots: owners,
+        nodes,
+    })
 }
 
 /// Cluster: the slot map renewals are grouped by, as last read, and its refresh in the
 /// background (see the module docs).
 #[derive(Default)]
 pub(super) struct SlotMap {
-    owners: Mutex<Option<Arc<Vec<usize>>>>,
+    owners: Mutex<Option<Arc<Owners>>>,
     /// A read is under way.
     reading: AtomicBool,
     /// When the last read started.
@@ -96,7 +118,7 @@ pub(super) struct SlotMap {
 
 impl SlotMap {
     /// The map, if one is known.
-    pub(super) fn get(&self) -> Option<Arc<Vec<usize>>> {
+    pub(super) fn get(&self) -> Option<Arc<Owners>> {
         self.owners
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -104,7 +126,7 @@ impl SlotMap {
     }
 
     /// Reads the map now, within `timeout`, for a caller that cannot go on without it.
-    pub(super) async fn read_now(&self, link: &Link, timeout: Duration) -> Option<Arc<Vec<usize>>> {
+    pub(super) async fn read_now(&self, link: &Link, timeout: Duration) -> Option<Arc<Owners>> {
         let read = async {
             let mut conn = link.connection().await.ok()?;
             let mut slots = redis::cmd("CLUSTER");
@@ -205,9 +227,12 @@ mod tests {
             range(10923, 16383, 7002),
             range(16000, 16383, 7000),
         ]);
-        let owners = slot_owners(&reply).expect("a map");
+        let map = slot_owners(&reply).expect("a map");
+        let owners = &map.slots;
         assert_eq!((owners[0], owners[5460], owners[5461]), (0, 0, 1));
         assert_eq!((owners[10923], owners[16383]), (2, 0), "later ranges win");
+        assert_eq!(map.nodes[1], ("127.0.0.1".to_owned(), 7001));
+        assert_eq!(map.node(16383), Some((0, &("127.0.0.1".to_owned(), 7000))));
         assert!(slot_owners(&Value::Int(1)).is_none());
         let out_of_range = Value::Array(vec![range(0, 20000, 7000)]);
         assert!(

@@ -135,6 +135,14 @@ pub(super) fn needed(namespace: &str, needs: Needs) -> Vec<(&'static str, Vec<St
     if needs.cluster {
         needed.push(("CLUSTER SLOTS", words(&["CLUSTER", "SLOTS"])));
         needed.push(("ASKING", words(&["ASKING"])));
+        // Each master's witness (`redis/restarts/witness.rs`): subscribed to on its own
+        // connection, counted by the guarded scripts.
+        let witness = format!("{{{namespace}:epoch/0}}:w:check");
+        needed.push(("SSUBSCRIBE", words(&["SSUBSCRIBE", &witness])));
+        needed.push((
+            "PUBSUB SHARDNUMSUB",
+            words(&["PUBSUB", "SHARDNUMSUB", &witness]),
+        ));
     }
     if needs.sentinel {
         needed.push(("ROLE", words(&["ROLE"])));

@@ -1,40 +1,49 @@
-//! A server that lost its data (restarted without persistence, or flushed) never makes
-//! two holders of one lock.
+//! A store that comes back with less than it had (restarted empty or from a snapshot,
+//! failed over to a replica that missed the last writes, a Cluster slot served by
+//! another node) never makes two holders of one lock.
 //!
-//! Redis forgets every lock when it restarts empty, while their holders, told nothing,
-//! go on holding them. Granting the keys again at once would make two holders, so:
+//! Redis forgets the locks granted after its last snapshot when it restarts from it, and
+//! a replica promoted by a failover lacks what it had not received yet, while their
+//! holders, told nothing, go on holding them. Granting the keys again at once would make
+//! two holders, so:
 //!
 //! - **Detect it.** The store keeps a marker, `{ns:epoch}:e` (`lua/epoch.lua`), that
 //!   never expires. Every new connection reads it before any other call goes out on it
-//!   (`Link::reconnect`); a sidecar that read an epoch before and finds none, or finds
-//!   one that a sidecar which knew none wrote meanwhile, has found the loss. Failover to
-//!   a replica keeps the marker (it was replicated long before), so it is not a loss.
+//!   (`Link::reconnect`). The marker names the *tenure* that read it last: the server
+//!   process (`run_id`) and its replication history (`master_replid`), both new after
+//!   any restart, the second after a promotion. A marker that names another tenure, or
+//!   none (the server lost everything, and this sidecar knew the marker), is a
+//!   discontinuity: the data may have gone back.
 //! - **Hold off.** The marker then carries the end of a hold-off (`--restart-hold-off`,
 //!   by default the default TTL), in the server's clock: every sidecar, whichever
 //!   connects first, grants nothing new until then; acquires are answered busy for what
 //!   is left of it (waiters wait it out). Antirez's "delayed restart", done by the
-//!   sidecars instead of by the operator.
+//!   sidecars instead of by the operator. `--durable-store` (a store that never loses
+//!   an acknowledged write) holds off only when the marker is gone.
 //! - **Re-assert.** Meanwhile a renewal that finds a grant gone makes its session write
 //!   the grant back (`lua/reassert.lua`) with the same owner, hold count and token,
-//!   instead of telling its client `Lost`: holders keep their locks through the restart.
+//!   instead of telling its client `Lost`: holders keep their locks through the loss.
 //!   A holder whose sidecar cannot reach the server loses its lock by its safe deadline,
 //!   which the hold-off outlasts for every TTL up to the hold-off.
 //!
-//! On a Cluster each master keeps a marker of its own, and the cluster client
-//! reconnects to a node by itself, with no call of ours first: a dropped connection
-//! (its push) marks every marker to be read again, and a grant or a renewal reads them
-//! first (`cluster.rs`).
+//! One server's connection reaches one process, so reading the marker first on every
+//! connection is enough there. A Cluster connection is redis-rs' own: it follows MOVED,
+//! reconnects to a restarted node and sends the call again by itself. There each master
+//! keeps a marker of its own, and the scripts that grant or keep a grant check, on the
+//! node that runs them, that its tenure was read (`witness.rs`, `lua/guard.lua`).
 //!
-//! What it cannot see: a sidecar that never connected before (it knew no epoch) and
-//! reaches a server that lost its data before any sidecar that knew it cannot tell it
-//! from a new server. The first sidecar that knew the old epoch to arrive starts the
+//! What it cannot see: a sidecar that never connected before (it knew no marker) and
+//! reaches a server that lost everything before any sidecar that knew it cannot tell
+//! it from a new server. The first sidecar that knew the old epoch to arrive starts the
 //! hold-off then (see docs/guarantees.md).
 //!
 //! This file has the marker's reading ([`Restarts::greet`]), the hold-off, and the
-//! store's side of acquiring under it and of re-asserting; `cluster.rs` the markers of
-//! a Cluster's masters.
+//! store's side of acquiring under it and of re-asserting; `witness.rs` the markers and
+//! witnesses of a Cluster's masters.
 
-mod cluster;
+mod witness;
+
+pub(crate) use witness::{UNVERIFIED, Witnesses, unverified};
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -50,11 +59,20 @@ use super::replies::ms;
 use super::{RedisStore, tail};
 use crate::store::{Acquired, Claim, StoreError};
 
+/// What one reading of a marker found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Reading {
+    /// The witness of the marker's tenure (`lua/epoch.lua`): subscribed to on a
+    /// Cluster, it lets this sidecar's guarded calls run on that master.
+    pub(crate) witness: String,
+}
+
 /// The marker, the hold-off, and who wants to hear that one began.
 pub(crate) struct Restarts {
-    namespace: String,
     marker: String,
     hold_off: Duration,
+    /// `--durable-store`: a changed tenure is no discontinuity.
+    durable: bool,
     script: redis::Script,
     /// The epoch read last in each marker (one; on a Cluster, one per master).
     epochs: Mutex<HashMap<String, String>>,
@@ -62,32 +80,39 @@ pub(crate) struct Restarts {
     /// so one atomic load when none runs.
     until: AtomicU64,
     base: Instant,
-    /// Bumped when a hold-off begins (and, on a Cluster, when a node's connection
-    /// drops): the renewer renews every grant at once, so that grants with long TTLs
-    /// are written back before it ends.
+    /// Bumped when a hold-off begins (and, on a Cluster, when a master's tenure must be
+    /// read again): the renewer renews every grant at once, so that grants with long
+    /// TTLs are written back before it ends.
     began: watch::Sender<u64>,
-    /// Cluster: which markers were read since a node's connection last dropped.
-    cluster: cluster::Verified,
 }
 
 impl Restarts {
     /// For the keys of `namespace`; `hold_off` zero turns it all off.
-    pub(crate) fn new(namespace: &str, hold_off: Duration) -> Self {
+    pub(crate) fn new(namespace: &str, hold_off: Duration, durable: bool) -> Self {
         Self {
-            namespace: namespace.to_owned(),
             marker: format!("{{{namespace}:epoch}}:e"),
             hold_off,
+            durable,
             script: redis::Script::new(include_str!("../../lua/epoch.lua")),
             epochs: Mutex::default(),
             until: AtomicU64::new(0),
             base: Instant::now(),
             began: watch::channel(0).0,
-            cluster: cluster::Verified::default(),
         }
     }
 
     fn epochs(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
         self.epochs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The marker's key on one server.
+    pub(crate) fn marker(&self) -> &str {
+        &self.marker
+    }
+
+    /// Whether the marker is watched at all (`--restart-hold-off` not zero).
+    pub(crate) fn watched(&self) -> bool {
+        !self.hold_off.is_zero()
     }
 
     /// How long new grants are still held off, if they are.
@@ -105,46 +130,58 @@ impl Restarts {
         self.began.subscribe()
     }
 
+    /// The renewer renews every grant at once (a master's tenure is in doubt: a grant
+    /// it lost is found, and written back, within moments rather than at the next
+    /// renewal).
+    pub(crate) fn renew_now(&self) {
+        if self.watched() {
+            self.began.send_modify(|n| *n += 1);
+        }
+    }
+
     /// Reads (or writes) the marker on a new connection, before anything else is sent
     /// on it. A connection that fails here is not used; any other failure (a user who
     /// may not run the script: the store's check names it) leaves what was known.
     pub(crate) async fn greet(&self, conn: &mut MultiplexedConnection) -> Result<(), StoreError> {
-        if self.hold_off.is_zero() {
+        if !self.watched() {
             return Ok(());
         }
-        self.read(conn, &self.marker).await
+        self.read(conn, &self.marker).await.map(drop)
     }
 
-    /// Reads (or writes) `marker` on `conn` (see [`Restarts::greet`]).
+    /// Reads (or writes) `marker` on `conn` (see [`Restarts::greet`]). `None` when the
+    /// server answered but would not run the script (the failure is logged).
     async fn read<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
         marker: &str,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Option<Reading>, StoreError> {
         let known = self.epochs().get(marker).cloned().unwrap_or_default();
-        let fresh = crate::store::random_id();
         let reply = self
             .script
             .key(marker)
             .arg(&known)
-            .arg(&fresh)
+            .arg(crate::store::random_id())
             .arg(ms(self.hold_off))
-            .invoke_async::<(String, u64, u8)>(conn)
+            .arg(crate::store::random_id())
+            .arg(if self.durable { "1" } else { "0" })
+            .invoke_async::<(String, u64, u8, String)>(conn)
             .await;
-        let (epoch, left, found) = match reply {
+        let (epoch, left, found, witness) = match reply {
             Ok(reply) => reply,
             Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
                 return Err(StoreError::Unavailable(e.to_string()));
             }
             Err(e) => {
-                tracing::warn!(error = %e, "reading the store's epoch marker failed; a restart of the store would not be noticed");
-                return Ok(());
+                tracing::warn!(error = %e, "reading the store's epoch marker failed; a restart or failover of the store would not be noticed");
+                return Ok(None);
             }
         };
         let left = Duration::from_millis(left);
         self.epochs().insert(marker.to_owned(), epoch);
+        let reading = Reading { witness };
         if left.is_zero() {
-            return Ok(());
+            return Ok(Some(reading));
         }
         let was_holding = self.holding_off().is_some();
         // Counted from the answer: it may end a round trip later here than in the
@@ -152,25 +189,33 @@ impl Restarts {
         let until = (Instant::now() + left).saturating_duration_since(self.base);
         let until = u64::try_from(until.as_nanos()).unwrap_or(u64::MAX).max(1);
         self.until.fetch_max(until, Ordering::AcqRel);
-        if found == 1 {
-            tracing::warn!(
+        match found {
+            1 => tracing::warn!(
                 hold_off = ?left,
                 "the store lost its data (restarted empty, or flushed): no new lock is granted until the hold-off ends; locks held through this sidecar are written back"
-            );
-        } else if !was_holding {
-            tracing::info!(hold_off = ?left, "the store lost its data: another sidecar found it; no new lock is granted until the hold-off ends");
+            ),
+            2 => tracing::warn!(
+                hold_off = ?left,
+                "the store may have come back with less than it had (restarted, from a snapshot or an AOF; failed over to a replica): no new lock is granted until the hold-off ends; locks held through this sidecar are written back"
+            ),
+            _ if !was_holding => tracing::info!(
+                hold_off = ?left,
+                "the store may have lost data: another sidecar found it; no new lock is granted until the hold-off ends"
+            ),
+            _ => {}
         }
         self.began.send_modify(|n| *n += 1);
-        Ok(())
+        Ok(Some(reading))
     }
 }
 
 impl RedisStore {
-    /// Whether a grant is not to be sent: a hold-off runs, or (Cluster) a node's
-    /// connection dropped since its markers were read at `drops`.
-    pub(in crate::store::redis) fn held_off_since(&self, drops: u64) -> bool {
-        let restarts = self.link.restarts();
-        restarts.holding_off().is_some() || restarts.drops() != drops
+    /// Whether a grant is not to be sent for the hold-off. One server holds off as a
+    /// whole; on a Cluster each master's own marker says so, inside the acquire script
+    /// on that master (`lua/guard.lua`): a master that failed over holds off its own
+    /// slots, not every master's.
+    pub(super) fn held_off_here(&self) -> bool {
+        !self.link.is_cluster() && self.link.restarts().holding_off().is_some()
     }
 
     /// Busy for what is left of the hold-off, if one runs: the acquire is not sent.
@@ -184,7 +229,8 @@ impl RedisStore {
 
     /// Writes back `claim`'s grant (`count` holds, token `fence`), which the store lost
     /// with its data (`lua/reassert.lua`); only while the hold-off runs, when nobody
-    /// else can have been granted it since.
+    /// else can have been granted it since: here, and on the server, whose marker must
+    /// say so too (a Cluster master that did not lose its data grants nothing back).
     pub(super) async fn reassert_grant(
         &self,
         claim: &Claim,
@@ -197,9 +243,12 @@ impl RedisStore {
         let ttl = ms(claim.ttl);
         let tail = tail(claim);
         let grant = format!("{}|{}|{count}|{fence}", claim.sharing.letter(), claim.limit);
-        let args: [&[u8]; 3] = [ttl.as_bytes(), &tail, grant.as_bytes()];
+        let (ttl, tail, grant) = (&ttl, &tail, &grant);
         let held: Value = self
-            .invoke(&self.scripts.reassert, &claim.key, &args)
+            .guarded(&claim.key, true, |guard| async move {
+                let args: [&[u8]; 4] = [ttl.as_bytes(), tail, grant.as_bytes(), &guard];
+                self.invoke(&self.scripts.reassert, &claim.key, &args).await
+            })
             .await?;
         Ok(matches!(held, Value::Int(1)))
     }

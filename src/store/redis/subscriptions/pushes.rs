@@ -93,9 +93,10 @@ impl Subscriptions {
                     // Releases on that node were missed until the connection
                     // re-subscribes.
                     tracing::debug!("a cluster node connection dropped");
-                    // It may have restarted empty: its epoch marker is read again
-                    // before the next grant (`redis/restarts/cluster.rs`).
-                    self.link.restarts().suspect();
+                    // It may have restarted: the renewer renews at once, and a grant
+                    // the node lost is found on its own guarded call there
+                    // (`redis/restarts/witness.rs`).
+                    self.link.restarts().renew_now();
                     let _ = self.notices.send(Notice::Resync);
                     self.heal();
                 }

@@ -188,6 +188,11 @@ impl Streak {
     pub fn recovered(&mut self) -> Option<(u64, std::time::Duration)> {
         (self.failing.take()).map(|(failures, since)| (failures, since.elapsed()))
     }
+
+    /// Whether a streak of failures is under way.
+    pub fn failing(&self) -> bool {
+        self.failing.is_some()
+    }
 }
 
 #[cfg(test)]

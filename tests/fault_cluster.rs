@@ -337,6 +337,38 @@ async fn a_frozen_master_holding_the_journal_costs_only_its_own_locks() {
     frozen_master_costs_only_its_locks(Freeze::TheJournals).await;
 }
 
+/// Issue 32, item 3 against item 2: a new grant is told once the session's record names
+/// it, and that record lives on one master. Frozen, that master delays the session's
+/// next grant on a healthy master by at most one store timeout (the write fails, and
+/// the grant goes out unrecorded rather than wait), and none after it while its writes
+/// keep failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_master_holding_the_journal_delays_new_grants_at_most_once() {
+    let mut cluster = tokio::task::block_in_place(|| ClusterSetup::start_with_node_timeout(15_000));
+    let ns = namespace();
+    let (_sidecar, mut lease, journal) = journal_on_one_master(&cluster, &ns).await;
+    let keys = keys_per_master(&cluster, &ns, 2);
+    let healthy: Vec<&String> = (keys.iter().filter(|(_, m)| *m != journal))
+        .map(|(k, _)| k)
+        .collect();
+    // The record exists (its first grant), on the master about to freeze.
+    lease.grant("before").await;
+    cluster.freeze(journal);
+    let mut took = Vec::new();
+    for key in healthy.iter().take(3) {
+        let asked = Instant::now();
+        let id = lease.send_acquire(acquire(key)).await;
+        lease.expect_granted(id).await;
+        took.push(asked.elapsed());
+    }
+    cluster.thaw();
+    eprintln!("grants on healthy masters with the journal's master frozen: {took:?}");
+    assert!(took[0] < Duration::from_millis(1500), "{took:?}");
+    for later in &took[1..] {
+        assert!(*later < Duration::from_millis(300), "{took:?}");
+    }
+}
+
 /// A sidecar and a session of it whose record and the sidecar's attachment live on
 /// one master (returned). The attachment's key follows from the sidecar's id, here its
 /// instance name; a session id is random, so sessions are opened (holding nothing, they

@@ -272,6 +272,15 @@ async fn a_sidecar_that_knew_the_store_starts_the_hold_off_after_one_that_did_no
     let mut early = knew.client().await.lease().await;
     early.grant("seen").await;
     early.release("seen").await;
+    // The grant was written into the session's record; its removal takes the record
+    // with it: from then on the sidecar that knew the store is idle (it has nothing to
+    // write back or refresh, so it does not reconnect before its next call).
+    let record = common::records::record_key(&ns, &early.session_id);
+    let gone = common::topology::wait_until(Duration::from_secs(5), || {
+        redis.cli(&["EXISTS", &record]) == "0"
+    })
+    .await;
+    assert!(gone, "the record goes with its last lock");
     tokio::task::block_in_place(|| redis.restart());
     // First after the restart: a sidecar new to the store. It grants.
     let new = Sidecar::start(store(&redis, &ns)).await;

@@ -116,6 +116,70 @@ fn keep_trying(
     (stop, task)
 }
 
+/// Issue 32, item 3: no grant without a way back. A sidecar SIGKILLed the moment its
+/// client hears `Granted` (the first lock of a session, and another one a moment after
+/// it) leaves both locks resumable: the record names them before the answer leaves.
+/// (It did not before: the journal wrote a grant 50 ms after it, and such a session
+/// was refused as unknown.) Each round kills at once after a `Granted`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_killed_right_after_a_grant_leaves_it_resumable() {
+    let redis = Redis::start();
+    let ns = namespace();
+    let args = ["--attachment-ttl", ATTACHMENT];
+    let other = SidecarProcess::start(&redis.url(), &ns, &args);
+    let on_other = Client::connect(&other.addr).await;
+    for round in 0..3 {
+        let mut doomed = SidecarProcess::start(&redis.url(), &ns, &args);
+        let mut app = Client::connect(&doomed.addr).await.lease().await;
+        let first = app.grant(&format!("first-{round}")).await;
+        let second = match round {
+            0 => None,
+            _ => Some(app.grant(&format!("second-{round}")).await),
+        };
+        doomed.kill();
+        let mut resumed = resume(&on_other, &app.resume_token).await;
+        let events = greeting(&mut resumed).await;
+        let back = granted(&events[&format!("first-{round}")]);
+        assert_eq!(back.fencing_token, first.fencing_token, "round {round}");
+        if let Some(second) = second {
+            let back = granted(&events[&format!("second-{round}")]);
+            assert_eq!(back.fencing_token, second.fencing_token, "round {round}");
+        }
+        drop(resumed);
+    }
+    // A key given back and taken again at once: the record's line still names the
+    // first grant (the second is told before the line is rewritten); the resume finds
+    // the session's grant by its owner, and the lock comes back with the second token.
+    // Exclusive, and shared (a hash in the store, the holder named).
+    for shared in [false, true] {
+        let mut doomed = SidecarProcess::start(&redis.url(), &ns, &args);
+        let mut app = Client::connect(&doomed.addr).await.lease().await;
+        let ask = || proto::Acquire {
+            mode: match shared {
+                true => proto::LockMode::Shared as i32,
+                false => proto::LockMode::Exclusive as i32,
+            },
+            holder: "worker-1".into(),
+            ..acquire("again")
+        };
+        let id = app.send_acquire(ask()).await;
+        app.expect_granted(id).await;
+        recorded(&redis, &ns, &app.session_id, 1).await;
+        let id = app.send_release_of("again", "worker-1").await;
+        app.expect_released(id).await;
+        let id = app.send_acquire(ask()).await;
+        let second = app.expect_granted(id).await;
+        doomed.kill();
+        let mut resumed = resume(&on_other, &app.resume_token).await;
+        let events = greeting(&mut resumed).await;
+        let back = granted(&events["again"]);
+        assert_eq!(back.fencing_token, second.fencing_token, "shared {shared}");
+        assert_eq!(back.holder, "worker-1");
+        let id = resumed.send_release_of("again", "worker-1").await;
+        assert_eq!(resumed.expect_released(id).await, 0);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_sidecar_s_session_resumes_on_another_with_its_locks() {
     let redis = Redis::start();

@@ -145,6 +145,15 @@ impl ResumeClaim {
     pub fn new_owner(&self, n: u64) -> String {
         format!("{}.{}.{n}", self.session_id, self.new_secret)
     }
+
+    /// What every owner token of the session starts with under the secret presented
+    /// (`session_id.secret.`), and under the new one.
+    pub fn owner_prefixes(&self) -> (String, String) {
+        (
+            format!("{}.{}.", self.session_id, self.secret),
+            format!("{}.{}.", self.session_id, self.new_secret),
+        )
+    }
 }
 
 /// The answer to a [`ResumeClaim`].
@@ -187,6 +196,12 @@ pub struct ResumedLock {
 /// A grant that survived, as the lock keeps it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResumedGrant {
+    /// The grant's number as the store has it: its owner under the new secret is
+    /// `session_id.new_secret.grant` ([`ResumeClaim::new_owner`]). The record's line may
+    /// name an earlier grant of the same key (a line is rewritten in the background once
+    /// the key is granted again), so the store finds the session's grant by the owner's
+    /// prefix, and says which one it found.
+    pub grant: u64,
     /// Its hold count.
     pub count: u32,
     /// Its fencing token.

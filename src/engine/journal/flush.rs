@@ -5,6 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -20,9 +21,18 @@ use crate::telemetry::Streak;
 pub(super) struct Failing {
     attachment: Streak,
     records: Streak,
+    /// Whether the records' writes fail now, for the sessions (`Journal::granted`).
+    shared: Arc<AtomicBool>,
 }
 
 impl Failing {
+    pub(super) fn new(shared: Arc<AtomicBool>) -> Self {
+        Self {
+            shared,
+            ..Self::default()
+        }
+    }
+
     /// Logs an attachment write that starts or ends a streak of failures.
     pub(super) fn attachment(&mut self, result: &Result<(), StoreError>) {
         match result {
@@ -43,9 +53,21 @@ impl Failing {
         }
     }
 
+    #[cfg(test)]
+    pub(super) fn shared_failing(&self) -> bool {
+        self.shared.load(Ordering::Acquire)
+    }
+
+    #[cfg(test)]
+    pub(super) fn force_records_failing(&mut self) {
+        self.records.failed();
+        self.shared.store(true, Ordering::Release);
+    }
+
     /// Logs a flush whose record writes (`failed` of `writes` not made, `error` when
     /// the whole call failed) start or end a streak of failures.
     fn records(&mut self, failed: usize, writes: usize, error: Option<&StoreError>) {
+        self.shared.store(failed > 0, Ordering::Release);
         if failed == 0 {
             if let Some((failures, took)) = self.records.recovered() {
                 tracing::info!(failures, ?took, "writing session records works again");
@@ -68,6 +90,16 @@ impl Task {
     /// written once it has been held for [`FLUSH_EVERY`] (`all`: at once, with every
     /// other change): one taken and given back sooner costs the store nothing.
     pub(super) async fn flush(&mut self, all: bool) {
+        // Whoever waits for a grant posted before now is answered once this flush is
+        // done (written, or failed: a grant is not held back longer than one try).
+        let waiting = std::mem::take(&mut self.waiting);
+        self.write(all).await;
+        for done in waiting {
+            let _ = done.send(());
+        }
+    }
+
+    async fn write(&mut self, all: bool) {
         let now = Instant::now();
         if all || self.flush_at.is_some_and(|at| at <= now) {
             self.flush_at = None;

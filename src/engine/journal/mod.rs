@@ -3,14 +3,22 @@
 //! sidecar if this one dies.
 //!
 //! Sessions tell the journal when a grant is handed out, when a lock leaves them and
-//! when they end, by posts in a mailbox (`engine/mailbox.rs`) that the journal reads
-//! [`FLUSH_EVERY`] after the first of them: a busy session wakes it once per window,
-//! not twice per lock. The journal gathers the changes and writes a grant once it has
-//! been held for [`FLUSH_EVERY`], all sessions' writes of a flush in one store call
-//! (pipelined). A lock granted and released within that time costs the store nothing,
-//! and a session that never holds a lock writes nothing. The price: a lock granted
-//! less than about twice that before the sidecar died may be missing from the record;
-//! a resumed client treats a lock it held that did not come back as lost.
+//! when they end, by posts in a mailbox (`engine/mailbox.rs`). **No grant without a way
+//! back:** a new grant is written at once, and its session tells its client `Granted`
+//! only once the write is done ([`Journal::granted`] answers then), so that a sidecar
+//! that dies right after a `Granted` leaves that lock resumable. Grants that arrive
+//! while a flush is under way go together in the next one: under load one store call
+//! (pipelined) carries many sessions' writes. A key the record names already (granted
+//! before, its removal not written yet) is told at once: a resume finds the session's
+//! grant of it by its owner's prefix, whatever grant the line names, and the line is
+//! brought up to date in the background. Everything else (a lock that left, the end
+//! of a session) is read [`FLUSH_EVERY`] after the first of it: a busy session wakes
+//! the journal once per window for those, and a key given back and taken again within
+//! it costs no write at all. A session that never holds a lock writes
+//! nothing. When the records' writes fail (the store, or the master that holds them,
+//! does not answer), grants are told at once rather than made to wait on them: until
+//! the writes work again, a lock granted meanwhile may be missing from its record, and
+//! a resumed client treats a lock that did not come back as lost.
 //!
 //! While some session of this sidecar has a record, the journal keeps the sidecar's
 //! attachment alive (refreshed every third of its TTL), written before the first record
@@ -25,14 +33,19 @@
 //! restart) answers `Recorded::Missing`, and the journal writes every line again.
 //!
 //! This file has the handle and the task's loop (what it tracks, when it writes);
-//! `flush.rs` turns the gathered changes into record writes and reads the answers.
+//! `flush.rs` turns the gathered changes into record writes and reads the answers;
+//! `attachment.rs` keeps the sidecar's attachment; `tracked.rs` is a record as the
+//! journal knows it.
 
+mod attachment;
 mod flush;
 #[cfg(test)]
 mod tests;
+mod tracked;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -41,6 +54,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::mailbox::Mailbox;
 use crate::store::{RecordLine, Store};
+use tracked::Tracked;
 
 /// How long changes gather before they are written.
 pub(crate) const FLUSH_EVERY: Duration = Duration::from_millis(50);
@@ -65,7 +79,8 @@ pub(crate) struct SessionRef {
 /// copy of each key would cost as much as the session's. The `Instant` is when the
 /// session posted the change: the journal reads its mail up to [`FLUSH_EVERY`] later.
 enum Entry {
-    Granted(Arc<SessionRef>, Arc<str>, RecordLine, Instant),
+    /// A grant, and who waits for it to be written.
+    Granted(Arc<SessionRef>, Arc<str>, RecordLine, oneshot::Sender<()>),
     Dropped(Arc<SessionRef>, Arc<str>, Instant),
     Ended(Arc<SessionRef>, Instant),
     /// A resumed session: the store's record lists these and is already this
@@ -78,6 +93,9 @@ enum Entry {
 #[derive(Clone)]
 pub(crate) struct Journal {
     mailbox: Option<Arc<Mailbox<Entry>>>,
+    /// The records' writes fail now: a new grant is told at once rather than made to
+    /// wait for the next try (which may be stuck behind a write to a frozen master).
+    failing: Arc<AtomicBool>,
     /// Ends the task, after a last flush, when the last handle goes.
     _alive: Option<Arc<DropGuard>>,
 }
@@ -97,11 +115,13 @@ impl Journal {
         if !store.resumes_sessions() {
             return Self {
                 mailbox: None,
+                failing: Arc::default(),
                 _alive: None,
             };
         }
         let mailbox = Arc::new(Mailbox::new());
         let alive = CancellationToken::new();
+        let failing = Arc::new(AtomicBool::new(false));
         let task = Task {
             store,
             sidecar,
@@ -113,11 +133,13 @@ impl Journal {
             flush_at: None,
             attach_at: None,
             attached_ttl: Duration::ZERO,
-            failing: flush::Failing::default(),
+            failing: flush::Failing::new(failing.clone()),
+            waiting: Vec::new(),
         };
         tokio::spawn(task.run(alive.clone()));
         Self {
             mailbox: Some(mailbox),
+            failing,
             _alive: Some(Arc::new(alive.drop_guard())),
         }
     }
@@ -130,14 +152,22 @@ impl Journal {
         }
     }
 
-    /// A grant was handed out. It is written once held for [`FLUSH_EVERY`], so the
-    /// journal reads of it no sooner.
-    pub(crate) fn granted(&self, session: &Arc<SessionRef>, key: Arc<str>, line: RecordLine) {
-        let now = Instant::now();
-        self.send(
-            Entry::Granted(session.clone(), key, line, now),
-            now + FLUSH_EVERY,
+    /// A grant was handed out: written at once. The answer comes once the session's
+    /// record names it (or its write failed, or writes fail already); `None` on a store
+    /// that keeps no records.
+    pub(crate) fn granted(
+        &self,
+        session: &Arc<SessionRef>,
+        key: Arc<str>,
+        line: RecordLine,
+    ) -> Option<oneshot::Receiver<()>> {
+        let mailbox = self.mailbox.as_ref()?;
+        let (done, written) = oneshot::channel();
+        mailbox.post(
+            Entry::Granted(session.clone(), key, line, done),
+            Instant::now(),
         );
+        (!self.failing.load(Ordering::Acquire)).then_some(written)
     }
 
     /// A lock left the session (released, lost).
@@ -166,38 +196,6 @@ impl Journal {
     }
 }
 
-/// One session's record as the journal knows it.
-#[derive(Default)]
-struct Tracked {
-    session: Option<Arc<SessionRef>>,
-    /// What the store's record lists (as far as the journal knows).
-    listed: HashMap<Arc<str>, RecordLine>,
-    /// Changes not written yet: a line to list (with when it was granted), or `None`
-    /// to take the key off. Emptied by a flush, it gives its table back (`flush.rs`).
-    pending: HashMap<Arc<str>, Option<(RecordLine, Instant)>>,
-    ended: bool,
-    /// The record is another generation's: never written again.
-    foreign: bool,
-    /// When the record's TTL is next extended (in `Task::refreshes`).
-    refresh_at: Option<Instant>,
-}
-
-impl Tracked {
-    /// The longest TTL of the locks listed or about to be.
-    fn longest_ttl(&self) -> Duration {
-        let pending = self.pending.values().flatten().map(|(line, _)| line);
-        (self.listed.values().chain(pending))
-            .map(|l| l.ttl)
-            .max()
-            .unwrap_or_default()
-    }
-
-    /// Whether the store has, or is about to have, a record of this session.
-    fn has_record(&self) -> bool {
-        !self.foreign && (!self.listed.is_empty() || self.pending.values().any(Option::is_some))
-    }
-}
-
 struct Task {
     store: Arc<dyn Store>,
     sidecar: String,
@@ -217,6 +215,9 @@ struct Task {
     attached_ttl: Duration,
     /// The writes that fail and are retried, for the log (`flush.rs`).
     failing: flush::Failing,
+    /// Sessions that wait for their grants to be written, answered after the next
+    /// flush.
+    waiting: Vec<oneshot::Sender<()>>,
 }
 
 impl Task {
@@ -266,7 +267,25 @@ impl Task {
 
     fn apply(&mut self, entry: Entry) {
         let (session, change, at) = match entry {
-            Entry::Granted(s, key, line, at) => (s, Some((key, Some(line))), at),
+            Entry::Granted(s, key, line, done) => {
+                let now = Instant::now();
+                let listed = (self.tracked.get(&s.serial))
+                    .is_some_and(|t| t.foreign || t.listed.contains_key(&key));
+                if listed {
+                    // The store's record names the key already (an earlier grant of it,
+                    // its removal not written yet): a resume finds this grant by the
+                    // owner's prefix (`lua/rekey.lua`). Told now; the line is brought up
+                    // to date with the next window's writes.
+                    let _ = done.send(());
+                    (s, Some((key, Some(line))), now)
+                } else {
+                    // Written at the next flush, now: as if held for the window already.
+                    self.flush_at = Some(now);
+                    self.waiting.push(done);
+                    let at = now.checked_sub(FLUSH_EVERY).unwrap_or(now);
+                    (s, Some((key, Some(line))), at)
+                }
+            }
             Entry::Dropped(s, key, at) => (s, Some((key, None)), at),
             Entry::Ended(s, at) => {
                 if let Some(t) = self.tracked.get_mut(&s.serial) {
@@ -321,11 +340,6 @@ impl Task {
         self.flush_at.get_or_insert(at + FLUSH_EVERY);
     }
 
-    /// Whether some session of this sidecar has (or is about to have) a record.
-    fn needs_attachment(&self) -> bool {
-        self.tracked.values().any(|t| !t.ended && t.has_record())
-    }
-
     async fn tick(&mut self) {
         let now = Instant::now();
         if self.attach_at.is_some_and(|at| at <= now) {
@@ -337,42 +351,6 @@ impl Task {
         let refresh_due = self.refreshes.first().is_some_and(|(at, _)| *at <= now);
         if self.flush_at.is_some_and(|at| at <= now) || refresh_due {
             self.flush(false).await;
-        }
-    }
-
-    /// How long the attachment may live: `--attachment-ttl`, and at most two fifths
-    /// of the shortest TTL of the locks that this sidecar's records list, so that its
-    /// sessions can be resumed elsewhere within half of any of their TTLs after it
-    /// died (a tenth of the TTL is left for the resuming client's retries and round
-    /// trips). A walk over every listed line, once per refresh (a third of the result).
-    fn attachment_ttl(&self) -> Duration {
-        let lines = self.tracked.values().filter(|t| !t.ended && !t.foreign);
-        let shortest = lines
-            .flat_map(|t| {
-                t.listed
-                    .values()
-                    .chain(t.pending.values().flatten().map(|(l, _)| l))
-            })
-            .map(|line| line.ttl)
-            .min();
-        shortest.map_or(self.attachment, |ttl| self.attachment.min(ttl * 2 / 5))
-    }
-
-    /// Writes the attachment; schedules the next write.
-    async fn attach(&mut self) -> bool {
-        let ttl = self.attachment_ttl();
-        let result = self.store.attach(&self.sidecar, ttl).await;
-        self.failing.attachment(&result);
-        match result {
-            Ok(()) => {
-                self.attached_ttl = ttl;
-                self.attach_at = Some(Instant::now() + ttl / 3);
-                true
-            }
-            Err(_) => {
-                self.attach_at = Some(Instant::now() + RETRY);
-                false
-            }
         }
     }
 

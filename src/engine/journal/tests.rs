@@ -34,8 +34,17 @@ fn task() -> Task {
         attach_at: None,
         attached_ttl: Duration::ZERO,
         failing: Default::default(),
+        waiting: Vec::new(),
     }
 }
+
+/// A grant's entry, and whether the session waiting for it was answered.
+fn granted(s: &Arc<SessionRef>, key: Arc<str>, line: RecordLine) -> (Entry, Waiter) {
+    let (done, written) = tokio::sync::oneshot::channel();
+    (Entry::Granted(s.clone(), key, line, done), written)
+}
+
+type Waiter = tokio::sync::oneshot::Receiver<()>;
 
 /// Issue 25: the attachment lives at most two fifths of the shortest TTL the records
 /// list, so that another sidecar can resume within half of it after this one died.
@@ -54,7 +63,8 @@ async fn the_attachment_lives_two_fifths_of_the_shortest_ttl_listed() {
             ttl: Duration::from_secs(secs),
             fence: 1,
         };
-        task.apply(Entry::Granted(s.clone(), key.into(), line, Instant::now()));
+        let (entry, _waiter) = granted(&s, key.into(), line);
+        task.apply(entry);
     }
     assert_eq!(task.attachment_ttl(), Duration::from_secs(2));
     task.flush(true).await;
@@ -75,7 +85,8 @@ async fn a_flush_gives_back_the_tables_of_changes_written() {
             ttl: Duration::from_secs(10),
             fence: 1,
         };
-        task.apply(Entry::Granted(s.clone(), key.clone(), line, Instant::now()));
+        let (entry, _waiter) = granted(&s, key.clone(), line);
+        task.apply(entry);
     }
     task.flush(true).await;
     let tracked = &task.tracked[&1];
@@ -101,4 +112,56 @@ async fn a_flush_gives_back_the_tables_of_changes_written() {
         "the list keeps room for {} lines",
         tracked.listed.capacity()
     );
+}
+
+/// Issue 32, item 3: no grant without a way back. A new grant is written at the next
+/// flush, due at once (not [`super::FLUSH_EVERY`] later), and its session is answered
+/// only once that flush is done; with the records' writes failing already, at once.
+#[tokio::test(start_paused = true)]
+async fn a_grant_is_written_at_once_and_its_session_answered_after_the_write() {
+    let mut task = task();
+    let s = session();
+    let line = RecordLine {
+        grant: 1,
+        ttl: Duration::from_secs(10),
+        fence: 7,
+    };
+    let (entry, mut waiter) = granted(&s, "k".into(), line.clone());
+    task.apply(entry);
+    assert!(
+        task.flush_at.is_some_and(|at| at <= Instant::now()),
+        "due now"
+    );
+    assert!(waiter.try_recv().is_err(), "not answered before the write");
+    task.flush(false).await;
+    assert_eq!(task.tracked[&1].listed.get("k"), Some(&line), "written");
+    assert!(waiter.try_recv().is_ok(), "answered after the write");
+    // Given back and granted again before the removal is written: the record names the
+    // key still, so the grant is told at once and written with the next window.
+    task.apply(Entry::Dropped(s.clone(), "k".into(), Instant::now()));
+    let again = RecordLine { grant: 2, ..line };
+    let (entry, mut waiter) = granted(&s, "k".into(), again);
+    task.apply(entry);
+    assert!(waiter.try_recv().is_ok(), "answered at once");
+    assert!(task.waiting.is_empty());
+}
+
+/// A journal whose writes fail does not make grants wait for them: the session is told
+/// so when it posts the grant, not when the journal gets to it (it may be stuck in a
+/// write to a frozen master).
+#[tokio::test(start_paused = true)]
+async fn a_grant_waits_for_no_journal_whose_writes_fail() {
+    let store: Arc<dyn Store> = Arc::new(crate::store::memory::MemoryStore::new());
+    let journal = super::Journal::spawn(store, "sidecar".into(), Duration::from_secs(10));
+    let line = RecordLine {
+        grant: 1,
+        ttl: Duration::from_secs(10),
+        fence: 7,
+    };
+    let s = session();
+    // The memory store does not resume: no record to wait for.
+    assert!(journal.granted(&s, "k".into(), line.clone()).is_none());
+    let mut task = task();
+    task.failing.force_records_failing();
+    assert!(task.failing.shared_failing(), "told to the sessions");
 }

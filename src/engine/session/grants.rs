@@ -8,17 +8,19 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Held, Session, Slot};
+use super::{Done, Held, Session, Slot};
 use crate::engine::renewer::{LeaseClock, RenewEvent, Renewable};
 use crate::engine::{Command, Event};
 use crate::metrics::Loss;
 use crate::store::{Claim, names};
 
 impl Session {
-    /// Takes on a grant the store just made: the renewer renews it, the journal will
-    /// record it, and the client hears `Granted`. `slot` is what the acquire's slot
-    /// leaves: its name (the one string of it that the session, the renewer and the
-    /// journal share) and the commands queued behind it.
+    /// Takes on a grant the store just made: the renewer renews it, the journal records
+    /// it, and the client hears `Granted` once the record names it (at once on a store
+    /// that keeps no records). Until then the slot is busy: commands for it wait, and
+    /// a loss tells `Granted` first. `slot` is what the acquire's slot leaves: its name
+    /// (the one string of it that the session, the renewer and the journal share) and
+    /// the commands queued behind it.
     pub(super) fn hold_grant(
         &mut self,
         request_id: u64,
@@ -42,7 +44,7 @@ impl Session {
             events: self.notes_tx.clone(),
         });
         self.shared.metrics.locks_held.inc();
-        self.journal_granted(&name, &owner, claim.ttl, fence);
+        let recording = self.journal_granted(&name, &owner, claim.ttl, fence);
         let remaining = valid_until.saturating_duration_since(Instant::now());
         self.watch_deadline(valid_until);
         self.slots.insert(
@@ -58,7 +60,7 @@ impl Session {
                 clock,
                 granted_at: Instant::now(),
                 jeopardy: false,
-                busy: false,
+                busy: recording.is_some(),
                 gone: false,
                 queue,
                 value: claim.value.into_boxed_slice(),
@@ -66,14 +68,40 @@ impl Session {
         );
         let (key, holder) = names::split(&name);
         log!(self, DEBUG, %key, %holder, fence, "granted");
-        self.send(Event::Granted {
+        let granted = Event::Granted {
             request_id,
             key: key.to_owned(),
             fence,
             ttl: remaining,
             hold_count: 1,
             holder: holder.to_owned(),
-        });
+        };
+        match recording {
+            None => self.send(granted),
+            Some(written) => {
+                self.untold.insert(name.clone(), granted);
+                self.ops.push(Box::pin(async move {
+                    let _ = written.await;
+                    Done::Recorded { name, lease_id }
+                }));
+            }
+        }
+    }
+
+    /// The record names grant `lease_id` of `name`: its client hears `Granted` now, and
+    /// the commands that waited for it run.
+    pub(super) fn recorded(&mut self, name: Arc<str>, lease_id: u64) {
+        let Some(Slot::Held(h)) = self.slots.get_mut(&*name) else {
+            return;
+        };
+        if h.lease_id != lease_id {
+            return;
+        }
+        h.busy = false;
+        if let Some(granted) = self.untold.remove(&*name) {
+            self.send(granted);
+        }
+        self.drain(&name);
     }
 
     /// The last hold is gone: forget the grant and answer.
@@ -108,6 +136,10 @@ impl Session {
         let Some((shared_name, Slot::Held(h))) = self.slots.remove_entry(name) else {
             return VecDeque::new();
         };
+        if let Some(granted) = self.untold.remove(name) {
+            // Lost before its record was written: its client hears of both, in order.
+            self.send(granted);
+        }
         let reason = lost_because(why);
         let (key, holder) = names::split(name);
         log!(self, WARN, %key, %holder, fence = h.fence, %reason, "lock lost");

@@ -157,6 +157,8 @@ enum Done {
         sent_at: Instant,
         result: Result<bool, StoreError>,
     },
+    /// A new grant is in the session's record: its client may hear of it now.
+    Recorded { name: Arc<str>, lease_id: u64 },
 }
 
 /// How one acquire ended, as its store calls and its waiting decided.
@@ -197,6 +199,10 @@ pub(crate) struct Session {
     journaled: bool,
     /// A resumed session: what its client hears right after `SessionStarted`.
     greeting: Vec<Event>,
+    /// The `Granted` of each new grant whose record is being written: told once it is
+    /// (`grants.rs`), so that a sidecar that dies right after a `Granted` leaves that
+    /// lock resumable.
+    untold: HashMap<Arc<str>, Event>,
     /// The session's span: the parent of its `acquire` spans, and the context of what
     /// it logs (see [`log!`]). INFO: exported as a trace span when traces are on (a
     /// sidecar's sessions are few and long; this is not per request).
@@ -271,6 +277,7 @@ impl Session {
             record,
             journaled: false,
             greeting: Vec::new(),
+            untold: HashMap::new(),
             span,
         }
     }

@@ -174,6 +174,7 @@ impl Session {
                 sent_at,
                 result,
             } => self.reasserted(name, lease_id, sent_at, result),
+            Done::Recorded { name, lease_id } => self.recorded(name, lease_id),
         }
     }
 

@@ -26,22 +26,22 @@ impl Session {
             .then(|| ResumeToken(format!("{}.{}", self.id, self.secret)))
     }
 
-    /// Tells the journal that the grant `name` was made to `owner` (`session.secret.n`).
+    /// Tells the journal that the grant `name` was made to `owner` (`session.secret.n`);
+    /// the answer comes once the session's record names it (`None`: no record to wait
+    /// for).
     pub(super) fn journal_granted(
         &mut self,
         name: &Arc<str>,
         owner: &str,
         ttl: Duration,
         fence: u64,
-    ) {
-        let Some(grant) = owner.rsplit('.').next().and_then(|n| n.parse().ok()) else {
-            return;
-        };
+    ) -> Option<tokio::sync::oneshot::Receiver<()>> {
+        let grant = owner.rsplit('.').next().and_then(|n| n.parse().ok())?;
         self.journaled = true;
         let line = RecordLine { grant, ttl, fence };
         self.shared
             .journal
-            .granted(&self.record, name.clone(), line);
+            .granted(&self.record, name.clone(), line)
     }
 
     /// A resumed session: id `id`, new secret `secret`, holding again every grant of
@@ -59,7 +59,10 @@ impl Session {
         let mut session = Self::with_identity(shared, client_name, out, id, secret, true);
         // The client hears the locks it keeps first, then those it lost, by key.
         locks.sort_by(|a, b| (a.held.is_none(), &a.key).cmp(&(b.held.is_none(), &b.key)));
-        session.grants = locks.iter().map(|l| l.line.grant).max().unwrap_or(0);
+        // Past every grant number the session used: a line may name an earlier grant
+        // of its key than the one held.
+        let used = |l: &ResumedLock| l.held.as_ref().map_or(0, |g| g.grant).max(l.line.grant);
+        session.grants = locks.iter().map(used).max().unwrap_or(0);
         session.journaled = !locks.is_empty();
         let listed = locks
             .iter()
@@ -81,7 +84,8 @@ impl Session {
         } = lock;
         let (key, holder) = names::split(&name);
         let (key, holder) = (key.to_owned(), holder.to_owned());
-        let owner = format!("{}.{}.{}", self.id, self.secret, line.grant);
+        let grant_number = held.as_ref().map_or(line.grant, |g| g.grant);
+        let owner = format!("{}.{}.{}", self.id, self.secret, grant_number);
         let ttl = line.ttl;
         let margin = drift_margin(ttl, self.shared.config.clock_drift);
         let now = Instant::now();

@@ -158,26 +158,36 @@ impl MemoryStore {
         let locks = lines
             .into_iter()
             .map(|(key, line)| {
-                let held = self.rekey(names::key_of(&key), claim, &line);
+                let held = self.rekey(&key, claim, &line);
                 ResumedLock { key, line, held }
             })
             .collect();
         Resumption::Claimed(locks)
     }
 
-    /// Moves grant `line.grant` of `key` from the old owner (or, made again, the new
-    /// one) to the new owner and extends it by its TTL (see `lua/rekey.lua`).
-    fn rekey(&self, key: &str, claim: &ResumeClaim, line: &RecordLine) -> Option<ResumedGrant> {
-        let (old, new) = (claim.old_owner(line.grant), claim.new_owner(line.grant));
-        self.with_lock(key, |lock, now| {
+    /// Moves the session's grant of `key` (the name's holder; `line.grant`, or a later
+    /// one: see [`ResumedGrant::grant`]) from the old secret (or, made again, the new
+    /// one) to the new secret and extends it by its TTL (see `lua/rekey.lua`).
+    fn rekey(&self, name: &str, claim: &ResumeClaim, line: &RecordLine) -> Option<ResumedGrant> {
+        let (old, new) = claim.owner_prefixes();
+        let holder_name = names::split(name).1;
+        self.with_lock(names::key_of(name), |lock, now| {
             let (sharing, limit) = (lock.sharing?, lock.limit);
+            let grant_of = |owner: &str| {
+                let n = owner
+                    .strip_prefix(&old)
+                    .or_else(|| owner.strip_prefix(&new))?;
+                n.parse::<u64>().ok()
+            };
             let holder = lock
                 .holders
                 .iter_mut()
-                .find(|h| h.owner == old || h.owner == new)?;
-            holder.owner = new.clone();
+                .find(|h| h.holder == holder_name && grant_of(&h.owner).is_some())?;
+            let grant = grant_of(&holder.owner).unwrap_or(line.grant);
+            holder.owner = claim.new_owner(grant);
             holder.expires = now + line.ttl;
             Some(ResumedGrant {
+                grant,
                 count: holder.count,
                 fence: holder.fence,
                 sharing,

@@ -211,9 +211,17 @@ impl RedisStore {
         key: String,
         line: RecordLine,
     ) -> ResumedLock {
-        let (old, new) = (claim.old_owner(line.grant), claim.new_owner(line.grant));
+        let (old, new) = claim.owner_prefixes();
         let ttl = line.ttl.as_millis().max(1).to_string();
-        let args: [&[u8]; 3] = [old.as_bytes(), new.as_bytes(), ttl.as_bytes()];
+        let hint = line.grant.to_string();
+        let holder = names::split(&key).1;
+        let args: [&[u8]; 5] = [
+            old.as_bytes(),
+            new.as_bytes(),
+            ttl.as_bytes(),
+            hint.as_bytes(),
+            holder.as_bytes(),
+        ];
         let keys = [self.key(names::key_of(&key), "h")];
         let mut held = None;
         for attempt in 0..2 {
@@ -240,15 +248,16 @@ impl RedisStore {
     }
 }
 
-/// `rekey.lua`'s answer: `{1, count, fence, mode and limit, value}` or `{0}`.
+/// `rekey.lua`'s answer: `{1, count, fence, mode and limit, value, grant}` or `{0}`.
 fn resumed_grant(reply: &[Value]) -> Result<Option<ResumedGrant>, StoreError> {
     let bad = || StoreError::Protocol("rekey: bad reply".into());
     match reply {
         [held] if int(held)? == 0 => Ok(None),
-        [held, count, fence, mode, value] if int(held)? == 1 => {
+        [held, count, fence, mode, value, grant] if int(held)? == 1 => {
             let mode = text(mode);
             let (letter, limit) = mode.split_at_checked(1).ok_or_else(bad)?;
             Ok(Some(ResumedGrant {
+                grant: text(grant).parse().map_err(|_| bad())?,
                 count: u32::try_from(int(count)?).map_err(|_| bad())?,
                 fence: u64::try_from(int(fence)?).map_err(|_| bad())?,
                 sharing: sharing(letter).ok_or_else(bad)?,

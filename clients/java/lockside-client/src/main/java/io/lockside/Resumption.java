@@ -1,7 +1,6 @@
 package io.lockside;
 
 import io.grpc.Status;
-import java.lang.System.Logger.Level;
 import java.util.EnumSet;
 import java.util.HashMap;
 import java.util.Map;
@@ -9,6 +8,8 @@ import java.util.Set;
 import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.TimeUnit;
 import lockside.v1.Lockside;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * A {@link Session} whose stream broke, and its resumption (DESIGN.md, "A broken
@@ -23,7 +24,7 @@ import lockside.v1.Lockside;
  * fencing token), and lost otherwise.
  */
 final class Resumption {
-    private static final System.Logger LOG = System.getLogger("io.lockside");
+    private static final Logger LOG = LoggerFactory.getLogger("io.lockside");
 
     /** First pause between resume attempts, doubled up to {@link #MAX_BACKOFF_NANOS}. */
     private static final long FIRST_BACKOFF_NANOS = TimeUnit.MILLISECONDS.toNanos(50);
@@ -100,7 +101,7 @@ final class Resumption {
             LockEvent e = g.event();
             core.events.fire(l -> l.onSuspended(e));
         }
-        LOG.log(Level.WARNING, "lockside: the stream of session {0} broke ({1}): {2} lock(s) suspended, resuming",
+        LOG.warn("lockside: the stream of session {} broke ({}): {} lock(s) suspended, resuming",
                 session.sessionId, reason, session.held.size());
         backoffNanos = FIRST_BACKOFF_NANOS;
         scheduleAttempt(0);
@@ -132,7 +133,7 @@ final class Resumption {
     /** A resume attempt's stream ended before its greeting: try again, unless it is final. */
     void attemptFailed(Status status) {
         lastAttempt = Calls.describe(status);
-        LOG.log(Level.DEBUG, "lockside: a resume attempt failed: {0}", lastAttempt);
+        LOG.debug("lockside: a resume attempt failed: {}", lastAttempt);
         if (FINAL_RESUME.contains(status.getCode())) {
             session.end("the stream to the sidecar broke (" + brokeReason + ") and resuming the session failed: "
                     + lastAttempt, true);
@@ -258,7 +259,7 @@ final class Resumption {
         for (var e : back.entrySet()) {
             session.giveBack(e.getKey(), e.getValue().getHoldCount());
         }
-        LOG.log(Level.WARNING, "lockside: session {0} resumed: {1} lock(s) restored, {2} lost",
+        LOG.warn("lockside: session {} resumed: {} lock(s) restored, {} lost",
                 session.sessionId, restored, lostBack.size());
         core.mu.notifyAll();
     }

@@ -131,7 +131,7 @@ final class Inbox {
                 session.resumption.broke(status);
                 break;
             case RESUMING:
-                session.resumption.attemptFailed(status);
+                session.resumption.attemptFailed(status, s.refused);
                 break;
             default:
                 break;

@@ -40,9 +40,9 @@ final class Resumption {
 
     /**
      * Resume attempts ending so will not succeed by retrying. FAILED_PRECONDITION is
-     * retried: a restarted sidecar refuses while its dead predecessor's attachment lives
-     * (up to --attachment-ttl), and says the same of a token it does not know; the
-     * lock's TTL bounds the retries.
+     * retried unless its trailer says "unknown": "attached" (a restarted sidecar refuses
+     * while its dead predecessor's attachment lives, up to --attachment-ttl), or a
+     * sidecar that does not say; the lock's TTL bounds the retries.
      */
     private static final Set<Status.Code> FINAL_RESUME = EnumSet.of(
             Status.Code.UNIMPLEMENTED, Status.Code.UNAUTHENTICATED, Status.Code.PERMISSION_DENIED,
@@ -130,10 +130,25 @@ final class Resumption {
         s.cancelUnlessStarted();
     }
 
-    /** A resume attempt's stream ended before its greeting: try again, unless it is final. */
-    void attemptFailed(Status status) {
+    /**
+     * A resume attempt's stream ended before its greeting: try again, unless it is final.
+     * `refused`: the sidecar's lockside-resume-refused trailer, or null.
+     */
+    void attemptFailed(Status status, String refused) {
         lastAttempt = Calls.describe(status);
-        LOG.debug("lockside: a resume attempt failed: {}", lastAttempt);
+        LOG.debug("lockside: a resume attempt failed ({}): {}", refused == null ? "no reason given" : refused,
+                lastAttempt);
+        if (status.getCode() == Status.Code.FAILED_PRECONDITION && "unknown".equals(refused)) {
+            // The session is gone (its record never written, spent or expired): asking
+            // again cannot help. Its locks are lost now; the next lock opens a new
+            // session at once rather than wait for the TTL.
+            LOG.warn("lockside: session {} cannot be resumed: the sidecar at {} does not know it; {} lock(s) lost",
+                    session.sessionId, core.address, session.held.size());
+            session.end("the stream to the sidecar broke (" + brokeReason
+                    + ") and the sidecar refused to resume the session: it does not know it "
+                    + "(never recorded, spent or expired)", true);
+            return;
+        }
         if (FINAL_RESUME.contains(status.getCode())) {
             session.end("the stream to the sidecar broke (" + brokeReason + ") and resuming the session failed: "
                     + lastAttempt, true);
@@ -206,6 +221,7 @@ final class Resumption {
             }
         }
         int restored = 0;
+        int heldBefore = session.held.size();
         for (var it = session.held.values().iterator(); it.hasNext(); ) {
             Grant g = it.next();
             Lockside.Granted b = back.remove(g.slot);
@@ -259,8 +275,13 @@ final class Resumption {
         for (var e : back.entrySet()) {
             session.giveBack(e.getKey(), e.getValue().getHoldCount());
         }
-        LOG.warn("lockside: session {} resumed: {} lock(s) restored, {} lost",
-                session.sessionId, restored, lostBack.size());
+        int lostNow = heldBefore - restored;
+        if (lostNow == 0) {
+            LOG.info("lockside: session {} resumed: {} lock(s) restored", session.sessionId, restored);
+        } else {
+            LOG.warn("lockside: session {} resumed: {} lock(s) restored, {} lost", session.sessionId, restored,
+                    lostNow);
+        }
         core.mu.notifyAll();
     }
 

@@ -138,7 +138,8 @@ final class Core {
     Grant acquire(Spec spec, long waitNanos, boolean interruptible) throws InterruptedException {
         final boolean forever = waitNanos == FOREVER;
         final long started = System.nanoTime();
-        final long deadline = System.nanoTime() + (forever ? FAR_NANOS : Math.max(0, waitNanos));
+        // A wait of years (tryLock(Long.MAX_VALUE, ...)) is capped: no nanoTime overflow.
+        final long deadline = System.nanoTime() + (forever ? FAR_NANOS : Math.min(FAR_NANOS, Math.max(0, waitNanos)));
         final boolean[] interrupted = {false};
         try {
             while (true) {
@@ -175,12 +176,15 @@ final class Core {
                             }
                             continue;
                         }
-                        Duration wait = forever ? Wire.MAX_WAIT : Duration.ofNanos(Math.max(0, deadline - System.nanoTime()));
+                        // The sidecar waits at most MAX_WAIT at a time; a longer wait asks again.
+                        long left = Math.max(0, deadline - System.nanoTime());
+                        Duration wait = forever ? Wire.MAX_WAIT : Duration.ofNanos(Math.min(left, Wire.MAX_WAIT.toNanos()));
                         p = s.acquire(spec, wait);
                         break;
                     }
                 }
-                long answerWait = forever ? Wire.MAX_WAIT.toNanos() : Math.max(0, deadline - System.nanoTime());
+                long answerWait = forever ? Wire.MAX_WAIT.toNanos()
+                        : Math.min(Wire.MAX_WAIT.toNanos(), Math.max(0, deadline - System.nanoTime()));
                 Lockside.LeaseResponse r;
                 try {
                     r = answers.acquire(p, answerWait, interruptible);
@@ -199,8 +203,9 @@ final class Core {
                         return g;
                     }
                     case NOT_ACQUIRED:
-                        if (forever && r.getNotAcquired().getReason() == Lockside.NotAcquired.Reason.REASON_TIMEOUT) {
-                            continue; // waited the sidecar's longest wait: wait again
+                        if (r.getNotAcquired().getReason() == Lockside.NotAcquired.Reason.REASON_TIMEOUT
+                                && (forever || deadline - System.nanoTime() > Wire.MAX_WAIT.toNanos() / 2)) {
+                            continue; // waited the sidecar's longest wait, and more is left: wait again
                         }
                         return null;
                     case REJECTED:

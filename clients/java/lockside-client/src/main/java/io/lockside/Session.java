@@ -87,7 +87,11 @@ final class Session {
 
     /** The first stream ended before SessionStarted: once more if patient, else the end. */
     void firstStreamEnded(Status status) {
-        if (patient && firstFailure == null && status.getCode() == Status.Code.UNAVAILABLE && !closing) {
+        // A keepalive ping unanswered within 1 s on a connection that did connect: a
+        // starting JVM (or sidecar) on a loaded machine, not a missing sidecar. Once more.
+        boolean keepalive = status.getDescription() != null && status.getDescription().startsWith("Keepalive failed");
+        if ((patient || keepalive) && firstFailure == null && status.getCode() == Status.Code.UNAVAILABLE
+                && !closing) {
             firstFailure = status;
             core.reconnectNow();
             LeaseStream again = new LeaseStream(this, false, true);

@@ -262,6 +262,21 @@ class LockBasicsTest {
     }
 
     @Test
+    void tryLockWithTheLongestTimeoutWaitsAsLockDoes() throws Exception {
+        LocksideLock lock = client.lock(key);
+        assertTrue(lock.tryLock(Long.MAX_VALUE, TimeUnit.MILLISECONDS), "no overflow into a wait of no time");
+        java.util.concurrent.Future<Boolean> other = sidecar.pool().submit(() -> {
+            LocksideLock theirs = client.lock(key);
+            boolean got = theirs.tryLock(Long.MAX_VALUE, TimeUnit.NANOSECONDS);
+            theirs.unlock();
+            return got;
+        });
+        assertThrows(java.util.concurrent.TimeoutException.class, () -> other.get(300, TimeUnit.MILLISECONDS));
+        lock.unlock();
+        assertTrue(other.get(10, TimeUnit.SECONDS));
+    }
+
+    @Test
     void aKeyNobodyHoldsIsDescribedWithModeUnspecified() {
         assertEquals(LockMode.UNSPECIFIED, client.describe(key).mode());
         LocksideLock lock = client.lock(key);

@@ -33,6 +33,7 @@ public final class LocksideDistributedLock implements DistributedLock {
     /** The store TTL under a lease: at least the contract's 1 s, at most the default 10 s. */
     private static final Duration MIN_STORE_TTL = Duration.ofSeconds(1);
     private static final Duration MAX_STORE_TTL = Duration.ofSeconds(10);
+    private static final Duration FOREVER = Duration.ofDays(36_500);
     static final String EXPIRED = "Lock was released in the store due to expiration. "
             + "The integrity of data protected by this lock may have been compromised.";
 
@@ -75,6 +76,11 @@ public final class LocksideDistributedLock implements DistributedLock {
                 giveUpLocal();
             }
         }
+    }
+
+    private boolean lockLocally() throws InterruptedException {
+        local.lockInterruptibly();
+        return true;
     }
 
     @Override
@@ -121,13 +127,15 @@ public final class LocksideDistributedLock implements DistributedLock {
     }
 
     private boolean tryLockWith(Duration waitTime, Duration lease) throws InterruptedException {
-        long deadline = System.nanoTime() + Math.max(0, waitTime.toNanos());
-        if (!local.tryLock(Math.max(0, waitTime.toNanos()), TimeUnit.NANOSECONDS)) {
+        // A wait of a century or more (tryLock(Long.MAX_VALUE, ...)) is a wait forever.
+        long wait = waitTime.compareTo(FOREVER) >= 0 ? -1 : Math.max(0, waitTime.toNanos());
+        long deadline = System.nanoTime() + wait;
+        if (!(wait < 0 ? lockLocally() : local.tryLock(wait, TimeUnit.NANOSECONDS))) {
             return false;
         }
         boolean ok = false;
         try {
-            ok = take(Math.max(0, deadline - System.nanoTime()), lease);
+            ok = take(wait < 0 ? -1 : Math.max(0, deadline - System.nanoTime()), lease);
         } finally {
             if (!ok) {
                 giveUpLocal();
@@ -275,6 +283,9 @@ public final class LocksideDistributedLock implements DistributedLock {
             }
         }
         giveBackQuietly(stale);
+        // The lease runs from the moment the lock was asked for, as a store's TTL runs from
+        // the write, not from when the answer arrived here.
+        long asked = System.nanoTime();
         LocksideSemaphore grant = registry.client.semaphore(key, 1, LockOptions.defaults().ttl(storeTtl(lease)));
         Optional<Permit> p = waitNanos < 0
                 ? Optional.of(grant.acquire())
@@ -286,7 +297,7 @@ public final class LocksideDistributedLock implements DistributedLock {
             permit = p.get();
             expired = false;
             lockedAt = System.currentTimeMillis();
-            startLease(lease);
+            startLease(lease, asked);
         }
         return true;
     }
@@ -310,8 +321,13 @@ public final class LocksideDistributedLock implements DistributedLock {
         return permit != null && !expired && !permit.lost().isDone();
     }
 
-    /** Under the monitor: (re)starts the lease; null keeps the lease there is, if any. */
+    /** Under the monitor: (re)starts the lease now; null keeps the lease there is, if any. */
     private void startLease(Duration l) {
+        startLease(l, System.nanoTime());
+    }
+
+    /** Under the monitor: (re)starts the lease from `fromNanos` (System.nanoTime). */
+    private void startLease(Duration l, long fromNanos) {
         if (l == null) {
             return;
         }
@@ -320,7 +336,8 @@ public final class LocksideDistributedLock implements DistributedLock {
         }
         lease = l;
         Permit p = permit;
-        expiry = LocksideLockRegistry.TIMERS.schedule(() -> expire(p), l.toNanos(), TimeUnit.NANOSECONDS);
+        long delay = Math.max(0, fromNanos + l.toNanos() - System.nanoTime());
+        expiry = LocksideLockRegistry.TIMERS.schedule(() -> expire(p), delay, TimeUnit.NANOSECONDS);
         TaskScheduler scheduler = registry.renewalScheduler;
         if (scheduler != null && renewal == null) {
             renewal = scheduler.scheduleWithFixedDelay(this::renewQuietly, l.dividedBy(3));

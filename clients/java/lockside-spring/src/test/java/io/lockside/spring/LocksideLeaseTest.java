@@ -135,6 +135,21 @@ class LocksideLeaseTest {
     }
 
     @Test
+    void tryLockWithTheLongestTimeoutWaitsAsLockDoes() throws Exception {
+        LocksideDistributedLock lock = new LocksideLockRegistry(mine).obtain(key);
+        assertTrue(lock.tryLock(Long.MAX_VALUE, TimeUnit.MILLISECONDS), "no overflow into a wait of no time");
+        LocksideDistributedLock other = new LocksideLockRegistry(theirs).obtain(key);
+        var waiting = sidecar.pool().submit(() -> {
+            boolean got = other.tryLock(Long.MAX_VALUE, TimeUnit.MILLISECONDS);
+            other.unlock();
+            return got;
+        });
+        assertThrows(java.util.concurrent.TimeoutException.class, () -> waiting.get(300, TimeUnit.MILLISECONDS));
+        lock.unlock();
+        assertTrue(waiting.get(10, TimeUnit.SECONDS));
+    }
+
+    @Test
     void aTtlMustBePositive() {
         LocksideDistributedLock lock = new LocksideLockRegistry(mine).obtain(key);
         assertThrows(IllegalArgumentException.class, () -> lock.lock(Duration.ZERO));

@@ -64,7 +64,7 @@ pub fn is_boot(block: &Block) -> bool {
     block.text.contains("@SpringBootApplication")
 }
 
-/// Writes and builds every project (one Maven run each, one after the other); the units
+/// Writes and builds every project (one Maven run each, all at once); the units
 /// to run are their Java sources, whose target is the project's directory.
 pub async fn maven(blocks: &[&Block], dir: &Path) -> (Vec<Unit>, Result<(), String>) {
     let mut projects: BTreeMap<(String, String), Vec<&Block>> = BTreeMap::new();
@@ -75,6 +75,8 @@ pub async fn maven(blocks: &[&Block], dir: &Path) -> (Vec<Unit>, Result<(), Stri
     }
     let mut units = Vec::new();
     let mut errors = Vec::new();
+    // Every project's build at once: they wait on downloads more than on the CPU.
+    let mut builds = tokio::task::JoinSet::new();
     for ((page, project), files) in projects {
         let root = dir.join(format!(
             "{}-{project}",
@@ -114,20 +116,17 @@ pub async fn maven(blocks: &[&Block], dir: &Path) -> (Vec<Unit>, Result<(), Stri
         ]);
         // Longer than a compile's bound: a fresh ~/.m2 downloads the plugins of the
         // project's own pom (Boot's parent names its own versions) here.
-        if let Err(e) = step_within(
-            &format!("mvn compile ({page}, {project})"),
-            mvn,
-            MAVEN_WITHIN,
-        )
-        .await
-        {
-            errors.push(e);
-            continue;
-        }
+        let what = format!("mvn compile ({page}, {project})");
+        builds.spawn(async move { step_within(&what, mvn, MAVEN_WITHIN).await });
         units.push(Unit {
             block: sources[0].clone(),
             target: root,
         });
+    }
+    while let Some(built) = builds.join_next().await {
+        if let Err(e) = built.expect("a build task") {
+            errors.push(e);
+        }
     }
     let result = if errors.is_empty() {
         Ok(())

@@ -9,6 +9,7 @@ import io.lockside.shedlock.LocksideLockProvider;
 import io.lockside.spring.LocksideDistributedLock;
 import io.lockside.spring.LocksideLockRegistry;
 import io.lockside.testkit.Ports;
+import io.lockside.testkit.RedisServer;
 import io.lockside.testkit.Sidecar;
 import io.micrometer.core.instrument.MeterRegistry;
 import io.micrometer.core.instrument.simple.SimpleMeterRegistry;
@@ -139,6 +140,32 @@ class LocksideAutoConfigurationTest {
     private static void awaitCount(MeterRegistry meters, String name, double count) {
         io.lockside.testkit.Await.until(name + " counted", Duration.ofSeconds(10),
                 () -> meters.find(name).counter() != null && meters.get(name).counter().count() == count);
+    }
+
+    @Test
+    void healthIsOutOfServiceWhileTheSessionResumesAndUpWhenItIsBack() {
+        try (RedisServer redis = RedisServer.start();
+                Sidecar own = Sidecar.start(redis.url(), "--attachment-ttl", "600ms")) {
+            runner().withPropertyValues("lockside.address=" + own.address()).run(context -> {
+                LocksideClient client = context.getBean(LocksideClient.class);
+                HealthIndicator health = context.getBean("locksideHealthIndicator", HealthIndicator.class);
+                var lock = client.lock("health", io.lockside.LockOptions.defaults().ttl(Duration.ofSeconds(10)));
+                lock.lock();
+                io.lockside.testkit.Await.until("the session's record lists the lock", Duration.ofSeconds(5),
+                        () -> redis.recorded(client.sessionId(), 1));
+                own.kill();
+                io.lockside.testkit.Await.until("resuming", Duration.ofSeconds(5),
+                        () -> health.health().getStatus().equals(Status.OUT_OF_SERVICE));
+                assertThat(health.health().getDetails()).containsEntry("state", "resuming")
+                        .containsEntry("suspendedLocks", 1);
+                own.restart();
+                io.lockside.testkit.Await.until("resumed", Duration.ofSeconds(10),
+                        () -> health.health().getStatus().equals(Status.UP));
+                assertThat(health.health().getDetails()).containsEntry("suspendedLocks", 0)
+                        .containsEntry("heldLocks", 1);
+                lock.unlock();
+            });
+        }
     }
 
     @Test

@@ -283,9 +283,6 @@ public final class LocksideDistributedLock implements DistributedLock {
             }
         }
         giveBackQuietly(stale);
-        // The lease runs from the moment the lock was asked for, as a store's TTL runs from
-        // the write, not from when the answer arrived here.
-        long asked = System.nanoTime();
         LocksideSemaphore grant = registry.client.semaphore(key, 1, LockOptions.defaults().ttl(storeTtl(lease)));
         Optional<Permit> p = waitNanos < 0
                 ? Optional.of(grant.acquire())
@@ -297,7 +294,8 @@ public final class LocksideDistributedLock implements DistributedLock {
             permit = p.get();
             expired = false;
             lockedAt = System.currentTimeMillis();
-            startLease(lease, asked);
+            // From the grant's arrival: a lease from the ask would run out during a wait.
+            startLease(lease);
         }
         return true;
     }

@@ -150,6 +150,22 @@ class LocksideLeaseTest {
     }
 
     @Test
+    void aLeaseRunsFromTheGrantNotFromAWaitBeforeIt() throws Exception {
+        LocksideDistributedLock held = new LocksideLockRegistry(theirs).obtain(key);
+        held.lock();
+        var unlocking = sidecar.pool().submit(() -> {
+            Thread.sleep(800);
+            held.unlock();
+            return null;
+        });
+        LocksideDistributedLock lock = new LocksideLockRegistry(mine).obtain(key);
+        assertTrue(lock.tryLock(Duration.ofSeconds(10), Duration.ofMillis(500)), "waited 800 ms for it");
+        assertTrue(lock.isHeldByCurrentThread(), "a 500 ms lease, not spent by the wait");
+        lock.unlock();
+        unlocking.get();
+    }
+
+    @Test
     void aTtlMustBePositive() {
         LocksideDistributedLock lock = new LocksideLockRegistry(mine).obtain(key);
         assertThrows(IllegalArgumentException.class, () -> lock.lock(Duration.ZERO));

@@ -152,12 +152,15 @@ class LocksideLeaseTest {
     @Test
     void aLeaseRunsFromTheGrantNotFromAWaitBeforeIt() throws Exception {
         LocksideDistributedLock held = new LocksideLockRegistry(theirs).obtain(key);
-        held.lock();
+        java.util.concurrent.CountDownLatch locked = new java.util.concurrent.CountDownLatch(1);
         var unlocking = sidecar.pool().submit(() -> {
+            held.lock();
+            locked.countDown();
             Thread.sleep(800);
             held.unlock();
             return null;
         });
+        assertTrue(locked.await(10, TimeUnit.SECONDS));
         LocksideDistributedLock lock = new LocksideLockRegistry(mine).obtain(key);
         assertTrue(lock.tryLock(Duration.ofSeconds(10), Duration.ofMillis(500)), "waited 800 ms for it");
         assertTrue(lock.isHeldByCurrentThread(), "a 500 ms lease, not spent by the wait");

@@ -163,6 +163,7 @@ class LocksideLeaseTest {
         assertTrue(locked.await(10, TimeUnit.SECONDS));
         LocksideDistributedLock lock = new LocksideLockRegistry(mine).obtain(key);
         assertTrue(lock.tryLock(Duration.ofSeconds(10), Duration.ofMillis(500)), "waited 800 ms for it");
+        Thread.sleep(200); // well inside a 500 ms lease from the grant; long past one from the ask
         assertTrue(lock.isHeldByCurrentThread(), "a 500 ms lease, not spent by the wait");
         lock.unlock();
         unlocking.get();

@@ -21,6 +21,11 @@
 //!   as Ctrl-C in a terminal) and must end within [`RUNS_WITHIN`].
 //! - `<!-- example: part of PATH -->` (Rust): every line of the block appears, in order
 //!   and together, in PATH, a module of this test compiled with it.
+//! - `<!-- example: file NAME of project PROJECT -->` (`xml` pom.xml, `java` NAME.java,
+//!   `yaml` application.yaml): the blocks of one PROJECT on a page make a Maven project,
+//!   compiled by Maven as a user would (Lockside's artifacts from `~/.m2`), then
+//!   its program is run: a plain one must exit 0, a Spring Boot application must start
+//!   without a logging warning and is then stopped (`client_doc_examples/maven.rs`).
 //! - `<!-- example: not run: REASON -->`: output samples, diagrams, manifests, commands
 //!   that need a Kubernetes cluster or minutes of benchmark, ...; the reason is required.
 //!
@@ -51,6 +56,10 @@ mod blocks;
 /// Checking and building them, a tool run per language.
 #[path = "client_doc_examples/builds.rs"]
 mod builds;
+
+/// The Maven projects of the Java page (a pom, a source, a Boot application's yaml).
+#[path = "client_doc_examples/maven.rs"]
+mod maven;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -133,10 +142,15 @@ impl Group {
 
     /// Its output once it exits; None if it did not within [`RUNS_WITHIN`]. Either way,
     /// whatever is left of its group is killed.
-    async fn output(mut self) -> Option<Output> {
+    async fn output(self) -> Option<Output> {
+        self.output_within(RUNS_WITHIN).await
+    }
+
+    /// [`Group::output`] with a bound of its own.
+    async fn output_within(mut self, bound: Duration) -> Option<Output> {
         let child = self.0.take().expect("a child");
         let pid = child.id();
-        let out = tokio::time::timeout(RUNS_WITHIN, child.wait_with_output()).await;
+        let out = tokio::time::timeout(bound, child.wait_with_output()).await;
         if let Some(pid) = pid {
             kill_group(pid, "-KILL");
         }
@@ -159,11 +173,16 @@ impl Drop for Group {
 
 /// Runs a check or build step; its failure is a failure of the blocks it covered.
 pub async fn step(what: &str, command: Command) -> Result<(), String> {
+    step_within(what, command, RUNS_WITHIN).await
+}
+
+/// [`step`] with a bound of its own.
+pub async fn step_within(what: &str, command: Command, bound: Duration) -> Result<(), String> {
     let started = Instant::now();
     let out = Group::spawn(command)
-        .output()
+        .output_within(bound)
         .await
-        .ok_or_else(|| format!("{what} did not finish within {RUNS_WITHIN:?}"))?;
+        .ok_or_else(|| format!("{what} did not finish within {bound:?}"))?;
     eprintln!("{what}: {:.1} s", started.elapsed().as_secs_f64());
     if out.status.success() {
         Ok(())
@@ -178,7 +197,9 @@ pub async fn step(what: &str, command: Command) -> Result<(), String> {
 }
 /// The command that runs `unit` (its program already checked and built).
 fn run_command(unit: &Unit, scratch: &Path) -> Command {
+    let project = matches!(unit.block.marker, Marker::File { .. });
     let mut command = match unit.block.lang.as_str() {
+        _ if project => maven::run_command(unit),
         "python" => {
             let mut c = Command::new(repo().join("target/clients/venv/bin/python"));
             c.arg(&unit.target);
@@ -249,6 +270,51 @@ fn failure(unit: &Unit, out: &Output) -> String {
     )
 }
 
+/// A Spring Boot application: it must log Boot's "Started" line within [`RUNS_WITHIN`]
+/// and no logging warning (SLF4J's own, when no provider came with the starter); then
+/// it is stopped (SIGTERM, as a container runtime would) and must end.
+async fn started_then_stopped(mut group: Group) -> Result<(), String> {
+    use tokio::io::AsyncBufReadExt;
+    let stdout = group
+        .0
+        .as_mut()
+        .and_then(|c| c.stdout.take())
+        .expect("piped stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let mut seen = Vec::new();
+    let started = tokio::time::timeout(RUNS_WITHIN, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let done = line.contains("Started ");
+            seen.push(line);
+            if done {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .unwrap_or(false);
+    group.signal("-TERM");
+    let out = group.output().await;
+    let stderr = out
+        .as_ref()
+        .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+        .unwrap_or_default();
+    if !started {
+        return Err(format!(
+            "did not start within {RUNS_WITHIN:?}:\n{}\n{stderr}",
+            seen.join("\n")
+        ));
+    }
+    if out.is_none() {
+        return Err("did not end on SIGTERM".into());
+    }
+    if stderr.contains("SLF4J(W)") || seen.iter().any(|l| l.contains("SLF4J(W)")) {
+        return Err(format!("a logging warning:\n{stderr}"));
+    }
+    Ok(())
+}
+
 /// Runs one page's blocks in order on a sidecar of its own; returns the failures.
 async fn run_page(units: Vec<Unit>, scratch: PathBuf) -> Vec<String> {
     let sidecar = Sidecar::start(make_store(&StoreKind::Memory, "doc-examples")).await;
@@ -262,6 +328,12 @@ async fn run_page(units: Vec<Unit>, scratch: PathBuf) -> Vec<String> {
         if let Marker::Background { key } = &unit.block.marker {
             held(&sidecar.addr, key).await;
             background = Some((unit.block.place.clone(), group));
+            continue;
+        }
+        if matches!(unit.block.marker, Marker::File { .. }) && maven::is_boot(&unit.block) {
+            if let Err(e) = started_then_stopped(group).await {
+                failures.push(format!("{}: {e}", unit.block.place));
+            }
             continue;
         }
         match group.output().await {
@@ -328,6 +400,8 @@ async fn every_block_of_the_docs_runs_or_says_why_not() {
         scratch.0.join("cwd/target/release"),
     )
     .expect("symlink");
+    // The Go page's install recipe makes a module next to a checkout at ./lockside.
+    std::os::unix::fs::symlink(&root, scratch.0.join("cwd/lockside")).expect("symlink");
     // Node resolves `lockside` from the folder of the module that imports it.
     let node_dir = TempDir(root.join(format!(
         "target/clients/node/doc-examples-{}",
@@ -352,10 +426,15 @@ async fn every_block_of_the_docs_runs_or_says_why_not() {
         of(&["go"]),
         of(&["java"]),
     );
-    let (py_dir, go_dir, java_dir) = (
+    let project_blocks: Vec<&Block> = blocks
+        .iter()
+        .filter(|b| matches!(b.marker, Marker::File { .. }))
+        .collect();
+    let (py_dir, go_dir, java_dir, maven_dir) = (
         scratch.0.join("python"),
         scratch.0.join("go"),
         scratch.0.join("java"),
+        scratch.0.join("maven"),
     );
     let (py, ts, golang, jv) = tokio::join!(
         python(&py_blocks, &py_dir),
@@ -363,12 +442,14 @@ async fn every_block_of_the_docs_runs_or_says_why_not() {
         go(&go_blocks, &go_dir),
         java(&java_blocks, &java_dir),
     );
+    // After the others: Maven beside tsc and javac on 2 cores slowed them past their bound.
+    let mvn = maven::maven(&project_blocks, &maven_dir).await;
     eprintln!(
         "checked and built in {:.1} s",
         started.elapsed().as_secs_f64()
     );
     let mut runnable: Vec<Unit> = Vec::new();
-    for (units, result) in [py, ts, golang, jv] {
+    for (units, result) in [py, ts, golang, jv, mvn] {
         if let Err(e) = result {
             errors.push(e);
         }

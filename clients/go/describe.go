@@ -11,8 +11,8 @@ import (
 type Mode int
 
 const (
-	// ModeNone: nobody holds the key.
-	ModeNone Mode = iota
+	// ModeUnspecified: nobody holds the key (the proto's LOCK_MODE_UNSPECIFIED).
+	ModeUnspecified Mode = iota
 	// ModeExclusive: one holder.
 	ModeExclusive
 	// ModeShared: shared (reader) holders.
@@ -26,13 +26,13 @@ func (m Mode) String() string {
 	case ModeShared:
 		return "shared"
 	}
-	return "none"
+	return "unspecified"
 }
 
 // State is one key as the store sees it: Describe's answer, and each state of Watch.
 type State struct {
 	Key string
-	// Mode of the current holders (ModeNone when nobody holds the key).
+	// Mode of the current holders (ModeUnspecified when nobody holds the key).
 	Mode Mode
 	// Limit of the current holders: 1 for a lock, N for a semaphore of N permits, 0
 	// when nobody holds the key.
@@ -89,7 +89,7 @@ func mode(m pb.LockMode) Mode {
 	case pb.LockMode_LOCK_MODE_SHARED:
 		return ModeShared
 	}
-	return ModeNone
+	return ModeUnspecified
 }
 
 func stateOf(r *pb.DescribeResponse) State {

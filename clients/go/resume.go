@@ -102,7 +102,7 @@ func (s *session) resume() pb.LockService_LeaseClient {
 		changed := s.changed
 		s.mu.Unlock()
 
-		stream, started, greeting, err := s.attempt(sctx, cancel, token)
+		stream, started, greeting, refused, err := s.attempt(sctx, cancel, token)
 		if err == nil {
 			if s.resumed(stream, cancel, started, greeting) {
 				return stream
@@ -120,11 +120,22 @@ func (s *session) resume() pb.LockService_LeaseClient {
 			s.mu.Unlock()
 			return nil
 		}
-		// FAILED_PRECONDITION is retried too: a restarted sidecar refuses while the
-		// dead one's attachment lives (--attachment-ttl), and says the same for a
-		// token it does not know. Each lock's TTL bounds the retries.
-		s.c.opts.logger.Info("lockside: resuming the session", "addr", s.c.addr,
-			"session", s.id, "error", err, "again_in", backoff)
+		if code == codes.FailedPrecondition && refused == refusedUnknown {
+			// The sidecar does not know the session (its record was never written, was
+			// spent or expired): it is gone, and nothing is gained by asking again. Its
+			// locks are lost now, and the next lock opens a new session at once.
+			s.mu.Lock()
+			s.c.opts.logger.Warn("lockside: the session cannot be resumed: the sidecar does not know it; its locks are lost",
+				"addr", s.c.addr, "session", s.id, "locks", len(s.held))
+			s.end("the stream broke and the sidecar refused to resume the session: it does not know it (never recorded, spent or expired)")
+			s.mu.Unlock()
+			return nil
+		}
+		// FAILED_PRECONDITION is retried otherwise: "attached" (a restarted sidecar
+		// refuses while the dead one's attachment lives, --attachment-ttl), or a sidecar
+		// that does not say which. Each lock's TTL bounds the retries.
+		s.c.opts.logger.Debug("lockside: a resume attempt failed", "addr", s.c.addr,
+			"session", s.id, "error", err, "refused", refused, "again_in", backoff)
 		select {
 		case <-time.After(backoff):
 		case <-changed:
@@ -133,44 +144,57 @@ func (s *session) resume() pb.LockService_LeaseClient {
 	}
 }
 
+// The trailer a sidecar ends a refused resume with (FAILED_PRECONDITION), and its values.
+const (
+	refusedTrailer = "lockside-resume-refused"
+	// The session is gone (never recorded, spent, expired, malformed): do not retry.
+	refusedUnknown = "unknown"
+	// Still attached to a live stream elsewhere: retry until that is released.
+	refusedAttached = "attached"
+)
+
 // attempt opens one resumed stream and reads SessionStarted and the locks it lists.
+// When the sidecar refuses, refused is its lockside-resume-refused trailer ("" if none).
 func (s *session) attempt(sctx context.Context, cancel context.CancelFunc, token string) (
-	pb.LockService_LeaseClient, *pb.SessionStarted, []*pb.LeaseResponse, error,
+	stream pb.LockService_LeaseClient, started *pb.SessionStarted, greeting []*pb.LeaseResponse, refused string, err error,
 ) {
 	timer := time.AfterFunc(resumeAttemptTimeout, cancel)
-	stream, err := s.c.rpc.Lease(s.c.outgoing(sctx, token), grpc.WaitForReady(true))
+	stream, err = s.c.rpc.Lease(s.c.outgoing(sctx, token), grpc.WaitForReady(true))
 	if err != nil {
 		timer.Stop()
-		return nil, nil, nil, err
+		return nil, nil, nil, "", err
 	}
 	first, err := stream.Recv()
 	if err != nil {
 		timer.Stop()
-		return nil, nil, nil, err
+		if v := stream.Trailer().Get(refusedTrailer); len(v) > 0 {
+			refused = v[0]
+		}
+		return nil, nil, nil, refused, err
 	}
-	started := first.GetStarted()
+	started = first.GetStarted()
 	if started == nil {
 		timer.Stop()
-		return nil, nil, nil, fmt.Errorf("protocol error: a resumed stream opened with %T", first.GetEvent())
+		return nil, nil, nil, "", fmt.Errorf("protocol error: a resumed stream opened with %T", first.GetEvent())
 	}
 	if t := started.GetResumeToken(); t != "" {
 		s.mu.Lock()
 		s.token = t // a resume answers with a new token: the old one is spent
 		s.mu.Unlock()
 	}
-	greeting := make([]*pb.LeaseResponse, 0, started.GetResumedLocks())
+	greeting = make([]*pb.LeaseResponse, 0, started.GetResumedLocks())
 	for range started.GetResumedLocks() {
 		msg, err := stream.Recv()
 		if err != nil {
 			timer.Stop()
-			return nil, nil, nil, fmt.Errorf("the resumed stream broke before it listed its locks: %w", err)
+			return nil, nil, nil, "", fmt.Errorf("the resumed stream broke before it listed its locks: %w", err)
 		}
 		greeting = append(greeting, msg)
 	}
 	if !timer.Stop() {
-		return nil, nil, nil, status.Error(codes.DeadlineExceeded, "the resumed stream did not list its locks in time")
+		return nil, nil, nil, "", status.Error(codes.DeadlineExceeded, "the resumed stream did not list its locks in time")
 	}
-	return stream, started, greeting, nil
+	return stream, started, greeting, "", nil
 }
 
 // resumed takes the resumed stream: restores the locks it lists with their fencing
@@ -202,7 +226,7 @@ func (s *session) resumed(stream pb.LockService_LeaseClient, cancel context.Canc
 		}
 	}
 	var out []*pb.LeaseRequest
-	restored := 0
+	restored, heldBefore := 0, len(s.held)
 	for hk, l := range s.held {
 		g := listed[hk]
 		delete(listed, hk)
@@ -263,8 +287,12 @@ func (s *session) resumed(stream pb.LockService_LeaseClient, cancel context.Canc
 	}
 	s.stream, s.cancel, s.attemptCancel = stream, cancel, nil
 	s.setState(sessionOpen)
-	s.c.opts.logger.Warn("lockside: session resumed", "addr", s.c.addr, "session", s.id,
-		"restored", restored, "sent_again", len(out))
+	log := s.c.opts.logger.Info
+	if lostHere := heldBefore - restored; lostHere > 0 {
+		log = s.c.opts.logger.Warn
+	}
+	log("lockside: session resumed", "addr", s.c.addr, "session", s.id,
+		"restored", restored, "lost", heldBefore-restored, "sent_again", len(out))
 	s.mu.Unlock()
 	for _, req := range out {
 		_ = stream.Send(req)

@@ -4,10 +4,12 @@
 # processes they start on free loopback ports, the jars).
 #
 #   LOCKSIDE_BIN=/path/to/lockside bash clients/java/ci.sh
-#   bash clients/java/ci.sh build    the jars only, without tests or a sidecar, and each
-#                                    module's compile classpath in target/classpath.txt:
-#                                    what tests/client_doc_examples.rs compiles the
-#                                    README's Java against (.ci/run runs it before cargo test)
+#   bash clients/java/ci.sh build    the jars only, without tests or a sidecar, installed
+#                                    into ~/.m2, and each module's compile classpath in
+#                                    target/classpath.txt: what tests/client_doc_examples.rs
+#                                    compiles the README's Java against, and where the
+#                                    README's Maven projects find the artifacts (.ci/run
+#                                    runs it before cargo test)
 #
 # LOCKSIDE_BIN is the sidecar binary the tests run; unset, the repository's
 # target/debug/lockside (what `cargo build` / `cargo test` made) is used if it exists.
@@ -38,7 +40,7 @@ fi
 
 if [ "$mode" = build ]; then
   cd "$here"
-  mvn -B -q package -DskipTests dependency:build-classpath -Dmdep.outputFile=target/classpath.txt
+  mvn -B -q install -DskipTests dependency:build-classpath -Dmdep.outputFile=target/classpath.txt
   exit 0
 fi
 

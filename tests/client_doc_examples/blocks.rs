@@ -6,10 +6,22 @@ use super::repo;
 /// What the marker says to do with a block.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Marker {
-    Run { wrapper: Option<String> },
-    Check { wrapper: Option<String> },
-    Background { key: String },
+    Run {
+        wrapper: Option<String>,
+    },
+    Check {
+        wrapper: Option<String>,
+    },
+    Background {
+        key: String,
+    },
     PartOf(String),
+    /// One file of a Maven project the page builds (`pom.xml`, a `.java` source,
+    /// `application.yaml`); its Java file is then run (see `maven.rs`).
+    File {
+        name: String,
+        project: String,
+    },
     NotRun,
 }
 
@@ -50,6 +62,15 @@ impl Marker {
         if let Some(key) = text.strip_prefix("background holding ") {
             return Ok(Marker::Background {
                 key: key.trim().to_owned(),
+            });
+        }
+        if let Some(rest) = text.strip_prefix("file ") {
+            let (name, project) = rest
+                .split_once(" of project ")
+                .ok_or_else(|| format!("{text:?}: `file NAME of project PROJECT`"))?;
+            return Ok(Marker::File {
+                name: name.trim().to_owned(),
+                project: project.trim().to_owned(),
             });
         }
         if let Some(path) = text.strip_prefix("part of ") {
@@ -146,6 +167,12 @@ pub fn fits(lang: &str, marker: &Marker) -> Result<(), String> {
         Marker::NotRun => true,
         Marker::PartOf(_) => lang == "rust",
         Marker::Background { .. } => lang == "sh",
+        Marker::File { name, .. } => match lang {
+            "xml" => name == "pom.xml",
+            "yaml" => name == "application.yaml",
+            "java" => name.ends_with(".java"),
+            _ => false,
+        },
         Marker::Run { wrapper } => {
             matches!(lang, "python" | "ts" | "js" | "go" | "java")
                 || (lang == "sh" && wrapper.is_none())

@@ -1,9 +1,10 @@
 package io.lockside;
 
 import io.grpc.Status;
-import java.lang.System.Logger.Level;
 import java.util.concurrent.TimeUnit;
 import lockside.v1.Lockside;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * Waiting for the sidecar's answer to a request, outside the client's monitor: how long
@@ -12,7 +13,7 @@ import lockside.v1.Lockside;
  * {@link Core}'s to decide.
  */
 final class Answers {
-    private static final System.Logger LOG = System.getLogger("io.lockside");
+    private static final Logger LOG = LoggerFactory.getLogger("io.lockside");
 
     /**
      * How long past its own wait an answer may take before the client gives up on it:
@@ -87,7 +88,7 @@ final class Answers {
             if (rej.getCode() != Status.Code.UNAVAILABLE.value() || attempt == 5) {
                 // FAILED_PRECONDITION: a Lost crossed the Release, the key is not held.
                 if (rej.getCode() != Status.Code.FAILED_PRECONDITION.value()) {
-                    LOG.log(Level.WARNING, "lockside: release of {0} refused: {1}", Keys.show(slot.key()),
+                    LOG.warn("lockside: release of {} refused: {}", Keys.show(slot.key()),
                             rej.getMessage());
                 }
                 return;
@@ -134,7 +135,7 @@ final class Answers {
                 }
             }
             if (openWaited >= SLACK_NANOS) {
-                LOG.log(Level.WARNING, "lockside: no answer from the sidecar at {0} to a {1} of {2}", core.address,
+                LOG.warn("lockside: no answer from the sidecar at {} to a {} of {}", core.address,
                         p.kind, Keys.show(p.slot.key()));
                 return null;
             }

@@ -22,16 +22,15 @@ final class Calls {
     }
 
     /** Why the sidecar at `address` could not be reached, from the status the first stream ended with. */
-    static String unreachable(String address, Status status) {
+    static String unreachable(ClientOptions options, Status status) {
         if (status.getCode() == Status.Code.UNAVAILABLE) {
             String why = describe(status);
             if (why.contains("Connection refused")) {
                 why = "connection refused: nothing listens there";
             }
-            return "no Lockside sidecar at " + address + " (" + why + "); start the sidecar, set "
-                    + ClientOptions.ADDRESS_ENV + ", or wait for it with ClientOptions.waitForSidecar";
+            return "no Lockside sidecar at " + options.address() + " (" + why + ")" + Probe.advice(options);
         }
-        return "the sidecar at " + address + " ended the session before it started: " + describe(status);
+        return "the sidecar at " + options.address() + " ended the session before it started: " + describe(status);
     }
 
     /** A stream ending in words: its status and what caused it. */

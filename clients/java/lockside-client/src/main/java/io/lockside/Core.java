@@ -1,6 +1,5 @@
 package io.lockside;
 
-import java.lang.System.Logger.Level;
 import java.time.Duration;
 import java.util.HashMap;
 import java.util.Map;
@@ -10,6 +9,8 @@ import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
 import lockside.v1.Lockside;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * What a {@link LocksideClient} shares among its locks, and what a holder does with a
@@ -19,7 +20,7 @@ import lockside.v1.Lockside;
  * it ({@link Answers}).
  */
 final class Core {
-    private static final System.Logger LOG = System.getLogger("io.lockside");
+    private static final Logger LOG = LoggerFactory.getLogger("io.lockside");
 
     /** A wait "for as long as it takes". */
     static final long FOREVER = -1;
@@ -136,7 +137,9 @@ final class Core {
      */
     Grant acquire(Spec spec, long waitNanos, boolean interruptible) throws InterruptedException {
         final boolean forever = waitNanos == FOREVER;
-        final long deadline = System.nanoTime() + (forever ? FAR_NANOS : Math.max(0, waitNanos));
+        final long started = System.nanoTime();
+        // A wait of years (tryLock(Long.MAX_VALUE, ...)) is capped: no nanoTime overflow.
+        final long deadline = System.nanoTime() + (forever ? FAR_NANOS : Math.min(FAR_NANOS, Math.max(0, waitNanos)));
         final boolean[] interrupted = {false};
         try {
             while (true) {
@@ -173,12 +176,15 @@ final class Core {
                             }
                             continue;
                         }
-                        Duration wait = forever ? Wire.MAX_WAIT : Duration.ofNanos(Math.max(0, deadline - System.nanoTime()));
+                        // The sidecar waits at most MAX_WAIT at a time; a longer wait asks again.
+                        long left = Math.max(0, deadline - System.nanoTime());
+                        Duration wait = forever ? Wire.MAX_WAIT : Duration.ofNanos(Math.min(left, Wire.MAX_WAIT.toNanos()));
                         p = s.acquire(spec, wait);
                         break;
                     }
                 }
-                long answerWait = forever ? Wire.MAX_WAIT.toNanos() : Math.max(0, deadline - System.nanoTime());
+                long answerWait = forever ? Wire.MAX_WAIT.toNanos()
+                        : Math.min(Wire.MAX_WAIT.toNanos(), Math.max(0, deadline - System.nanoTime()));
                 Lockside.LeaseResponse r;
                 try {
                     r = answers.acquire(p, answerWait, interruptible);
@@ -189,11 +195,17 @@ final class Core {
                     throw b.unavailable();
                 }
                 switch (r.getEventCase()) {
-                    case GRANTED:
-                        return p.grant;
+                    case GRANTED: {
+                        Grant g = p.grant;
+                        LockEvent e = g.event();
+                        Duration waited = Duration.ofNanos(g.grantedNanos - started);
+                        events.fire(l -> l.onAcquired(e, waited));
+                        return g;
+                    }
                     case NOT_ACQUIRED:
-                        if (forever && r.getNotAcquired().getReason() == Lockside.NotAcquired.Reason.REASON_TIMEOUT) {
-                            continue; // waited the sidecar's longest wait: wait again
+                        if (r.getNotAcquired().getReason() == Lockside.NotAcquired.Reason.REASON_TIMEOUT
+                                && (forever || deadline - System.nanoTime() > Wire.MAX_WAIT.toNanos() / 2)) {
+                            continue; // waited the sidecar's longest wait, and more is left: wait again
                         }
                         return null;
                     case REJECTED:
@@ -268,6 +280,9 @@ final class Core {
                 return;
             }
             grants.remove(slot);
+            LockEvent e = g.event();
+            Duration held = Duration.ofNanos(System.nanoTime() - g.grantedNanos);
+            events.fire(l -> l.onReleased(e, held));
             Session s = g.session;
             s.held.remove(slot);
             if (s.state != Session.State.OPEN) {
@@ -346,7 +361,7 @@ final class Core {
         g.lost = true;
         g.suspended = false;
         LockEvent e = g.event();
-        LOG.log(Level.WARNING, "lockside: lock {0} of {1} lost: {2}", Keys.show(e.key()), e.holder(), reason);
+        LOG.warn("lockside: lock {} of {} lost: {}", Keys.show(e.key()), e.holder(), reason);
         events.execute(() -> g.lostFuture.complete(null));
         events.fire(l -> l.onLost(e, reason));
         mu.notifyAll();
@@ -386,6 +401,45 @@ final class Core {
         transport.close();
         timers.shutdownNow();
         events.close();
+    }
+
+    /** Where the client's session is now. */
+    SessionState state() {
+        synchronized (mu) {
+            if (closed) {
+                return SessionState.CLOSED;
+            }
+            if (session == null) {
+                return SessionState.ENDED;
+            }
+            switch (session.state) {
+                case STARTING:
+                    return SessionState.CONNECTING;
+                case OPEN:
+                    return SessionState.OPEN;
+                case RESUMING:
+                    return SessionState.RESUMING;
+                default:
+                    return SessionState.ENDED;
+            }
+        }
+    }
+
+    /** How many grants are held now (not lost), and how many of them are suspended. */
+    int[] heldAndSuspended() {
+        synchronized (mu) {
+            int held = 0;
+            int suspended = 0;
+            for (Grant g : grants.values()) {
+                if (!g.lost) {
+                    held++;
+                    if (g.suspended) {
+                        suspended++;
+                    }
+                }
+            }
+            return new int[] {held, suspended};
+        }
     }
 
     boolean isClosed() {

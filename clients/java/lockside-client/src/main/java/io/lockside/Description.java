@@ -12,7 +12,7 @@ import lockside.v1.Lockside;
  * {@link LockWatch}.
  *
  * @param key          the key
- * @param mode         how its holders hold it; null when nobody does
+ * @param mode         how its holders hold it; {@link LockMode#UNSPECIFIED} when nobody does
  * @param limit        1 for a lock, N for a semaphore of N permits, 0 when nobody holds it
  * @param holders      the current grants
  * @param waiters      how many requests wait for it on the store
@@ -74,7 +74,7 @@ public record Description(String key, LockMode mode, int limit, List<Holder> hol
             case LOCK_MODE_SHARED:
                 return LockMode.SHARED;
             default:
-                return null;
+                return LockMode.UNSPECIFIED;
         }
     }
 }

@@ -1,10 +1,11 @@
 package io.lockside;
 
-import java.lang.System.Logger.Level;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.RejectedExecutionException;
 import java.util.function.Consumer;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * The client's events thread: where the {@link LockListener} and the lost futures are
@@ -12,7 +13,7 @@ import java.util.function.Consumer;
  * the client).
  */
 final class Events {
-    private static final System.Logger LOG = System.getLogger("io.lockside");
+    private static final Logger LOG = LoggerFactory.getLogger("io.lockside");
 
     private final LockListener listener;
     private final ExecutorService thread = Executors.newSingleThreadExecutor(Transport.daemon("lockside-events"));
@@ -31,7 +32,7 @@ final class Events {
             try {
                 call.accept(l);
             } catch (RuntimeException e) {
-                LOG.log(Level.WARNING, "lockside: a LockListener threw", e);
+                LOG.warn("lockside: a LockListener threw", e);
             }
         });
     }

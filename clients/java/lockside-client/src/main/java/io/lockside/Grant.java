@@ -19,6 +19,9 @@ final class Grant {
     /** The TTL the lock was taken with: how long a broken session may be resumed. */
     final Duration ttl;
 
+    /** When the grant arrived (System.nanoTime). */
+    final long grantedNanos = System.nanoTime();
+
     /** The session that holds it. */
     Session session;
     int exclusiveHolds;

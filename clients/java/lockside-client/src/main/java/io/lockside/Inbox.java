@@ -1,8 +1,9 @@
 package io.lockside;
 
 import io.grpc.Status;
-import java.lang.System.Logger.Level;
 import lockside.v1.Lockside;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * What the sidecar says on a {@link Session}'s stream, routed (under the client's
@@ -11,7 +12,7 @@ import lockside.v1.Lockside;
  * is no longer the session's are dropped.
  */
 final class Inbox {
-    private static final System.Logger LOG = System.getLogger("io.lockside");
+    private static final Logger LOG = LoggerFactory.getLogger("io.lockside");
 
     private final Session session;
 
@@ -74,12 +75,12 @@ final class Inbox {
             }
             case JEOPARDY: {
                 Lockside.Jeopardy j = r.getJeopardy();
-                LOG.log(Level.WARNING, "lockside: lock {0} of {1} in jeopardy: renewals failing, {2} of validity left",
+                LOG.warn("lockside: lock {} of {} in jeopardy: renewals failing, {} of validity left",
                         Keys.show(j.getKey()), j.getHolder(), Wire.duration(j.getTtlRemaining()));
                 break;
             }
             case RESTORED:
-                LOG.log(Level.INFO, "lockside: renewals of {0} succeed again", Keys.show(r.getRestored().getKey()));
+                LOG.info("lockside: renewals of {} succeed again", Keys.show(r.getRestored().getKey()));
                 break;
             default:
                 break; // Waiting, and anything newer than this client
@@ -130,7 +131,7 @@ final class Inbox {
                 session.resumption.broke(status);
                 break;
             case RESUMING:
-                session.resumption.attemptFailed(status);
+                session.resumption.attemptFailed(status, s.refused);
                 break;
             default:
                 break;

@@ -20,6 +20,13 @@ import lockside.v1.Lockside;
 final class LeaseStream implements ClientResponseObserver<Lockside.LeaseRequest, Lockside.LeaseResponse> {
     private static final Metadata.Key<String> RESUME_HEADER =
             Metadata.Key.of("lockside-resume", Metadata.ASCII_STRING_MARSHALLER);
+    /**
+     * How a sidecar says why it refused a resume (with FAILED_PRECONDITION): "unknown"
+     * (the session is gone: never recorded, spent, expired or malformed) or "attached"
+     * (still attached to a live stream elsewhere: try again).
+     */
+    private static final Metadata.Key<String> REFUSED_TRAILER =
+            Metadata.Key.of("lockside-resume-refused", Metadata.ASCII_STRING_MARSHALLER);
     private static final Metadata.Key<String> CLIENT_NAME_HEADER =
             Metadata.Key.of("lockside-client-name", Metadata.ASCII_STRING_MARSHALLER);
 
@@ -40,6 +47,8 @@ final class LeaseStream implements ClientResponseObserver<Lockside.LeaseRequest,
     final List<Lockside.LeaseResponse> greeting = new ArrayList<>();
     boolean done;
     ScheduledFuture<?> startTimer;
+    /** The lockside-resume-refused trailer the stream ended with, or null. */
+    volatile String refused;
 
     LeaseStream(Session session, boolean resume, boolean waitForReady) {
         this.session = session;
@@ -67,7 +76,11 @@ final class LeaseStream implements ClientResponseObserver<Lockside.LeaseRequest,
         stub.lease(this);
     }
 
-    /** Cancels this stream if it waits for its connection or SessionStarted for over 1 s. */
+    /**
+     * Cancels this stream if it waits for its connection or SessionStarted for over 1 s.
+     * Meanwhile the channel is asked to connect again every 50 ms: its own backoff would
+     * notice a sidecar that is back only after a second or more.
+     */
     void cancelUnlessStarted() {
         startTimer = core.timers.schedule(() -> {
             synchronized (core.mu) {
@@ -76,6 +89,19 @@ final class LeaseStream implements ClientResponseObserver<Lockside.LeaseRequest,
                 }
             }
         }, ATTEMPT_TIMEOUT_NANOS, TimeUnit.NANOSECONDS);
+        long poke = TimeUnit.MILLISECONDS.toNanos(50);
+        ScheduledFuture<?>[] poker = new ScheduledFuture<?>[1];
+        poker[0] = core.timers.scheduleWithFixedDelay(() -> {
+            boolean waiting;
+            synchronized (core.mu) {
+                waiting = session.stream == this && !done && greetingLeft < 0;
+            }
+            if (waiting) {
+                core.reconnectNow();
+            } else if (poker[0] != null) {
+                poker[0].cancel(false);
+            }
+        }, poke, poke, TimeUnit.NANOSECONDS);
     }
 
     void cancel(String why) {
@@ -98,6 +124,8 @@ final class LeaseStream implements ClientResponseObserver<Lockside.LeaseRequest,
 
     @Override
     public void onError(Throwable t) {
+        Metadata trailers = Status.trailersFromThrowable(t);
+        refused = trailers == null ? null : trailers.get(REFUSED_TRAILER);
         synchronized (core.mu) {
             session.inbox.end(this, Status.fromThrowable(t));
         }

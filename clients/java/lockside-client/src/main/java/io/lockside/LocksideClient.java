@@ -57,6 +57,7 @@ public final class LocksideClient implements AutoCloseable {
      *     sidecar does not open a session in time
      */
     public static LocksideClient connect(ClientOptions options) {
+        Probe.listening(options);
         Core core = new Core(options);
         try {
             core.start();
@@ -163,6 +164,21 @@ public final class LocksideClient implements AutoCloseable {
     /** The current session's id, as {@link Description.Holder#sessionId()} shows it. */
     public String sessionId() {
         return core.sessionId();
+    }
+
+    /** Where the session is now: open, resuming (locks suspended), ended, closed. */
+    public SessionState sessionState() {
+        return core.state();
+    }
+
+    /** How many locks (grants of every holder) this client holds now. */
+    public int heldLocks() {
+        return core.heldAndSuspended()[0];
+    }
+
+    /** How many of the held locks are suspended now (the stream broke; see {@link LocksideLock}). */
+    public int suspendedLocks() {
+        return core.heldAndSuspended()[1];
     }
 
     /**

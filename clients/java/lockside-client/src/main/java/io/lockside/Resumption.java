@@ -1,7 +1,6 @@
 package io.lockside;
 
 import io.grpc.Status;
-import java.lang.System.Logger.Level;
 import java.util.EnumSet;
 import java.util.HashMap;
 import java.util.Map;
@@ -9,6 +8,8 @@ import java.util.Set;
 import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.TimeUnit;
 import lockside.v1.Lockside;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * A {@link Session} whose stream broke, and its resumption (DESIGN.md, "A broken
@@ -23,7 +24,7 @@ import lockside.v1.Lockside;
  * fencing token), and lost otherwise.
  */
 final class Resumption {
-    private static final System.Logger LOG = System.getLogger("io.lockside");
+    private static final Logger LOG = LoggerFactory.getLogger("io.lockside");
 
     /** First pause between resume attempts, doubled up to {@link #MAX_BACKOFF_NANOS}. */
     private static final long FIRST_BACKOFF_NANOS = TimeUnit.MILLISECONDS.toNanos(50);
@@ -39,9 +40,9 @@ final class Resumption {
 
     /**
      * Resume attempts ending so will not succeed by retrying. FAILED_PRECONDITION is
-     * retried: a restarted sidecar refuses while its dead predecessor's attachment lives
-     * (up to --attachment-ttl), and says the same of a token it does not know; the
-     * lock's TTL bounds the retries.
+     * retried unless its trailer says "unknown": "attached" (a restarted sidecar refuses
+     * while its dead predecessor's attachment lives, up to --attachment-ttl), or a
+     * sidecar that does not say; the lock's TTL bounds the retries.
      */
     private static final Set<Status.Code> FINAL_RESUME = EnumSet.of(
             Status.Code.UNIMPLEMENTED, Status.Code.UNAUTHENTICATED, Status.Code.PERMISSION_DENIED,
@@ -100,7 +101,7 @@ final class Resumption {
             LockEvent e = g.event();
             core.events.fire(l -> l.onSuspended(e));
         }
-        LOG.log(Level.WARNING, "lockside: the stream of session {0} broke ({1}): {2} lock(s) suspended, resuming",
+        LOG.warn("lockside: the stream of session {} broke ({}): {} lock(s) suspended, resuming",
                 session.sessionId, reason, session.held.size());
         backoffNanos = FIRST_BACKOFF_NANOS;
         scheduleAttempt(0);
@@ -129,10 +130,25 @@ final class Resumption {
         s.cancelUnlessStarted();
     }
 
-    /** A resume attempt's stream ended before its greeting: try again, unless it is final. */
-    void attemptFailed(Status status) {
+    /**
+     * A resume attempt's stream ended before its greeting: try again, unless it is final.
+     * `refused`: the sidecar's lockside-resume-refused trailer, or null.
+     */
+    void attemptFailed(Status status, String refused) {
         lastAttempt = Calls.describe(status);
-        LOG.log(Level.DEBUG, "lockside: a resume attempt failed: {0}", lastAttempt);
+        LOG.debug("lockside: a resume attempt failed ({}): {}", refused == null ? "no reason given" : refused,
+                lastAttempt);
+        if (status.getCode() == Status.Code.FAILED_PRECONDITION && "unknown".equals(refused)) {
+            // The session is gone (its record never written, spent or expired): asking
+            // again cannot help. Its locks are lost now; the next lock opens a new
+            // session at once rather than wait for the TTL.
+            LOG.warn("lockside: session {} cannot be resumed: the sidecar at {} does not know it; {} lock(s) lost",
+                    session.sessionId, core.address, session.held.size());
+            session.end("the stream to the sidecar broke (" + brokeReason
+                    + ") and the sidecar refused to resume the session: it does not know it "
+                    + "(never recorded, spent or expired)", true);
+            return;
+        }
         if (FINAL_RESUME.contains(status.getCode())) {
             session.end("the stream to the sidecar broke (" + brokeReason + ") and resuming the session failed: "
                     + lastAttempt, true);
@@ -205,6 +221,7 @@ final class Resumption {
             }
         }
         int restored = 0;
+        int heldBefore = session.held.size();
         for (var it = session.held.values().iterator(); it.hasNext(); ) {
             Grant g = it.next();
             Lockside.Granted b = back.remove(g.slot);
@@ -258,8 +275,13 @@ final class Resumption {
         for (var e : back.entrySet()) {
             session.giveBack(e.getKey(), e.getValue().getHoldCount());
         }
-        LOG.log(Level.WARNING, "lockside: session {0} resumed: {1} lock(s) restored, {2} lost",
-                session.sessionId, restored, lostBack.size());
+        int lostNow = heldBefore - restored;
+        if (lostNow == 0) {
+            LOG.info("lockside: session {} resumed: {} lock(s) restored", session.sessionId, restored);
+        } else {
+            LOG.warn("lockside: session {} resumed: {} lock(s) restored, {} lost", session.sessionId, restored,
+                    lostNow);
+        }
         core.mu.notifyAll();
     }
 

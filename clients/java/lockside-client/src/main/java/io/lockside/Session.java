@@ -1,13 +1,14 @@
 package io.lockside;
 
 import io.grpc.Status;
-import java.lang.System.Logger.Level;
 import java.time.Duration;
 import java.util.HashMap;
 import java.util.Map;
 import java.util.TreeMap;
 import java.util.concurrent.CompletableFuture;
 import lockside.v1.Lockside;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * One session: the {@code Lease} stream that holds the client's locks, the requests
@@ -20,7 +21,7 @@ import lockside.v1.Lockside;
  * breaks and resumes the session on new streams.
  */
 final class Session {
-    private static final System.Logger LOG = System.getLogger("io.lockside");
+    private static final Logger LOG = LoggerFactory.getLogger("io.lockside");
 
     enum State {
         /** The stream is open; SessionStarted has not come yet (requests may be sent). */
@@ -86,7 +87,11 @@ final class Session {
 
     /** The first stream ended before SessionStarted: once more if patient, else the end. */
     void firstStreamEnded(Status status) {
-        if (patient && firstFailure == null && status.getCode() == Status.Code.UNAVAILABLE && !closing) {
+        // A keepalive ping unanswered within 1 s on a connection that did connect: a
+        // starting JVM (or sidecar) on a loaded machine, not a missing sidecar. Once more.
+        boolean keepalive = status.getDescription() != null && status.getDescription().startsWith("Keepalive failed");
+        if ((patient || keepalive) && firstFailure == null && status.getCode() == Status.Code.UNAVAILABLE
+                && !closing) {
             firstFailure = status;
             core.reconnectNow();
             LeaseStream again = new LeaseStream(this, false, true);
@@ -98,7 +103,7 @@ final class Session {
             }
             return;
         }
-        end(Calls.unreachable(core.address, firstFailure != null ? firstFailure : status), false);
+        end(Calls.unreachable(core.options, firstFailure != null ? firstFailure : status), false);
     }
 
     // -- requests --------------------------------------------------------------
@@ -142,7 +147,7 @@ final class Session {
             stream.requests.onNext(request);
         } catch (RuntimeException e) {
             // The call is already closed: its end is on its way to the inbox.
-            LOG.log(Level.DEBUG, "lockside: a request was not sent: {0}", e.toString());
+            LOG.debug("lockside: a request was not sent: {}", e.toString());
         }
     }
 

@@ -7,11 +7,12 @@ import io.grpc.netty.shaded.io.netty.channel.MultiThreadIoEventLoopGroup;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollDomainSocketChannel;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollIoHandler;
 import io.grpc.netty.shaded.io.netty.channel.unix.DomainSocketAddress;
-import java.lang.System.Logger.Level;
 import java.lang.reflect.Field;
 import java.util.concurrent.ThreadFactory;
 import java.util.concurrent.TimeUnit;
 import lockside.v1.LockServiceGrpc;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * The gRPC channel to the sidecar at one address ({@code host:port}, {@code
@@ -19,7 +20,7 @@ import lockside.v1.LockServiceGrpc;
  * stub every call of the client goes through.
  */
 final class Transport {
-    private static final System.Logger LOG = System.getLogger("io.lockside");
+    private static final Logger LOG = LoggerFactory.getLogger("io.lockside");
 
     /**
      * HTTP/2 keepalive well below the shortest TTL (1 s): a frozen sidecar or a dead
@@ -76,7 +77,7 @@ final class Transport {
             f.setAccessible(true);
             f.setLong(builder, KEEPALIVE_NANOS);
         } catch (ReflectiveOperationException | RuntimeException e) {
-            LOG.log(Level.WARNING, "lockside: cannot set HTTP/2 keepalive below 10 s on this grpc-java ({0}): "
+            LOG.warn("lockside: cannot set HTTP/2 keepalive below 10 s on this grpc-java ({}): "
                     + "a frozen sidecar is noticed later", e.toString());
         }
     }

@@ -238,7 +238,51 @@ class LockBasicsTest {
         long ms = (System.nanoTime() - start) / 1_000_000;
         assertTrue(e.getMessage().contains(address), e.getMessage());
         assertTrue(e.getMessage().contains("connection refused"), e.getMessage());
-        assertTrue(ms < 3000, "failed after " + ms + " ms");
+        assertTrue(ms < 500, "failed after " + ms + " ms");
+    }
+
+    @Test
+    void waitingForASidecarLogsOneLineAndTheErrorDoesNotAdviseWaiting() {
+        String address = "127.0.0.1:" + Ports.free();
+        java.io.PrintStream err = System.err;
+        java.io.ByteArrayOutputStream log = new java.io.ByteArrayOutputStream();
+        LocksideUnavailableException e;
+        System.setErr(new java.io.PrintStream(log, true));
+        try {
+            e = assertThrows(LocksideUnavailableException.class, () -> LocksideClient.connect(
+                    ClientOptions.defaults().address(address).waitForSidecar(Duration.ofMillis(700))));
+        } finally {
+            System.setErr(err);
+        }
+        String lines = log.toString();
+        assertEquals(1, lines.lines().filter(l -> l.contains("waiting up to 0.7 s")).count(), lines);
+        assertTrue(lines.contains(address), lines);
+        assertTrue(e.getMessage().contains("after waiting 0.7 s"), e.getMessage());
+        assertFalse(e.getMessage().contains("waitForSidecar"), "it waited already: " + e.getMessage());
+    }
+
+    @Test
+    void tryLockWithTheLongestTimeoutWaitsAsLockDoes() throws Exception {
+        LocksideLock lock = client.lock(key);
+        assertTrue(lock.tryLock(Long.MAX_VALUE, TimeUnit.MILLISECONDS), "no overflow into a wait of no time");
+        java.util.concurrent.Future<Boolean> other = sidecar.pool().submit(() -> {
+            LocksideLock theirs = client.lock(key);
+            boolean got = theirs.tryLock(Long.MAX_VALUE, TimeUnit.NANOSECONDS);
+            theirs.unlock();
+            return got;
+        });
+        assertThrows(java.util.concurrent.TimeoutException.class, () -> other.get(300, TimeUnit.MILLISECONDS));
+        lock.unlock();
+        assertTrue(other.get(10, TimeUnit.SECONDS));
+    }
+
+    @Test
+    void aKeyNobodyHoldsIsDescribedWithModeUnspecified() {
+        assertEquals(LockMode.UNSPECIFIED, client.describe(key).mode());
+        LocksideLock lock = client.lock(key);
+        lock.lock();
+        assertEquals(LockMode.EXCLUSIVE, client.describe(key).mode());
+        lock.unlock();
     }
 
     @Test

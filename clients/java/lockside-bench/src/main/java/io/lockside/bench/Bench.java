@@ -13,12 +13,14 @@ import java.util.Arrays;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.Lock;
+import org.apache.curator.framework.CuratorFramework;
 import org.redisson.Redisson;
 import org.redisson.api.RedissonClient;
 import org.redisson.config.Config;
 
 /**
- * LocksideLock beside Redisson's RLock on the same redis-server:
+ * LocksideLock beside Redisson's RLock on the same redis-server, and Curator's
+ * InterProcessMutex on a standalone ZooKeeper (Debian's package) on loopback:
  * <ol>
  *   <li>uncontended lock()+unlock() latency, one thread, p50/p99/max;</li>
  *   <li>a holder process SIGKILLed while a waiter elsewhere waits: kill to grant;</li>
@@ -26,7 +28,8 @@ import org.redisson.config.Config;
  * </ol>
  * Arguments: {@code [cycles]}, or {@code handoff [seconds]} for the handoff alone.
  * Redisson's watchdog timeout is set to 10 s, the sidecar's default TTL, so that both
- * keep a lock of a dead holder equally long at most. Not a test: it prints figures.
+ * keep a lock of a dead holder equally long at most, and Curator's session timeout to
+ * 10 s for the same reason. Not a test: it prints figures.
  */
 public final class Bench {
     private static final int WARMUP = 500;
@@ -35,17 +38,20 @@ public final class Bench {
         boolean handoffOnly = args.length > 0 && args[0].equals("handoff");
         int cycles = args.length > 0 && !handoffOnly ? Integer.parseInt(args[0]) : 5000;
         int seconds = handoffOnly && args.length > 1 ? Integer.parseInt(args[1]) : 5;
-        try (RedisServer redis = RedisServer.start(); Sidecar sidecar = Sidecar.start(redis.url())) {
+        try (RedisServer redis = RedisServer.start(); Sidecar sidecar = Sidecar.start(redis.url());
+                ZooKeeper zk = ZooKeeper.start()) {
             if (handoffOnly) {
-                Handoff.run(sidecar.address(), redis.url(), seconds);
+                Handoff.run(sidecar.address(), redis.url(), zk.connect, seconds);
                 return;
             }
             RedissonClient redisson = redisson(redis.url());
+            CuratorFramework curator = ZooKeeper.curator(zk.connect);
             try (LocksideClient client = LocksideClient.connect(sidecar.address())) {
                 System.out.printf("uncontended lock()+unlock(), %d cycles after %d warm-up, one thread%n", cycles,
                         WARMUP);
                 report("LocksideLock (sidecar, Redis)", cycles(client.lock("bench/lockside"), cycles));
                 report("Redisson RLock (Redis)", cycles(redisson.getLock("bench/redisson"), cycles));
+                report("Curator InterProcessMutex (ZK)", cycles(new CuratorLock(curator, "bench/curator"), cycles));
 
                 System.out.println("holder SIGKILLed while a waiter elsewhere waits: kill -> next grant");
                 for (int i = 0; i < 3; i++) {
@@ -57,9 +63,13 @@ public final class Bench {
                 long ms = takeover(new String[] {"redisson", redis.url(), "bench/takeover-redisson"},
                         redisson.getLock("bench/takeover-redisson"), null);
                 System.out.printf("  %-32s %8d ms  (watchdog timeout 10 s)%n", "Redisson RLock", ms);
-                Handoff.run(sidecar.address(), redis.url(), seconds);
+                ms = takeover(new String[] {"curator", zk.connect, "bench/takeover-curator"},
+                        new CuratorLock(curator, "bench/takeover-curator"), null);
+                System.out.printf("  %-32s %8d ms  (session timeout 10 s)%n", "Curator InterProcessMutex", ms);
+                Handoff.run(sidecar.address(), redis.url(), zk.connect, seconds);
             } finally {
                 redisson.shutdown();
+                curator.close();
             }
         }
     }
@@ -111,16 +121,25 @@ public final class Bench {
                     break;
                 }
             }
-            CompletableFuture<Long> granted = CompletableFuture.supplyAsync(() -> {
-                waiter.lock();
-                long at = System.nanoTime();
-                waiter.unlock();
-                return at;
-            });
+            // A thread of its own: the common pool has one thread on 2 cores, and a
+            // client's own tasks there would keep the waiter from starting.
+            CompletableFuture<Long> granted = new CompletableFuture<>();
+            Thread waiting = new Thread(() -> {
+                try {
+                    waiter.lock();
+                    long at = System.nanoTime();
+                    waiter.unlock();
+                    granted.complete(at);
+                } catch (RuntimeException e) {
+                    granted.completeExceptionally(e);
+                }
+            }, "bench-waiter");
+            waiting.setDaemon(true);
+            waiting.start();
             if (queued != null) {
                 Await.until("the waiter is queued", Duration.ofSeconds(10), queued);
             } else {
-                Thread.sleep(300); // Redisson says nothing about its waiters: give it time to subscribe
+                Thread.sleep(300); // Redisson and Curator say nothing of their waiters: give them time
             }
             long killed = System.nanoTime();
             holder.destroyForcibly();

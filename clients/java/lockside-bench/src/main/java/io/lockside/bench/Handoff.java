@@ -37,18 +37,19 @@ import org.redisson.api.RedissonClient;
 public final class Handoff {
     static final int PROCESSES = 2;
     static final int THREADS = 4;
-    static final String[] VARIANTS = {"lockside", "lockside-fair", "redisson", "redisson-fair"};
+    static final String[] VARIANTS = {"lockside", "lockside-fair", "redisson", "redisson-fair", "curator"};
 
     record Cycle(int proc, int thread, long req, long grant, long unlock) {}
 
     /** Runs every variant for `seconds` each and prints one table. */
-    static void run(String sidecar, String redisUrl, int seconds) throws Exception {
+    static void run(String sidecar, String redisUrl, String zookeeper, int seconds) throws Exception {
         System.out.printf("handoff: %d processes x %d threads on one key, %d s per variant, "
                 + "critical section ~10 us; wall clock (Instant.now, ns since epoch)%n", PROCESSES, THREADS, seconds);
         System.out.printf("  %-15s %7s %7s | %-22s | %-22s | %9s %9s | %s%n", "", "grants", "/s",
                 "handoff all p50/p99 ms", "to another p50/p99/max", "same thr", "same proc", "grants per thread min..max");
         for (String variant : VARIANTS) {
-            String target = variant.startsWith("lockside") ? sidecar : redisUrl;
+            String target = variant.startsWith("lockside") ? sidecar
+                    : variant.equals("curator") ? zookeeper : redisUrl;
             List<Cycle> cycles = measure(variant, target, "bench/handoff-" + variant, seconds);
             report(variant, cycles, seconds);
         }
@@ -190,6 +191,7 @@ public final class Handoff {
                     LockOptions.defaults().fair(true));
             case "redisson" -> lock = (redisson = Bench.redisson(target)).getLock(key);
             case "redisson-fair" -> lock = (redisson = Bench.redisson(target)).getFairLock(key);
+            case "curator" -> lock = new CuratorLock(ZooKeeper.curator(target), key);
             default -> throw new IllegalArgumentException(variant);
         }
         for (int i = 0; i < 200; i++) { // warm-up: connections, scripts, JIT

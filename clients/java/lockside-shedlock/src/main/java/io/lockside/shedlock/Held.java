@@ -2,13 +2,14 @@ package io.lockside.shedlock;
 
 import io.lockside.LockLostException;
 import io.lockside.Permit;
-import java.lang.System.Logger.Level;
 import java.time.Duration;
 import java.time.Instant;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.TimeUnit;
 import net.javacrumbs.shedlock.core.ClockProvider;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * One acquired ShedLock lock and its deadlines: released at {@code lockAtMostUntil}
@@ -16,7 +17,7 @@ import net.javacrumbs.shedlock.core.ClockProvider;
  * lock and the locks its {@code extend} makes.
  */
 final class Held {
-    private static final System.Logger LOG = System.getLogger("io.lockside.shedlock");
+    private static final Logger LOG = LoggerFactory.getLogger("io.lockside.shedlock");
 
     private final Permit permit;
     private final ScheduledExecutorService timers;
@@ -66,9 +67,9 @@ final class Held {
         try {
             permit.close();
         } catch (LockLostException e) {
-            LOG.log(Level.WARNING, "lockside: ShedLock lock {0} was lost while held: {1}", permit.key(), e.reason());
+            LOG.warn("lockside: ShedLock lock {} was lost while held: {}", permit.key(), e.reason());
         } catch (RuntimeException e) {
-            LOG.log(Level.WARNING, "lockside: releasing ShedLock lock " + permit.key() + " failed", e);
+            LOG.warn("lockside: releasing ShedLock lock " + permit.key() + " failed", e);
         }
     }
 }

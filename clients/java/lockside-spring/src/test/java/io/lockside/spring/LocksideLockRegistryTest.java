@@ -2,10 +2,13 @@ package io.lockside.spring;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNotSame;
+import static org.junit.jupiter.api.Assertions.assertSame;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.lockside.LocksideClient;
+import io.lockside.testkit.Await;
 import io.lockside.testkit.Contention;
 import io.lockside.testkit.SidecarExtension;
 import java.time.Duration;
@@ -24,7 +27,7 @@ class LocksideLockRegistryTest {
     @RegisterExtension
     static final SidecarExtension<LocksideClient> sidecar = SidecarExtension.connecting(LocksideClient::connect);
     LocksideClient client;
-    LockRegistry<LocksideDistributedLock> registry;
+    LocksideLockRegistry registry;
     String key;
     ExecutorService pool;
 
@@ -80,14 +83,48 @@ class LocksideLockRegistryTest {
     }
 
     @Test
-    void unlockByAnotherThreadThrows() throws Exception {
+    void unlockByAnotherThreadThrowsIllegalStateExceptionAsSpringsRegistriesDo() throws Exception {
         LocksideDistributedLock lock = registry.obtain(key);
         lock.lock();
         Future<?> other = pool.submit(() -> registry.obtain(key).unlock());
         Throwable cause = assertThrows(java.util.concurrent.ExecutionException.class, other::get).getCause();
-        assertTrue(cause instanceof IllegalMonitorStateException, "got " + cause);
+        assertTrue(cause instanceof IllegalStateException, "got " + cause);
+        assertTrue(cause.getMessage().contains("You do not own lock at spring:" + key), cause.getMessage());
         assertTrue(lock.isHeldByCurrentThread());
         lock.unlock();
+        assertThrows(IllegalStateException.class, lock::unlock, "nor by the owner once it gave it back");
+    }
+
+    @Test
+    void obtainGivesTheSameObjectForAKeyWhileItIsInUse() throws Exception {
+        LocksideDistributedLock first = registry.obtain(key);
+        assertSame(first, registry.obtain(key));
+        assertNotSame(first, registry.obtain(key + "-other"));
+        first.lock();
+        assertSame(first, pool.submit(() -> registry.obtain(key)).get(), "from another thread too");
+        first.unlock();
+        assertSame(first, registry.obtain(key));
+        assertNotSame(first, new LocksideLockRegistry(client, "spring:").obtain(key), "another registry's own");
+    }
+
+    @Test
+    void unusedLocksAreLeftToTheGarbageCollectorAndHeldOnesAreKept() {
+        LocksideLockRegistry own = new LocksideLockRegistry(client, "gc:");
+        own.obtain(key).lock(); // held, then no reference to it is kept here
+        for (int i = 0; i < 1000; i++) {
+            own.obtain(key + i);
+        }
+        Await.until("unused locks collected", Duration.ofSeconds(20), () -> {
+            System.gc();
+            return own.cachedLocks() < 100;
+        });
+        LocksideDistributedLock held = own.obtain(key);
+        assertTrue(held.isHeldByCurrentThread(), "a held lock is the same object after a collection");
+        held.unlock();
+        own.obtain(key + "x").lock();
+        own.obtain(key + "x").unlock();
+        own.expireUnusedOlderThan(0);
+        assertEquals(0, own.cachedLocks(), "expireUnusedOlderThan forgets what nobody holds");
     }
 
     @Test
@@ -135,19 +172,31 @@ class LocksideLockRegistryTest {
     }
 
     @Test
-    void theTtlOfADistributedLockIsTheLocksideTtl() throws Exception {
+    void withoutATtlALockIsHeldForAsLongAsTheSessionLives() throws Exception {
         LocksideDistributedLock lock = registry.obtain(key);
-        assertTrue(lock.tryLock(Duration.ofSeconds(1), Duration.ofSeconds(3)));
+        assertTrue(lock.tryLock(1, TimeUnit.SECONDS));
         try {
-            Duration left = client.describe("spring:" + key).holders().get(0).ttlRemaining();
-            assertTrue(left.compareTo(Duration.ofSeconds(3)) <= 0 && left.compareTo(Duration.ZERO) > 0, left.toString());
             assertTrue(lock.fencingToken() > 0);
             assertFalse(lock.isSuspended());
+            renewalsOf(key).run();
+            assertTrue(lock.isHeldByCurrentThread());
+            registry.renewLock(key); // nothing to renew: no lease
         } finally {
             lock.unlock();
         }
-        lock.lock(Duration.ofSeconds(2));
-        lock.unlock();
+    }
+
+    /** Another registry cannot take it for 1.5 s. */
+    private Runnable renewalsOf(String k) {
+        return () -> {
+            try (LocksideClient other = LocksideClient.connect(sidecar.address())) {
+                LocksideLockRegistry theirs = new LocksideLockRegistry(other, "spring:");
+                assertFalse(theirs.obtain(k).tryLock(Duration.ofMillis(1500), Duration.ofSeconds(1)),
+                        "held past its store TTL");
+            } catch (InterruptedException e) {
+                throw new AssertionError(e);
+            }
+        };
     }
 
     @Test

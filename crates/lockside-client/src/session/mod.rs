@@ -275,11 +275,12 @@ impl Session {
         let mut lost = Vec::new();
         for (_, slot) in std::mem::take(&mut state.slots) {
             for cell in slot.cells {
+                let released = cell.released();
                 if state.closing {
                     cell.mark_released();
                 }
                 if cell.set(LockState::Lost(reason.clone())) {
-                    if !cell.released() {
+                    if !released {
                         lost.push(cell.key().to_owned());
                     }
                     self.tell(&cell);
@@ -289,7 +290,7 @@ impl Session {
         releasing::remove_session(self.number);
         if state.closing {
             if !lost.is_empty() {
-                tracing::info!(session = %state.session_id, locks = lost.len(), "session closed with locks held: the sidecar releases them");
+                tracing::debug!(session = %state.session_id, locks = lost.len(), "session closed with locks held: the sidecar releases them");
             }
         } else {
             log_lost(&lost, &reason);

@@ -161,3 +161,179 @@ impl Session {
         (out, gone)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The cases a sidecar kill cannot make on demand (the Python package tested them
+    //! against its own session before the core; the clients' suites run the rest
+    //! against real sidecars).
+    use std::collections::{BTreeMap, HashMap};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use lockside_proto::lease_request::Command;
+    use lockside_proto::lease_response::Event;
+    use lockside_proto::lock_service_client::LockServiceClient;
+    use lockside_proto::{self as proto, LeaseRequest};
+    use tokio::sync::{Notify, mpsc};
+
+    use crate::connect::Bearer;
+    use crate::holders::Holders;
+    use crate::lock::{LockCell, LockState};
+    use crate::session::{Kind, Pending, Phase, Session, Settings, State};
+
+    fn session() -> Session {
+        let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+        let bearer = Bearer {
+            token: None,
+            client_name: None,
+        };
+        Session {
+            number: u64::MAX,
+            grpc: LockServiceClient::with_interceptor(channel, bearer),
+            settings: Settings {
+                resume: true,
+                listener: None,
+            },
+            state: Mutex::new(State {
+                phase: Phase::Open,
+                session_id: "s".into(),
+                token: "t".into(),
+                default_ttl: Duration::from_secs(10),
+                tx: mpsc::unbounded_channel().0,
+                next_id: 100,
+                pending: BTreeMap::new(),
+                slots: HashMap::new(),
+                holders: Holders::default(),
+                closing: false,
+            }),
+            settled: Notify::new(),
+        }
+    }
+
+    fn granted(key: &str, token: u64, holds: u32) -> proto::Granted {
+        proto::Granted {
+            key: key.into(),
+            fencing_token: token,
+            hold_count: holds,
+            ..Default::default()
+        }
+    }
+
+    /// A grant of `key` held here (hold count `holds`).
+    fn hold(state: &mut State, key: &str, token: u64, holds: u32) -> Arc<LockCell> {
+        let cell = LockCell::new(
+            key.into(),
+            String::new(),
+            &granted(key, token, holds),
+            "s".into(),
+            Duration::from_secs(10),
+        );
+        let slot = state.slots.entry((String::new(), key.into())).or_default();
+        slot.cells.push(cell.clone());
+        cell
+    }
+
+    /// A release of `cell` sent and not answered.
+    fn releasing(state: &mut State, cell: &Arc<LockCell>) -> u64 {
+        let rid = state.id();
+        cell.mark_released();
+        let command = Command::Release(proto::Release {
+            request_id: rid,
+            key: cell.key().into(),
+            holder: String::new(),
+        });
+        state.pending.insert(
+            rid,
+            Pending {
+                kind: Kind::Release(cell.clone()),
+                key: cell.key().into(),
+                holder: String::new(),
+                request: LeaseRequest {
+                    command: Some(command),
+                },
+                reply: None,
+                ttl_asked: None,
+            },
+        );
+        rid
+    }
+
+    fn releases(out: &[Command]) -> Vec<String> {
+        out.iter()
+            .filter_map(|c| match c {
+                Command::Release(r) => Some(r.key.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_release_the_dead_sidecar_applied_counts_as_answered() {
+        let s = session();
+        let mut state = s.lock();
+        let outer = hold(&mut state, "k", 7, 1);
+        let inner = hold(&mut state, "k", 7, 2);
+        let rid = releasing(&mut state, &inner);
+        let (out, lost) = s.reconcile(&mut state, vec![Event::Granted(granted("k", 7, 1))]);
+        assert!(out.is_empty() && lost.is_empty(), "{out:?} {lost:?}");
+        assert!(!state.pending.contains_key(&rid), "taken as answered");
+        assert_eq!(state.slots[&(String::new(), "k".into())].cells.len(), 1);
+        assert_eq!(outer.state(), LockState::Held);
+    }
+
+    #[tokio::test]
+    async fn a_release_the_dead_sidecar_did_not_apply_is_sent_again() {
+        let s = session();
+        let mut state = s.lock();
+        hold(&mut state, "k", 7, 1);
+        let inner = hold(&mut state, "k", 7, 2);
+        let rid = releasing(&mut state, &inner);
+        let (out, _) = s.reconcile(&mut state, vec![Event::Granted(granted("k", 7, 2))]);
+        assert_eq!(releases(&out), ["k"]);
+        assert!(
+            matches!(&out[0], Command::Release(r) if r.request_id == rid),
+            "the same request"
+        );
+    }
+
+    #[tokio::test]
+    async fn holds_nobody_here_knows_of_are_given_back() {
+        let s = session();
+        let mut state = s.lock();
+        hold(&mut state, "k", 7, 1);
+        // The store holds it twice (a grant whose answer was lost), and a key this
+        // session never heard of.
+        let (out, lost) = s.reconcile(
+            &mut state,
+            vec![
+                Event::Granted(granted("k", 7, 2)),
+                Event::Granted(granted("x", 9, 1)),
+            ],
+        );
+        let mut given = releases(&out);
+        given.sort();
+        assert_eq!(given, ["k", "x"]);
+        assert!(lost.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_key_back_with_another_token_or_not_at_all_is_lost() {
+        let s = session();
+        let mut state = s.lock();
+        let moved = hold(&mut state, "k", 7, 1);
+        let gone = hold(&mut state, "g", 3, 1);
+        let (out, lost) = s.reconcile(&mut state, vec![Event::Granted(granted("k", 8, 1))]);
+        assert_eq!(
+            releases(&out),
+            ["k"],
+            "the other token's hold is given back"
+        );
+        let mut lost = lost;
+        lost.sort();
+        assert_eq!(lost, ["g", "k"]);
+        assert!(matches!(moved.state(), LockState::Lost(_)));
+        assert!(matches!(gone.state(), LockState::Lost(why) if why.contains("did not list it")));
+        assert!(state.slots.is_empty());
+    }
+}

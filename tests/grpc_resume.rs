@@ -15,7 +15,7 @@ use std::time::Duration;
 use common::records::{record_key, record_lines};
 use common::{
     Client, Interval, LeaseStream, PATIENCE, Redis, Sidecar, SidecarProcess, StoreKind, acquire,
-    check_history, make_store, namespace, secs,
+    check_history, make_store, namespace, refusal, secs,
 };
 use lockside::engine::EngineConfig;
 use lockside::proto::{self, lease_response::Event};
@@ -49,13 +49,15 @@ async fn recorded(redis: &Redis, ns: &str, sid: &str, locks: usize) {
 }
 
 /// Resumes `token` on `client`, retrying while its old sidecar is still attached
-/// (FAILED_PRECONDITION) or not reachable yet.
+/// (FAILED_PRECONDITION, `attached`): a refusal as unknown fails the test.
 async fn resume(client: &Client, token: &str) -> LeaseStream {
     let deadline = Instant::now() + PATIENCE;
     loop {
         match client.resume(token).await {
             Ok(lease) => return lease,
-            Err(status) if status.code() == Code::FailedPrecondition => {}
+            Err(status) if status.code() == Code::FailedPrecondition => {
+                assert_eq!(refusal(&status), "attached", "{status:?}");
+            }
             Err(status) => panic!("resume: {status}"),
         }
         assert!(Instant::now() < deadline, "resumed in time");
@@ -171,7 +173,7 @@ async fn a_killed_sidecar_s_session_resumes_on_another_with_its_locks() {
     assert!(tries > 20, "BUSY throughout: {tries} tries");
     // The old token is spent.
     let spent = on_other.resume(&token).await.err().expect("refused");
-    assert_eq!(spent.code(), Code::FailedPrecondition);
+    assert_eq!(refusal(&spent), "unknown");
 
     // The history: the app's holds, then the other session's, never together.
     let mut history = Vec::new();
@@ -252,8 +254,10 @@ async fn a_session_resumed_after_the_ttl_hears_lost_and_goes_on() {
     assert_eq!(resumed.release("long").await, 0);
 }
 
-/// Garbage, altered and still-attached tokens end the new stream FAILED_PRECONDITION
-/// with one message, and the live session keeps its lock undisturbed.
+/// Garbage, altered and unknown tokens end the new stream FAILED_PRECONDITION with one
+/// message and the trailer `unknown` (the session is gone: a client stops retrying);
+/// the live session's own token is told `attached` (retry later). The live session
+/// keeps its lock undisturbed.
 async fn refused_tokens_leave_the_live_session_alone(kind: &str) {
     let setup = common::setup_with(
         kind,
@@ -288,12 +292,15 @@ async fn refused_tokens_leave_the_live_session_alone(kind: &str) {
             .await
             .err()
             .unwrap_or_else(|| panic!("{kind}: a {what} token must be refused"));
-        assert_eq!(refused.code(), Code::FailedPrecondition, "{kind}: {what}");
-        messages.push(refused.message().to_owned());
+        let why = if what == "attached" { what } else { "unknown" };
+        assert_eq!(refusal(&refused), why, "{kind}: {what}");
+        messages.push((why, refused.message().to_owned()));
     }
     messages.dedup();
-    assert_eq!(messages.len(), 1, "one message for all: {messages:?}");
-    assert!(!messages[0].contains(&app.session_id), "{}", messages[0]);
+    assert_eq!(messages.len(), 2, "one message per reason: {messages:?}");
+    for (_, message) in &messages {
+        assert!(!message.contains(&app.session_id), "{message}");
+    }
     // The live session noticed nothing and still holds its lock.
     let quiet = tokio::time::timeout(Duration::from_millis(200), app.next()).await;
     assert!(
@@ -323,7 +330,7 @@ async fn the_memory_store_gives_no_resume_token() {
     assert_eq!(app.resume_token, "", "no token");
     let token = format!("{}.AAAAAAAAAAAAAAAAAAAAAA", app.session_id);
     let refused = setup.client.resume(&token).await.err().expect("refused");
-    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert_eq!(refusal(&refused), "unknown");
     assert_eq!(app.release("k").await, 0);
 }
 
@@ -355,7 +362,7 @@ async fn a_stream_that_ends_releases_and_cannot_be_resumed() {
         .await
         .err()
         .expect("nothing to resume");
-    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert_eq!(refusal(&refused), "unknown");
 }
 
 /// The figure: from a sidecar's SIGKILL to its session's locks renewed again by the
@@ -477,7 +484,7 @@ async fn resume_tokens_never_reach_the_logs() {
         .await
         .err()
         .expect("attached");
-    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert_eq!(refusal(&refused), "attached");
     a.kill();
     let mut resumed = resume(&on_b, &app.resume_token).await;
     greeting(&mut resumed).await;
@@ -520,7 +527,7 @@ async fn a_clean_shutdown_releases_and_deletes_the_records() {
         .await
         .err()
         .expect("refused");
-    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert_eq!(refusal(&refused), "unknown");
     assert!(
         on_staying.describe("k").await.holders.is_empty(),
         "released"

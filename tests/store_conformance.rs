@@ -14,11 +14,13 @@ use common::topology::ClusterSetup;
 use common::{Redis, StoreKind, make_store, namespace};
 use lockside::store::redlock::RedlockStore;
 use lockside::store::{
-    Acquired, Claim, Notice, RecordLine, RecordWrite, Recorded, Renewal, Renewed, ResumeClaim,
-    Resumption, Sharing, Store, StoreCheck,
+    Acquired, Claim, Notice, RecordLine, RecordWrite, Recorded, Refusal, Renewal, Renewed,
+    ResumeClaim, Resumption, Sharing, Store, StoreCheck,
 };
 
 const NO_DELAY: Duration = Duration::ZERO;
+/// A resume refused because no session has that token under that secret.
+const UNKNOWN: Resumption = Resumption::Refused(Refusal::Unknown);
 
 /// A release notice naming no fair waiter.
 fn released(key: &str) -> Notice {
@@ -1122,19 +1124,16 @@ async fn sessions_resume_with_their_secret_only(s: Subject) {
 
     for (secret, why) in [("secret-on", "altered"), ("", "empty"), (new, "not yet")] {
         let refused = s.store.resume(&resume_claim(sid, secret, "x", "B")).await;
-        assert_eq!(refused.expect("answer"), Resumption::Refused, "{why}");
+        assert_eq!(refused.expect("answer"), UNKNOWN, "{why}");
     }
     let attached = s.store.resume(&resume_claim(sid, old, new, "B")).await;
     assert_eq!(
         attached.expect("answer"),
-        Resumption::Refused,
+        Resumption::Refused(Refusal::Attached),
         "A is attached"
     );
     let unknown = resume_claim("0000000000000000", old, new, "B");
-    assert_eq!(
-        s.store.resume(&unknown).await.expect("answer"),
-        Resumption::Refused
-    );
+    assert_eq!(s.store.resume(&unknown).await.expect("answer"), UNKNOWN);
 
     // A dies: its attachment and k3 (TTL 300 ms) expire.
     tokio::time::sleep(Duration::from_millis(450)).await;
@@ -1189,7 +1188,7 @@ async fn sessions_resume_with_their_secret_only(s: Subject) {
         .store
         .resume(&resume_claim(sid, old, "secret-three", "C"))
         .await;
-    assert_eq!(again.expect("answer"), Resumption::Refused);
+    assert_eq!(again.expect("answer"), UNKNOWN);
     let zombie = RecordWrite {
         end: true,
         ..record(sid, old, "A", &[])
@@ -1209,7 +1208,7 @@ async fn sessions_resume_with_their_secret_only(s: Subject) {
     };
     assert_eq!(write(&s, end).await, Recorded::Written);
     let after = s.store.resume(&resume_claim(sid, new, "x", "D")).await;
-    assert_eq!(after.expect("answer"), Resumption::Refused);
+    assert_eq!(after.expect("answer"), UNKNOWN);
 }
 
 /// A record lists what it is told and goes with its last lock; writes of one session
@@ -1233,11 +1232,7 @@ async fn records_follow_their_locks(s: Subject) {
     };
     assert_eq!(write(&s, drop_a).await, Recorded::Written);
     let gone = s.store.resume(&resume_claim(a, "s", "t", "B")).await;
-    assert_eq!(
-        gone.expect("answer"),
-        Resumption::Refused,
-        "no lock, no record"
-    );
+    assert_eq!(gone.expect("answer"), UNKNOWN, "no lock, no record");
     // A write of no line extends b's record, which keeps its line.
     let extend = RecordWrite {
         listed: true,
@@ -1260,7 +1255,7 @@ async fn records_follow_their_locks(s: Subject) {
         .store
         .resume(&resume_claim("cccccccccccccccc", "s", "t", "B"))
         .await;
-    assert_eq!(none.expect("answer"), Resumption::Refused);
+    assert_eq!(none.expect("answer"), UNKNOWN);
 }
 
 /// Issue 25: a resumed session's record stays spent. A sidecar the session left (frozen,
@@ -1297,14 +1292,10 @@ async fn a_resumed_sessions_record_stays_spent(s: Subject) {
         };
         assert_eq!(write(&s, rewrite).await, Recorded::Foreign, "{sid}");
         let resumed = s.store.resume(&resume_claim(sid, "old", "x", "C")).await;
-        assert_eq!(resumed.expect("answer"), Resumption::Refused, "{sid}");
+        assert_eq!(resumed.expect("answer"), UNKNOWN, "{sid}");
     }
     let reopened = s.store.resume(&resume_claim(ended, "new", "x", "C")).await;
-    assert_eq!(
-        reopened.expect("answer"),
-        Resumption::Refused,
-        "an ended session"
-    );
+    assert_eq!(reopened.expect("answer"), UNKNOWN, "an ended session");
     // The session whose last lock went goes on: its next lock is recorded.
     let next = spent(record(emptied, "new", "B", &[("k2", line(2, 2))]));
     assert_eq!(write(&s, next).await, Recorded::Written);

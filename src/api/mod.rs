@@ -103,11 +103,16 @@ impl LockService for LockApi {
                 let resumed = (self.engine)
                     .resume_session(&token, client_name.clone(), trace, inbound, tx)
                     .await;
-                if let Err(EngineError::NotResumable) = &resumed {
+                if let Err(EngineError::NotResumable(why)) = &resumed {
                     // The session id only (public: Describe shows it), never the secret.
                     let session = token.split_once('.').map_or("", |(id, _)| id);
                     let session = engine::prefix(session, 16);
-                    tracing::warn!(%peer, %session, client = %client_name, "refused to resume a session: its token is malformed, unknown or expired, or the session is attached to a live stream");
+                    match why {
+                        // A client that retries while its old stream is being noticed
+                        // gone: routine.
+                        engine::Refusal::Attached => tracing::debug!(%peer, %session, client = %client_name, "not resumed yet: the session is still attached to a live stream"),
+                        engine::Refusal::Unknown => tracing::warn!(%peer, %session, client = %client_name, "refused to resume a session: no session has this token (never issued, spent, expired or malformed)"),
+                    }
                 }
                 resumed
             }

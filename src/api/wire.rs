@@ -4,13 +4,17 @@
 use std::time::Duration;
 
 use prost::Message;
+use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Status};
 
 use crate::engine::{
     AcquireRequest, Command, EndReason, EngineError, Event, Inbound, KeyView, Mode,
-    NotAcquiredReason, RejectCode, Rejection, STORE_OUT_OF_MEMORY,
+    NotAcquiredReason, Refusal, RejectCode, Rejection, STORE_OUT_OF_MEMORY,
 };
 use crate::proto::codec::UNREADABLE;
+use crate::proto::limits::{
+    RESUME_REFUSED_ATTACHED, RESUME_REFUSED_TRAILER, RESUME_REFUSED_UNKNOWN,
+};
 use crate::proto::{self, lease_request, lease_response, not_acquired};
 use crate::telemetry::{TRACEPARENT, TRACESTATE, TraceContext};
 
@@ -35,10 +39,23 @@ pub fn status(error: EngineError) -> Status {
             tracing::error!(error = %e, "no randomness");
             Status::internal("the sidecar cannot create session tokens")
         }
-        EngineError::NotResumable => Status::failed_precondition(
-            "the session cannot be resumed: its token is malformed, unknown or expired, \
-             or the session is still attached to a live stream",
-        ),
+        EngineError::NotResumable(why) => {
+            let (message, detail) = match why {
+                Refusal::Unknown => (
+                    "the session cannot be resumed: no session has this token (never \
+                     issued, already resumed or ended, expired, or malformed)",
+                    RESUME_REFUSED_UNKNOWN,
+                ),
+                Refusal::Attached => (
+                    "the session cannot be resumed yet: it is still attached to a live \
+                     stream; it can be once that stream has ended",
+                    RESUME_REFUSED_ATTACHED,
+                ),
+            };
+            let mut trailers = MetadataMap::new();
+            trailers.insert(RESUME_REFUSED_TRAILER, MetadataValue::from_static(detail));
+            Status::with_metadata(Code::FailedPrecondition, message, trailers)
+        }
         EngineError::Unimplemented(m) => Status::unimplemented(m),
     }
 }

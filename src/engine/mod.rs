@@ -29,6 +29,8 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::Metrics;
 use crate::metrics::store::MeteredStore;
 use crate::proto::limits::{MAX_HOLDER_BYTES, MAX_KEY_BYTES};
+/// Why a resume was refused ([`EngineError::NotResumable`]).
+pub use crate::store::Refusal;
 use crate::store::{Store, StoreCheck};
 pub use config::EngineConfig;
 use journal::Journal;
@@ -116,10 +118,11 @@ pub(crate) struct Shared {
     pub(crate) journal: Journal,
     /// This process's id in the store (its attachment, its sessions' records).
     pub(crate) sidecar_id: String,
-    /// The ids of the sessions running in this process (resumed ones included): a
-    /// session of this process is never resumed from under its stream, even by this
-    /// process (its record names this sidecar, whose attachment is then no proof).
-    pub(crate) live: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The sessions running in this process (resumed ones included), by id, with their
+    /// secrets: a session of this process is never resumed from under its stream, even
+    /// by this process (its record names this sidecar, whose attachment is then no
+    /// proof), and only its secret's holder is told that it is attached.
+    pub(crate) live: std::sync::Mutex<std::collections::HashMap<String, String>>,
     pub(crate) shutdown: CancellationToken,
     next_lease: AtomicU64,
 }
@@ -129,20 +132,24 @@ impl Shared {
         self.next_lease.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Notes that session `id` runs in this process, or no longer does.
-    fn set_live(&self, id: &str, live: bool) {
+    /// Notes that session `id` runs in this process with `secret`, or (`None`) no
+    /// longer does.
+    fn set_live(&self, id: &str, secret: Option<&str>) {
         if let Ok(mut ids) = self.live.lock() {
-            if live {
-                ids.insert(id.to_owned());
-            } else {
-                ids.remove(id);
-            }
+            match secret {
+                Some(secret) => ids.insert(id.to_owned(), secret.to_owned()),
+                None => ids.remove(id),
+            };
         }
     }
 
-    /// Whether session `id` runs in this process.
-    pub(crate) fn is_live(&self, id: &str) -> bool {
-        self.live.lock().map_or(true, |ids| ids.contains(id))
+    /// Whether session `id` runs in this process, and whether under `secret`.
+    pub(crate) fn live_as(&self, id: &str, secret: &str) -> Option<bool> {
+        match self.live.lock() {
+            Ok(ids) => ids.get(id).map(|s| s == secret),
+            // Poisoned: taken as live, under another secret (refused as unknown).
+            Err(_) => Some(false),
+        }
     }
 }
 
@@ -265,10 +272,10 @@ impl Engine {
         sessions.inc();
         let shared = self.shared.clone();
         let id = session.id().to_owned();
-        shared.set_live(&id, true);
+        shared.set_live(&id, Some(session.secret()));
         tokio::spawn(async move {
             session.run(inbound).await;
-            shared.set_live(&id, false);
+            shared.set_live(&id, None);
             sessions.dec();
             drop(permit);
         });

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::{ECHO_BYTES, prefix};
-use crate::store::StoreError;
+use crate::store::{Refusal, StoreError};
 
 /// Lock mode of a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -341,11 +341,12 @@ pub enum EngineError {
     /// The operating system's random source failed.
     #[error("no randomness for session tokens: {0}")]
     Random(String),
-    /// A resume token that is malformed, unknown, expired, altered, or whose session is
-    /// still attached to a live stream: one error for all, telling nothing about other
-    /// sessions.
-    #[error("the session cannot be resumed")]
-    NotResumable,
+    /// A session that was not resumed: its token is malformed, unknown, expired or
+    /// altered ([`Refusal::Unknown`]: the session is gone), or its session is still
+    /// attached to a live stream ([`Refusal::Attached`]: it may be resumable later).
+    /// Only the holder of the session's secret can be told `Attached`.
+    #[error("the session cannot be resumed ({0:?})")]
+    NotResumable(Refusal),
     /// Something this sidecar's store cannot do (resuming, on Redlock).
     #[error("{0}")]
     Unimplemented(String),

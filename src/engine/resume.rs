@@ -14,7 +14,7 @@ use tokio_stream::Stream;
 
 use super::session::{Session, random_secret};
 use super::{Engine, EngineError, Event, Inbound};
-use crate::store::{ResumeClaim, Resumption};
+use crate::store::{Refusal, ResumeClaim, Resumption};
 
 /// The session id and secret of a well-formed token, `None` otherwise: 16 lowercase
 /// hex digits (the id), a dot, and 22 characters of URL-safe base64 (128 bits).
@@ -32,7 +32,8 @@ impl Engine {
     /// client first hears `SessionStarted` (a new token), then `Granted` (request id 0)
     /// or `Lost` for each lock its record listed. Refused with
     /// [`EngineError::NotResumable`] when the token is malformed, unknown, expired or
-    /// altered, or its session is attached to a live sidecar; with
+    /// altered (`Unknown`), or its session is attached to a live sidecar (`Attached`);
+    /// with
     /// [`EngineError::Unimplemented`] on a store that keeps no session records.
     pub async fn resume_session<S>(
         &self,
@@ -49,7 +50,7 @@ impl Engine {
         if store.keeps_sessions() && !store.outlives_sidecar() {
             // No session of this store has a token: whatever this is, it resumes
             // nothing (as an unknown token).
-            return Err(EngineError::NotResumable);
+            return Err(EngineError::NotResumable(Refusal::Unknown));
         }
         if !store.resumes_sessions() {
             return Err(EngineError::Unimplemented(format!(
@@ -58,10 +59,13 @@ impl Engine {
             )));
         }
         let permit = self.session_permit()?;
-        let (id, secret) = parse_token(token).ok_or(EngineError::NotResumable)?;
-        if self.shared.is_live(id) {
+        let (id, secret) = parse_token(token).ok_or(EngineError::NotResumable(Refusal::Unknown))?;
+        match self.shared.live_as(id, secret) {
             // Its stream is open here: as a session attached to a live sidecar.
-            return Err(EngineError::NotResumable);
+            Some(true) => return Err(EngineError::NotResumable(Refusal::Attached)),
+            // A spent or altered token of a session that runs here.
+            Some(false) => return Err(EngineError::NotResumable(Refusal::Unknown)),
+            None => {}
         }
         let claim = ResumeClaim {
             session_id: id.to_owned(),
@@ -76,7 +80,7 @@ impl Engine {
             .await?;
         let sent_at = Instant::now();
         let locks = match store.resume(&claim).await? {
-            Resumption::Refused => return Err(EngineError::NotResumable),
+            Resumption::Refused(why) => return Err(EngineError::NotResumable(why)),
             Resumption::Claimed(locks) => locks,
         };
         let session = Session::resumed(

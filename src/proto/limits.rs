@@ -31,5 +31,18 @@ pub const MAX_VALUE_BYTES: usize = 4 * 1024;
 /// `SessionStarted.resume_token` of the session.
 pub const RESUME_HEADER: &str = "lockside-resume";
 
+/// The trailer of a `Lease` stream that resuming refused (FAILED_PRECONDITION), saying
+/// why: [`RESUME_REFUSED_UNKNOWN`] or [`RESUME_REFUSED_ATTACHED`]. Clients read it to
+/// tell a session that is gone from one that may be resumable in a moment.
+pub const RESUME_REFUSED_TRAILER: &str = "lockside-resume-refused";
+
+/// No session has this token (never issued, resumed or ended already, expired,
+/// malformed): the session and its locks are gone; do not retry.
+pub const RESUME_REFUSED_UNKNOWN: &str = "unknown";
+
+/// The session is still attached to a live stream (on its sidecar, or this one):
+/// retry until that stream has ended and its attachment lapsed.
+pub const RESUME_REFUSED_ATTACHED: &str = "attached";
+
 /// The longest holder name (`Acquire.holder`), in bytes of UTF-8.
 pub const MAX_HOLDER_BYTES: usize = 128;

@@ -24,7 +24,7 @@ mod sessions;
 mod types;
 
 pub use sessions::{
-    RecordLine, RecordWrite, Recorded, ResumeClaim, ResumedGrant, ResumedLock, Resumption,
+    RecordLine, RecordWrite, Recorded, Refusal, ResumeClaim, ResumedGrant, ResumedLock, Resumption,
 };
 pub use types::{
     Acquired, CHANGED, Claim, HolderState, KeyState, Notice, QueuedState, Renewal, Renewed,
@@ -227,7 +227,9 @@ pub trait Store: Send + Sync + 'static {
     /// refuses while the session's sidecar is attached, claims the record under the new
     /// secret and re-keys every lock it lists that the old owner still holds.
     fn resume<'a>(&'a self, _claim: &'a ResumeClaim) -> StoreFuture<'a, Resumption> {
-        Box::pin(std::future::ready(Ok(Resumption::Refused)))
+        Box::pin(std::future::ready(Ok(Resumption::Refused(
+            Refusal::Unknown,
+        ))))
     }
 
     /// What kind of store this is, in lower snake case (`memory`, `redis`,

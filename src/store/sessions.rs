@@ -150,12 +150,24 @@ impl ResumeClaim {
 /// The answer to a [`ResumeClaim`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Resumption {
-    /// No such session, a wrong secret, or the session is attached to a live sidecar.
-    /// Deliberately one answer: a refusal tells nothing about other sessions.
-    Refused,
+    /// Not resumed, and why (see [`Refusal`]).
+    Refused(Refusal),
     /// The record is now this sidecar's, under the new secret; one entry per lock it
     /// listed, in no particular order.
     Claimed(Vec<ResumedLock>),
+}
+
+/// Why a session was not resumed. Only a caller that presents the session's secret
+/// can learn that it is [`Refusal::Attached`]: a wrong secret is [`Refusal::Unknown`],
+/// so a refusal tells nothing about sessions whose secret the caller does not have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// No such session under that secret: never written, spent (resumed or ended),
+    /// expired, or the token is malformed. Retrying cannot help.
+    Unknown,
+    /// The session is still attached to a live stream (on its sidecar, or here): it
+    /// may be resumable once that stream has ended and the attachment lapsed.
+    Attached,
 }
 
 /// One lock a resumed session's record listed.

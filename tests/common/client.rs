@@ -80,6 +80,17 @@ impl Client {
     }
 }
 
+/// Why a resume was refused (its `lockside-resume-refused` trailer: `unknown` or
+/// `attached`), or what else it was.
+pub fn refusal(status: &tonic::Status) -> String {
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    let detail = status.metadata().get("lockside-resume-refused");
+    detail
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("none")
+        .to_owned()
+}
+
 /// One open `LeaseStream` stream.
 pub struct LeaseStream {
     tx: Option<mpsc::Sender<proto::LeaseRequest>>,

@@ -279,6 +279,11 @@ impl Session {
         &self.id
     }
 
+    /// The secret its resume token carries (never logged).
+    pub(crate) fn secret(&self) -> &str {
+        &self.secret
+    }
+
     /// The session's span, for the caller's trace context to become its parent.
     pub(crate) fn span(&self) -> &tracing::Span {
         &self.span

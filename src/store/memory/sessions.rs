@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::MemoryStore;
 use crate::store::names;
 use crate::store::{
-    RecordLine, RecordWrite, Recorded, ResumeClaim, ResumedGrant, ResumedLock, Resumption,
+    RecordLine, RecordWrite, Recorded, Refusal, ResumeClaim, ResumedGrant, ResumedLock, Resumption,
 };
 
 /// How often at most expired records and attachments are swept.
@@ -139,17 +139,17 @@ impl MemoryStore {
                 .filter(|r| !r.spent && r.secret == claim.secret)
                 .map(|r| r.sidecar.clone())
             else {
-                return Resumption::Refused;
+                return Resumption::Refused(Refusal::Unknown);
             };
             // As on Redis: a record attached to the resuming sidecar itself is its
             // predecessor's.
             if attached != claim.sidecar
                 && sessions.attached.get(&attached).is_some_and(|t| *t > now)
             {
-                return Resumption::Refused;
+                return Resumption::Refused(Refusal::Attached);
             }
             let Some(record) = sessions.records.get_mut(&claim.session_id) else {
-                return Resumption::Refused;
+                return Resumption::Refused(Refusal::Unknown);
             };
             record.secret = claim.new_secret.clone();
             record.sidecar = claim.sidecar.clone();

@@ -28,7 +28,7 @@ use super::replies::{bytes, int, sharing, text};
 use super::scripts::Lua;
 use crate::store::names;
 use crate::store::{
-    RecordLine, RecordWrite, Recorded, ResumeClaim, ResumedGrant, ResumedLock, Resumption,
+    RecordLine, RecordWrite, Recorded, Refusal, ResumeClaim, ResumedGrant, ResumedLock, Resumption,
     StoreError,
 };
 
@@ -152,7 +152,7 @@ impl RedisStore {
         let check: &[&[u8]] = &[b"check", claim.secret.as_bytes()];
         let attached: Option<String> = self.call(&self.scripts.resume, &keys, check).await?;
         let Some(attached) = attached else {
-            return Ok(Resumption::Refused);
+            return Ok(Resumption::Refused(Refusal::Unknown));
         };
         // A record attached to the resuming sidecar itself was left by a predecessor
         // of the same instance (the engine refuses a session that runs here), gone for
@@ -165,7 +165,7 @@ impl RedisStore {
                 })
                 .await?;
             if alive {
-                return Ok(Resumption::Refused);
+                return Ok(Resumption::Refused(Refusal::Attached));
             }
         }
         let args: &[&[u8]] = &[
@@ -179,7 +179,8 @@ impl RedisStore {
         let bad = || StoreError::Protocol("resume: bad reply".into());
         let (first, pairs) = listed.split_first().ok_or_else(bad)?;
         if int(first)? != 1 {
-            return Ok(Resumption::Refused);
+            // The record changed since the check: another sidecar claimed it first.
+            return Ok(Resumption::Refused(Refusal::Attached));
         }
         let lines: Vec<(String, RecordLine)> = pairs
             .chunks_exact(2)

@@ -446,6 +446,30 @@ fn the_client_core_depends_on_the_contract_only() {
     }
 }
 
+#[test]
+fn the_client_core_states_the_contracts_values_as_the_sidecar_does() {
+    // The core keeps the few values of the contract a client needs (it must not depend
+    // on the sidecar's crate): they must be the sidecar's.
+    use lockside::client::limits as core;
+    use lockside::proto::limits as sidecar;
+    assert_eq!(core::DEFAULT_ADDR, sidecar::DEFAULT_ADDR);
+    assert_eq!(core::MAX_WAIT, sidecar::MAX_WAIT);
+    assert_eq!(core::CLIENT_NAME_HEADER, sidecar::CLIENT_NAME_HEADER);
+    assert_eq!(core::RESUME_HEADER, sidecar::RESUME_HEADER);
+    assert_eq!(
+        core::RESUME_REFUSED_TRAILER,
+        sidecar::RESUME_REFUSED_TRAILER
+    );
+    assert_eq!(
+        core::RESUME_REFUSED_UNKNOWN,
+        sidecar::RESUME_REFUSED_UNKNOWN
+    );
+    assert_eq!(
+        core::RESUME_REFUSED_ATTACHED,
+        sidecar::RESUME_REFUSED_ATTACHED
+    );
+}
+
 /// The benchmark, `benches/lockside/`: its phases are the files directly in it but
 /// `main.rs` (flags and dispatch), its harness is the folder `harness/`, what every
 /// phase shares. tokio's benches are the model: shared setup in helpers, benchmarks

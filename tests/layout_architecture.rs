@@ -406,6 +406,70 @@ fn no_file_under_src_is_over_the_size_limit() {
     );
 }
 
+/// The most lines a hand-written file of the client core (`crates/lockside-client`) may
+/// have, as the client packages' own files.
+const MAX_CLIENT_LINES: usize = 500;
+
+#[test]
+fn no_file_of_the_client_core_is_over_the_size_limit() {
+    let core = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/lockside-client/src");
+    let named = files_over(&core, MAX_CLIENT_LINES, "crates/lockside-client/src");
+    assert!(
+        named.is_empty(),
+        "client core files over {MAX_CLIENT_LINES} lines (split each at a seam it has):\n{}",
+        named.join("\n")
+    );
+}
+
+#[test]
+fn the_client_core_depends_on_the_contract_only() {
+    // The core is what the Rust, Python and Node clients share: it must never need the
+    // sidecar (its engine, store or server), only the generated contract.
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/lockside-client/Cargo.toml");
+    let text = std::fs::read_to_string(&manifest).expect("read the core's manifest");
+    let deps: Vec<&str> = text
+        .lines()
+        .filter_map(|line| line.split_once('=').map(|(name, _)| name.trim()))
+        .filter(|name| name.starts_with("lockside"))
+        .collect();
+    assert_eq!(deps, ["lockside-proto"], "the core's lockside dependencies");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/lockside-client/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    for file in files {
+        let text = code(&std::fs::read_to_string(&file).expect("read"));
+        assert!(
+            !text.contains("lockside::"),
+            "{} names the sidecar's crate",
+            file.display()
+        );
+    }
+}
+
+#[test]
+fn the_client_core_states_the_contracts_values_as_the_sidecar_does() {
+    // The core keeps the few values of the contract a client needs (it must not depend
+    // on the sidecar's crate): they must be the sidecar's.
+    use lockside::client::limits as core;
+    use lockside::proto::limits as sidecar;
+    assert_eq!(core::DEFAULT_ADDR, sidecar::DEFAULT_ADDR);
+    assert_eq!(core::MAX_WAIT, sidecar::MAX_WAIT);
+    assert_eq!(core::CLIENT_NAME_HEADER, sidecar::CLIENT_NAME_HEADER);
+    assert_eq!(core::RESUME_HEADER, sidecar::RESUME_HEADER);
+    assert_eq!(
+        core::RESUME_REFUSED_TRAILER,
+        sidecar::RESUME_REFUSED_TRAILER
+    );
+    assert_eq!(
+        core::RESUME_REFUSED_UNKNOWN,
+        sidecar::RESUME_REFUSED_UNKNOWN
+    );
+    assert_eq!(
+        core::RESUME_REFUSED_ATTACHED,
+        sidecar::RESUME_REFUSED_ATTACHED
+    );
+}
+
 /// The benchmark, `benches/lockside/`: its phases are the files directly in it but
 /// `main.rs` (flags and dispatch), its harness is the folder `harness/`, what every
 /// phase shares. tokio's benches are the model: shared setup in helpers, benchmarks

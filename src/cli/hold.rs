@@ -193,6 +193,9 @@ where
                 if let Err(e) = lock.release().await {
                     eprintln!("lockside {verb}: releasing {key}: {e}");
                 }
+                // The release is on its way: ending the session waits for the
+                // sidecar to have let everything go before `hold` exits.
+                client.close().await;
                 return code;
             }
             _ = term.recv() => send(&child, Signal::TERM),

@@ -50,8 +50,8 @@ def restartable() -> Iterator[Stack]:
 
 @pytest.fixture(params=KINDS)
 def make_client(request, monkeypatch):
-    """Makes clients of each kind in turn (kinds.py): the sync `Client` on its fast
-    stream and on grpcio's public API, and the `AsyncClient`; closes them after."""
+    """Makes clients of each kind in turn (kinds.py): the sync `Client` and the
+    `AsyncClient`; closes them after."""
     factory = client_factory(request.param, monkeypatch)
     made = []
 

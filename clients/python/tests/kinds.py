@@ -1,8 +1,6 @@
-"""One blocking face for the four ways this package talks to a sidecar, so a scenario
-is written once and run on each: the sync `Client` on its fast stream (grpcio's
-segregated call), the sync `Client` on grpcio's public API (its fallback), and the
-`AsyncClient` (driven from the test's thread on an event loop of its own) on grpc.aio's
-call layer and on grpc.aio's public API (its fallback).
+"""One blocking face for the two clients of this package, so a scenario is written
+once and run on each: the sync `Client`, and the `AsyncClient` (driven from the test's
+thread on an event loop of its own).
 
 The face runs each call of the async client in a task of its own; its holder is the
 calling thread's (`holder=thread_holder()`), so a scenario reads the same on every kind:
@@ -15,12 +13,10 @@ import threading
 import time
 from typing import Any, Callable, Coroutine
 
-import lockside._aio_session
-import lockside._sync_session
 from lockside import AsyncClient, Client
 from lockside._holders import thread_holder
 
-KINDS = ("sync", "sync-public-api", "async", "async-public-api")
+KINDS = ("sync", "async")
 
 
 class _Loop:
@@ -122,10 +118,8 @@ class _AsyncClientFace:
 
 def client_factory(kind: str, monkeypatch: Any) -> Callable[..., Any]:
     """What makes a client of `kind` (`KINDS`): `factory(addr, **options)`."""
-    if kind.startswith("async"):
-        monkeypatch.setattr(lockside._aio_session, "_fast_streams", kind == "async")
+    if kind == "async":
         return _AsyncClientFace
-    monkeypatch.setattr(lockside._sync_session, "_fast_streams", kind == "sync")
     return Client
 
 

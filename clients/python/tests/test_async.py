@@ -1,7 +1,5 @@
-"""`AsyncClient` (grpc.aio) against a real sidecar on a real Redis. Each test runs its
-own event loop (`asyncio.run`), so no pytest plugin is needed, and runs twice: on
-grpc.aio's call layer (what the client uses) and on grpc.aio's public API (its fallback
-when that layer is not there)."""
+"""`AsyncClient` against a real sidecar on a real Redis. Each test runs its own event
+loop (`asyncio.run`), so no pytest plugin is needed."""
 
 from __future__ import annotations
 
@@ -9,31 +7,11 @@ import asyncio
 
 import pytest
 
-import lockside._aio_session
 from lockside import AsyncClient, Client, LockLost, NotAcquired, Rejected, Unavailable
-
-
-@pytest.fixture(autouse=True, params=["call-layer", "public-api"])
-def streams(request, monkeypatch) -> str:
-    """How the sessions' streams are driven (`lockside._aio_stream._AioStream`)."""
-    monkeypatch.setattr(lockside._aio_session, "_fast_streams", request.param == "call-layer")
-    return request.param
 
 
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 30))
-
-
-def test_the_session_runs_on_the_stream_it_was_built_for(stack, key, streams):
-    # grpc.aio's call layer is private: a grpcio that changes it must fail here rather
-    # than quietly lose the speed (the public API still works, as the other run shows).
-    async def main():
-        async with AsyncClient(stack.addr) as c:
-            async with c.lock(key, wait=0):
-                assert c._sess is not None
-                assert c._sess._stream.fast is (streams == "call-layer")
-
-    run(main())
 
 
 def test_a_burst_of_requests_goes_out_in_the_order_made(stack, key):

@@ -97,6 +97,9 @@ def test_a_sidecar_restarted_on_the_address_is_found_without_waiting_options(own
     addr = own_stack.addr
     with Client(addr, resume=False) as c:
         c.lock(key, wait=0).release()
+        # The release returns once it is on the stream: describe() waits for its
+        # answer, so the key is free in the store before the sidecar dies.
+        assert c.describe(key).holders == ()
         own_stack.sidecar.kill()
         with pytest.raises(Unavailable):
             c.lock(key, wait=0)

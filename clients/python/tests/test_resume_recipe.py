@@ -9,7 +9,7 @@ import re
 import time
 from pathlib import Path
 
-from lockside._pb import lockside_pb2 as pb
+from recipe_stubs import stubs
 
 
 def recipe() -> dict:
@@ -22,7 +22,10 @@ def recipe() -> dict:
     return scope
 
 
-def test_the_readme_recipe_resumes_a_session_on_the_restarted_sidecar(own_stack, key):
+def test_the_readme_recipe_resumes_a_session_on_the_restarted_sidecar(own_stack, key, tmp_path):
+    # The recipe is for applications that speak gRPC themselves: it runs on grpcio and
+    # stubs of their own (the package itself needs neither).
+    pb = stubs(tmp_path)
     r = recipe()
     sidecar = own_stack.sidecar
     requests: queue.SimpleQueue = queue.SimpleQueue()

@@ -1,49 +1,162 @@
-"""The asyncio client, on grpc.aio: `AsyncClient`, what its `lock()` returns
-(`_LockRequest`) and its `AsyncWatch`. Every decision is `ClientBase`'s (`_client.py`)
-and `SessionBase`'s (`_core.py`); the session's I/O and its `AsyncLock`s are in
-`_aio_session.py`."""
+"""The asyncio client: `AsyncClient`, its `AsyncLock`s, what its `lock()` returns
+(`_LockRequest`) and its `AsyncWatch`. A request runs in the core; its answer comes
+back through the client's `Completions`, a socket the event loop watches
+(`_Answers`): no thread per call, and the core's I/O thread never waits for the GIL."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-from typing import Any, Coroutine, Generator, List, Optional
+import itertools
+import socket
+from typing import Any, Callable, Coroutine, Dict, Generator, Optional
 
-import grpc
-import grpc.aio
-
-from lockside._aio_session import AsyncLock, _AioSession
-from lockside._client import ClientBase
-from lockside._core import Options
-from lockside._describe import Description, WatchBase, call_errors, description
-from lockside._errors import Unavailable
+from lockside import _native
+from lockside._client import Asked, ClientBase, value_bytes
+from lockside._describe import Description, description
+from lockside._errors import LocksideError, from_failure
 from lockside._holders import task_holder
-from lockside._pb import lockside_pb2 as pb
-from lockside._sidecar import dial_address, refusal
+from lockside._lock import LockBase
+
+
+class _Answers:
+    """The answers a client's tasks await, on the event loop they run on."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.completions = _native.Completions()
+        self.sock = socket.socket(fileno=self.completions.take_fd())
+        self.sock.setblocking(False)
+        self.waiting: Dict[int, "asyncio.Future[Any]"] = {}
+        self.tokens = itertools.count(1)
+        loop.add_reader(self.sock.fileno(), self._drain)
+
+    def _drain(self) -> None:
+        try:
+            self.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            pass
+        for token, ok, value in self.completions.take():
+            future = self.waiting.pop(token, None)
+            if future is None or future.done():
+                if ok and isinstance(value, _native.NativeLock):
+                    value.release()  # nobody awaits this grant any more
+                continue
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(_native.Failure(*value))
+
+    async def run(self, start: Callable[[Any, int], Any]) -> Any:
+        """Starts a request (`start(completions, token)`) and awaits its answer; a
+        cancelled caller cancels it in the core."""
+        token = next(self.tokens)
+        future = self.loop.create_future()
+        self.waiting[token] = future
+        task = start(self.completions, token)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.waiting.pop(token, None)
+            task.cancel()
+            raise
+
+    def close(self) -> None:
+        try:
+            self.loop.remove_reader(self.sock.fileno())
+        except (RuntimeError, ValueError):
+            pass  # the loop is closed already
+        self.sock.close()
+
+
+class AsyncLock(LockBase):
+    """A held lock (from `AsyncClient.lock`); an async context manager that releases
+    on exit. `suspended` and `lost` are `asyncio.Event`s with the meaning they have on
+    `lockside.Lock`; `await lock.restored_wait()` waits while it is suspended, `await
+    lock.lost_wait()` until it is lost."""
+
+    lost: asyncio.Event
+    suspended: asyncio.Event
+    _new_flag = asyncio.Event
+
+    def __init__(self, native: Any, client: "AsyncClient"):
+        self._loop = asyncio.get_running_loop()
+        self._changed = asyncio.Event()
+        super().__init__(native, client)
+
+    def _apply(self, state: str, reason: str) -> None:
+        # From the events thread: applied on the lock's loop.
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            self._apply_here(state, reason)
+        elif not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._apply_here, state, reason)
+
+    def _apply_here(self, state: str, reason: str) -> None:
+        LockBase._apply(self, state, reason)
+        self._woken()
+
+    def _woken(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def restored_wait(self) -> bool:
+        """Waits while the lock is suspended: True once it may be used (at once when it
+        is not suspended), False when it is lost or released. The outcome comes at the
+        latest when the lock's TTL has passed since the break."""
+        while self._suspended and self._state == "held":
+            await self._changed.wait()
+        return self._usable()
+
+    async def lost_wait(self) -> str:
+        """Returns (with the reason) once the lock is lost. Never returns after a clean
+        release: race it against your work."""
+        await self.lost.wait()
+        return self.lost_reason or "lost"
+
+    async def proclaim(self, value: "bytes | str") -> None:
+        """Replaces the lock's value; see `lockside.Lock.proclaim`."""
+        data = value_bytes(value)
+        if self._state == "lost":
+            raise self._lost_error()
+        if self._state == "released":
+            raise LocksideError(f"lock {self.key!r} was released")
+        client: AsyncClient = self._client
+        try:
+            await client._answers().run(lambda c, t: self._native.proclaim_async(c, t, data))
+        except _native.Failure as f:
+            if f.args[0] == "lost":
+                raise self._lost_error() from None
+            raise from_failure(f, self.key) from None
+
+    async def release(self) -> None:
+        """Gives the lock back; see `lockside.Lock.release` (it returns once the
+        `Release` is on the stream)."""
+        self._release()
+
+    async def __aenter__(self) -> "AsyncLock":
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            await self.release()
+        except LocksideError as e:
+            if exc_type is None:
+                raise
+            self._left_on(exc_type, e)
 
 
 class _LockRequest(Coroutine[Any, Any, AsyncLock]):
     """What `AsyncClient.lock()` returns: await it for the lock, use it in `async with`
-    (released on exit), or hand it to `asyncio.create_task()`, `ensure_future()` or
-    `gather()`: it is a coroutine, as aiohttp's request context managers are. Its
-    holder is the task that called `lock()` (called outside any task: the task that
-    runs it)."""
+    (released on exit), or hand it to `asyncio.create_task()` or `gather()`: it is a
+    coroutine. Its holder is the task that called `lock()` (called outside any task:
+    the task that runs it)."""
 
-    def __init__(
-        self, client: "AsyncClient", key: str, options: Options, holder: Optional[str]
-    ):
-        self._coro = self._acquire(client, key, options, holder)
+    def __init__(self, client: "AsyncClient", options: Asked, holder: Optional[str]):
+        self._coro = client._acquire(options, holder)
         self._lock: Optional[AsyncLock] = None
-
-    @staticmethod
-    async def _acquire(
-        client: "AsyncClient", key: str, options: Options, holder: Optional[str]
-    ) -> AsyncLock:
-        session = client._sess
-        if session is None or session.ended is not None or session.pid != os.getpid():
-            session = await client._session()
-        who = holder if holder is not None else (task_holder() or "")
-        return await session.acquire(key, options, who)
 
     def send(self, value: Any) -> Any:
         return self._coro.send(value)
@@ -69,46 +182,37 @@ class _LockRequest(Coroutine[Any, Any, AsyncLock]):
             await lock.__aexit__(exc_type, exc, tb)
 
 
-async def _probe(kind: str, address: Any) -> Optional[str]:
-    """`_sync_channel._probe` on the event loop."""
-    try:
-        if kind == "unix":
-            connecting = asyncio.open_unix_connection(address)
-        else:
-            connecting = asyncio.open_connection(*address)
-        _, writer = await asyncio.wait_for(connecting, 1.0)
-    except asyncio.TimeoutError:
-        return None
-    except OSError as e:
-        return refusal(e)
-    writer.close()
-    return None
-
-
-#: In a forked child, the parent's channels and sessions: kept, never used.
-_inherited: List[Any] = []
-
-
-class AsyncWatch(WatchBase):
+class AsyncWatch:
     """The states of a watched key, from `AsyncClient.watch`: `async for state in
     watch`; see `lockside.Watch`. `cancel()`, or leaving an `async with` block, ends
     it."""
+
+    def __init__(self, client: "AsyncClient", native: Any, key: str):
+        self._client = client
+        self._native = native
+        self._key = key
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        """Ends the watch."""
+        self._cancelled = True
+        self._native.cancel()
 
     def __aiter__(self) -> "AsyncWatch":
         return self
 
     async def __anext__(self) -> Description:
+        if self._cancelled:
+            raise StopAsyncIteration
         try:
-            resp = await self._call.read()
-        except asyncio.CancelledError:
+            row = await self._client._answers().run(self._native.next_async)
+        except _native.Failure as f:
             if self._cancelled:
                 raise StopAsyncIteration from None
-            raise
-        except grpc.RpcError as e:
-            raise (self._failed(e) or StopAsyncIteration()) from None
-        if resp is grpc.aio.EOF:
+            raise from_failure(f, self._key) from None
+        if row is None:
             raise StopAsyncIteration
-        return description(resp.state)
+        return description(row)
 
     async def __aenter__(self) -> "AsyncWatch":
         return self
@@ -118,105 +222,74 @@ class AsyncWatch(WatchBase):
 
 
 class AsyncClient(ClientBase[_LockRequest]):
-    """The asyncio client (grpc.aio): one session per client, as `lockside.Client`;
-    each task is a holder of its own (tasks sharing a client exclude each other, a task
-    re-enters the keys it holds).
+    """The asyncio client: one session per client, as `lockside.Client`; each task is
+    a holder of its own (tasks sharing a client exclude each other, a task re-enters
+    the keys it holds).
 
         async with AsyncClient() as c:
             async with c.lock("orders", wait=5.0) as lock:
                 ...  # lock.fencing_token; stop while lock.suspended is set
 
-    The channel is created on first use, on the running loop; use a client from one
-    event loop only. A broken stream suspends every lock and the session resumes as
-    `lockside.Client`'s does; `resume` and `wait_for_sidecar` as there.
+    Use a client from one event loop only. A broken stream suspends every lock and the
+    session resumes as `lockside.Client`'s does; `resume` and `wait_for_sidecar` as
+    there.
     """
 
-    _sess: Optional[_AioSession]
+    _answers_on: Optional[_Answers] = None
 
-    def _setup(self) -> None:
-        self._pid = os.getpid()
-        # The channel, made on first use, on the running loop.
-        self._channel: Optional[grpc.aio.Channel] = None
-        self._opening: Optional[asyncio.Lock] = None
+    def _answers(self) -> _Answers:
+        answers = self._answers_on
+        if answers is None:
+            answers = self._answers_on = _Answers(asyncio.get_running_loop())
+        return answers
 
-    def _get_channel(self) -> "grpc.aio.Channel":
-        if self._pid != os.getpid():
-            self._after_fork()
-        if self._channel is None:
-            self._channel, self._lease, self._describe, self._watch = self._make_channel(
-                grpc.aio
-            )
-        return self._channel
+    def _take(self, key: str, options: Asked, holder: Optional[str]) -> _LockRequest:
+        return _LockRequest(self, options, task_holder() if holder is None else holder)
 
-    def _after_fork(self) -> None:
-        """In a forked child: the channel and the session are the parent's, never
-        touched here; the child opens its own."""
-        sess, channel = self._sess, self._channel
-        self._sess = self._channel = None
-        self._opening = None
-        self._pid = os.getpid()
-        if sess is not None:
-            sess._inherited()
-        _inherited.append((channel, sess))
-
-    async def _open(self) -> _AioSession:
-        """A new session: at once when the sidecar is there; else, after a plain
-        connect to `addr` says why not, fails at once or waits for it
-        (`wait_after_refusal`)."""
-        try:
-            return await _AioSession.open(self, False, self.connect_timeout)
-        except Unavailable as e:
-            self._refused(e)
-        where = dial_address(self.addr)
-        cause = None if where is None else await _probe(*where)
-        return await _AioSession.open(self, True, self._sidecar_wait(cause))
-
-    async def _session(self) -> _AioSession:
-        if self._pid != os.getpid():
-            self._after_fork()
-        sess = self._sess
-        if sess is not None and sess.ended is None:
-            return sess
+    async def _acquire(self, options: Asked, holder: Optional[str]) -> AsyncLock:
         self._check_open()
-        if self._opening is None:
-            self._opening = asyncio.Lock()
-        async with self._opening:
-            self._check_open()
-            if self._sess is None or self._sess.ended is not None:
-                self._sess = None
-                self._sess = await self._open()
-            return self._sess
-
-    def _take(self, key: str, options: Options, holder: Optional[str]) -> _LockRequest:
-        return _LockRequest(self, key, options, task_holder() if holder is None else holder)
+        who = holder if holder is not None else (task_holder() or "")
+        core = self._native()
+        try:
+            native = await self._answers().run(
+                lambda c, t: core.acquire_async(c, t, *options, who)
+            )
+        except _native.Failure as f:
+            raise from_failure(f, options[0]) from None
+        lock = AsyncLock(native, self)
+        self._locks.add(lock)
+        return lock
 
     def watch(self, key: str) -> AsyncWatch:
         """Follows `key`: `async for state in c.watch(key)`, its state now first; see
         `lockside.Client.watch`."""
         self._check_open()
-        self._get_channel()
-        return AsyncWatch(self._watch(pb.WatchRequest(key=key), metadata=self._metadata), key)
+        return AsyncWatch(self, self._native().watch(key), key)
 
     async def describe(self, key: str, timeout: float = 5.0) -> Description:
         """The store's view of `key`: holders, waiters, fair queue, last fencing token."""
         self._check_open()
-        self._get_channel()
-        request = pb.DescribeRequest(key=key)
-        with call_errors(key):
-            resp = await self._describe(request, **self._describe_options(timeout))
-        return description(resp)
+        core = self._native()
+        try:
+            row = await self._answers().run(
+                lambda c, t: core.describe_async(c, t, key, float(timeout))
+            )
+        except _native.Failure as f:
+            raise from_failure(f, key) from None
+        return description(row)
 
     async def close(self) -> None:
         """Ends the session (the sidecar releases every lock it holds; their `lost` is
-        set) and closes the channel. Idempotent."""
+        set). Idempotent."""
         if self._closed:
             return
         self._closed = True
-        sess, self._sess = self._sess, None
-        if sess is not None:
-            await sess.close()
-        if self._channel is not None:
-            await self._channel.close()
+        self._let_go()
+        core = self._native()
+        await self._answers().run(core.close_async)
+        answers, self._answers_on = self._answers_on, None
+        if answers is not None:
+            answers.close()
 
     async def __aenter__(self) -> "AsyncClient":
         return self

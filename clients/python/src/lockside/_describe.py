@@ -1,30 +1,12 @@
 """The store's view of one key, as `describe()` and `watch()` give it: `Description`,
-its `Holder`s (one per holder of a session) and its fair `QueueEntry`s; what the sync
-and asyncio watches share (`WatchBase`), and how a failed Describe or Watch call
-becomes this package's error (`call_errors`). No I/O."""
+its `Holder`s (one per holder of a session) and its fair `QueueEntry`s. No I/O."""
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
-import grpc
-
-from lockside._errors import LocksideError, call_error
-
-try:
-    from lockside._pb import lockside_pb2 as pb
-except ImportError as e:  # pragma: no cover - only a source tree without a build
-    raise ImportError(
-        "lockside: the generated stubs (lockside._pb) are missing; install the package "
-        "(`pip install ./clients/python`) rather than importing it from the source tree"
-    ) from e
-
-
-def seconds(d: Any) -> float:
-    """A `google.protobuf.Duration` in seconds."""
-    return float(d.seconds + d.nanos / 1e9)
+_MODES = {0: "UNSPECIFIED", 1: "EXCLUSIVE", 2: "SHARED"}
 
 
 @dataclass(frozen=True)
@@ -81,61 +63,17 @@ class Description:
         return min(self.holders, key=lambda h: h.fencing_token, default=None)
 
 
-def _mode_name(mode: int) -> str:
-    name: str = pb.LockMode.Name(mode)
-    return name.replace("LOCK_MODE_", "")
-
-
-def description(r: Any) -> Description:
+def description(row: Any) -> Description:
+    """A `Description` from the core's row."""
+    key, mode, limit, holders, waiters, token, queue = row
     return Description(
-        key=r.key,
-        mode=_mode_name(r.mode),
-        limit=r.limit,
-        holders=tuple(
-            Holder(
-                h.session_id,
-                h.hold_count,
-                seconds(h.ttl_remaining),
-                h.client_name,
-                bytes(h.value),
-                h.fencing_token,
-                h.holder,
-            )
-            for h in r.holders
-        ),
-        waiters=r.waiters,
-        fencing_token=r.fencing_token,
+        key=key,
+        mode=_MODES.get(mode, "UNSPECIFIED"),
+        limit=limit,
+        holders=tuple(Holder(s, c, t, n, bytes(v), f, h) for s, c, t, n, v, f, h in holders),
+        waiters=waiters,
+        fencing_token=token,
         queue=tuple(
-            QueueEntry(q.session_id, q.client_name, _mode_name(q.mode), q.position, q.holder)
-            for q in r.queue
+            QueueEntry(s, n, _MODES.get(m, "UNSPECIFIED"), p, h) for s, n, m, p, h in queue
         ),
     )
-
-
-@contextlib.contextmanager
-def call_errors(key: str) -> Iterator[None]:
-    """Raises a failed Describe or Watch call (`grpc.RpcError`) as this package's
-    error (`call_error`)."""
-    try:
-        yield
-    except grpc.RpcError as e:
-        raise call_error(key, e) from None
-
-
-class WatchBase:
-    """What `Watch` and `AsyncWatch` share: the call, and how it ends."""
-
-    def __init__(self, call: Any, key: str):
-        self._call = call
-        self._key = key
-        self._cancelled = False
-
-    def cancel(self) -> None:
-        """Ends the watch."""
-        self._cancelled = True
-        self._call.cancel()
-
-    def _failed(self, e: grpc.RpcError) -> Optional[LocksideError]:
-        """What iterating raises when the call failed with `e`; None when the watch
-        was cancelled: the iteration stops."""
-        return None if self._cancelled else call_error(self._key, e)

@@ -1,10 +1,16 @@
-"""The errors this package raises, and how failed gRPC calls become them."""
+"""The errors this package raises, and how the core's failures become them."""
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Optional
 
-import grpc
+#: The google.rpc code names, by number.
+_CODE_NAMES = {
+    0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED",
+    5: "NOT_FOUND", 6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED",
+    9: "FAILED_PRECONDITION", 10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED",
+    13: "INTERNAL", 14: "UNAVAILABLE", 15: "DATA_LOSS", 16: "UNAUTHENTICATED",
+}
 
 
 class LocksideError(Exception):
@@ -35,16 +41,17 @@ class Rejected(LocksideError):
     def __init__(self, key: str, code: int, message: str):
         self.key = key
         self.code = code
-        self.code_name = _code_name(code)
+        self.code_name = _CODE_NAMES.get(code, "UNKNOWN_CODE")
         self.message = message
         super().__init__(f"request for {_short(key)} rejected: {self.code_name} ({code}): {message}")
 
 
 class LockLost(LocksideError):
     """The lock was lost while held: the sidecar sent `Lost` (renewals failed) or the
-    session's stream broke. Raised by `release()` (so by leaving a `with` block) when
-    the lock was lost before it: the work done under it may have overlapped with
-    another holder; the fencing token is what protects the resource then."""
+    session's stream broke and the lock did not come back. Raised by `release()` (so by
+    leaving a `with` block) when the lock was lost before it: the work done under it
+    may have overlapped with another holder; the fencing token protects the resource
+    then."""
 
     def __init__(self, key: str, reason: str, fencing_token: int):
         super().__init__(f"lock {_short(key)} lost: {reason}")
@@ -56,43 +63,33 @@ class LockLost(LocksideError):
 class Unavailable(LocksideError):
     """The sidecar could not be reached, or the session's stream broke before it
     answered (a wait in progress when the stream breaks fails with it: the sidecar
-    does not resume waits). `code` is the gRPC status of the stream when there was
-    one."""
+    does not resume waits). `code` is the gRPC status number when there was one."""
 
-    def __init__(self, message: str, code: Optional[grpc.StatusCode] = None):
+    def __init__(self, message: str, code: Optional[int] = None):
         super().__init__(message)
         self.code = code
 
 
-_STATUS_CODES = {s.value[0]: s for s in grpc.StatusCode}
+def from_failure(f: BaseException, key: str = "") -> LocksideError:
+    """The core's `Failure(kind, message, code, reason)` as this package's error."""
+    kind, message, code, reason = _args(f)
+    if kind == "not_acquired":
+        return NotAcquired(key, reason)
+    if kind == "rejected":
+        return Rejected(key, code, message)
+    if kind == "no_sidecar":
+        return Unavailable(
+            f"no sidecar at {message}: {reason}; start it first, or let the client wait "
+            "for it with wait_for_sidecar=SECONDS",
+            14,
+        )
+    if kind == "unavailable":
+        return Unavailable(message, code)
+    return LocksideError(message or kind)
 
 
-def _code_name(code: int) -> str:
-    status = _STATUS_CODES.get(code)
-    return status.name if status is not None else "UNKNOWN_CODE"
-
-
-def rpc_error_text(e: BaseException) -> Tuple[str, Optional[grpc.StatusCode]]:
-    """A short description of a failed stream or call, and its status code."""
-    if isinstance(e, grpc.RpcError) and hasattr(e, "code"):
-        code = e.code()
-        details = e.details() if hasattr(e, "details") else ""
-        return f"{code.name}: {details}", code
-    return f"{type(e).__name__}: {e}", None
-
-
-def status_code(number: int) -> Optional[grpc.StatusCode]:
-    """The `grpc.StatusCode` of a status number (None for an unknown one)."""
-    return _STATUS_CODES.get(number)
-
-
-def call_error(key: str, e: grpc.RpcError) -> LocksideError:
-    """A failed unary call (Describe) as this package's error."""
-    text, code = rpc_error_text(e)
-    if code is None or code in (
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.CANCELLED,
-    ):
-        return Unavailable(text, code)
-    return Rejected(key, code.value[0], e.details() or "")
+def _args(f: Any) -> Any:
+    args = getattr(f, "args", f)
+    if len(args) == 1 and isinstance(args[0], tuple):
+        args = args[0]
+    return args

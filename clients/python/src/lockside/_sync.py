@@ -1,45 +1,123 @@
-"""The blocking client, on grpcio's threaded API: `Client` and its `Watch`. Every
-decision is `ClientBase`'s (`_client.py`) and `SessionBase`'s (`_core.py`); the
-session's I/O and its `Lock`s are in `_sync_session.py`, the channel and what
-outlives a client in `_sync_channel.py`."""
+"""The blocking client: `Client`, its `Lock`s and its `Watch`. Every wait is the
+core's, with the GIL released; every decision is the core's or `ClientBase`'s."""
 
 from __future__ import annotations
 
 import threading
-import weakref
+import time
 from typing import Any, Optional
 
-import grpc
-
-from lockside._client import ClientBase
-from lockside._core import Options
-from lockside._describe import Description, WatchBase, call_errors, description
-from lockside._errors import Unavailable
+from lockside import _events, _native
+from lockside._client import Asked, ClientBase, value_bytes
+from lockside._describe import Description, description
+from lockside._errors import LocksideError, from_failure
 from lockside._holders import thread_holder
-from lockside._pb import lockside_pb2 as pb
-from lockside._sidecar import dial_address
-from lockside._stream import inherited
-from lockside._sync_channel import _clients, _collected, _Conn, _probe, _start_closer
-from lockside._sync_session import Lock, _Session
+from lockside._lock import LockBase
 
 
-class Watch(WatchBase):
+class Lock(LockBase):
+    """A held lock (from `Client.lock`); a context manager that releases on exit.
+
+    Use the resource only while `suspended` is not set:
+
+    - `suspended` (a `threading.Event`) is set the moment the session's stream breaks
+      (a live sidecar releases the lock within milliseconds then, and another holder
+      may have it), and cleared when the resumed session lists the lock again with its
+      token; `wait_restored(timeout)` waits for that. It stays set once the lock is
+      lost.
+    - `lost` (a `threading.Event`) is set, with `suspended`, when the lock is gone for
+      good: the sidecar sent `Lost` for the key, or the stream broke and the lock did
+      not come back (see `Client`). `release()` (and so leaving the `with` block
+      without another exception) then raises `LockLost`.
+    """
+
+    lost: threading.Event
+    suspended: threading.Event
+
+    def wait_restored(self, timeout: Optional[float] = None) -> bool:
+        """Waits while the lock is suspended: True once it may be used (at once when it
+        is not suspended), False when it is lost or released, or still suspended after
+        `timeout` seconds (None: wait for the outcome; it comes at the latest when the
+        lock's TTL has passed since the break)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._suspended and self._state == "held":
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            with _events.changed:
+                if self._suspended and self._state == "held":
+                    _events.changed.wait(0.05 if left is None else min(left, 0.05))
+        return self._usable()
+
+    def proclaim(self, value: "bytes | str") -> None:
+        """Replaces the lock's value (what `describe()` and `watch()` show of this
+        holder): a leader telling its followers where it now is, without giving up
+        leadership. At most 4 KiB. Raises `LockLost` if the lock is no longer held,
+        `Rejected` for a value too large or a store it cannot reach."""
+        data = value_bytes(value)
+        if self._state == "lost":
+            raise self._lost_error()
+        if self._state == "released":
+            raise LocksideError(f"lock {self.key!r} was released")
+        try:
+            self._native.proclaim(data)
+        except _native.Failure as f:
+            if f.args[0] == "lost":
+                raise self._lost_error() from None
+            raise from_failure(f, self.key) from None
+
+    def release(self) -> None:
+        """Gives the lock back. Returns once the `Release` is on the session's stream:
+        whatever this process asks of the key afterwards (another thread's lock, another
+        client's, a `describe()`) comes after it. Does nothing if already released.
+        Raises `LockLost` (once) if the lock was lost while held."""
+        self._release()
+
+    def __enter__(self) -> "Lock":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            self.release()
+        except LocksideError as e:
+            if exc_type is None:
+                raise
+            self._left_on(exc_type, e)
+
+
+class Watch:
     """The states of a watched key, from `Client.watch`: iterate it for
     `Description`s, the key's state now and then one per change (a grant, a release,
     an expiry, a holder's value). A slow reader gets the latest state, skipping those
-    in between. `cancel()`, or leaving a `with` block, ends it (the iteration then
-    stops); iterating raises `Rejected` for a bad key or a watch limit reached and
-    `Unavailable` when the sidecar or its store cannot be reached."""
+    in between. `cancel()`, or leaving a `with` block, ends it; iterating raises
+    `Rejected` for a bad key or a watch limit reached and `Unavailable` when the
+    sidecar or its store cannot be reached."""
+
+    def __init__(self, native: Any, key: str):
+        self._native = native
+        self._key = key
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        """Ends the watch."""
+        self._cancelled = True
+        self._native.cancel()
 
     def __iter__(self) -> "Watch":
         return self
 
     def __next__(self) -> Description:
+        if self._cancelled:
+            raise StopIteration
         try:
-            resp = next(self._call)
-        except grpc.RpcError as e:
-            raise (self._failed(e) or StopIteration()) from None
-        return description(resp.state)
+            row = self._native.next()
+        except _native.Failure as f:
+            if self._cancelled:
+                raise StopIteration from None
+            raise from_failure(f, self._key) from None
+        if row is None:
+            raise StopIteration
+        return description(row)
 
     def __enter__(self) -> "Watch":
         return self
@@ -53,136 +131,70 @@ class Client(ClientBase[Lock]):
 
     `addr` is `host:port` or `unix:/path`; it defaults to $LOCKSIDE_ADDR, then
     127.0.0.1:7420. All locks taken through one client share one `Lease` stream (one
-    session, opened on the first `lock()`), and each thread is a holder of its own
-    (DESIGN.md, "Holders inside a session"): threads sharing a client exclude each
-    other on a key as two clients would (BUSY, or wait in turn), share a `shared` key
-    and take a semaphore permit each, while a thread locking a key it holds re-enters
-    it (`hold_count` 2, the same token). `lock(holder=...)` names another holder ("":
-    the session itself, reentrant for every thread).
+    session, opened on the first `lock()`), and each thread is a holder of its own:
+    threads sharing a client exclude each other on a key as two clients would (BUSY,
+    or wait in turn), share a `shared` key and take a semaphore permit each, while a
+    thread locking a key it holds re-enters it (`hold_count` 2, the same token).
+    `lock(holder=...)` names another holder ("": the session itself).
 
     A forked child (gunicorn --preload, multiprocessing, Celery prefork) gets a session
     of its own on its first use of the client; the parent's locks stay the parent's
     (the child's copies of them are not held: `lost` set, `release()` does nothing).
-    A client garbage-collected without `close()` ends its session (releasing its locks)
-    with a `ResourceWarning`; a lock in hand keeps its client alive.
 
-    If the stream breaks (UNAVAILABLE: a reset connection, a keepalive that fired, a
-    sidecar that died) while the session holds locks, every lock is suspended at once
-    (`lock.suspended` set: stop using it; a live sidecar releases it within
-    milliseconds), and the client resumes the session with its resume token, on the
-    restarted sidecar or any other of the same store and namespace at `addr`, retrying
-    with backoff. A lock the resumed session lists with its token is restored
-    (`suspended` cleared; the same session id, fencing token and hold count); one it
+    If the stream breaks (a reset connection, a keepalive that fired, a sidecar that
+    died) while the session holds locks, every lock is suspended at once
+    (`lock.suspended` set: stop using it) and the client resumes the session with its
+    resume token, on the restarted sidecar or any other of the same store. A lock the
+    resumed session lists with its token is restored (`suspended` cleared); one it
     does not list, or lists `Lost`, is lost, and so is every lock still suspended when
-    its TTL has passed since the break (or the time `Jeopardy` gave), the store having
-    let it go. A store that cannot resume sessions (the embedded memory store: no resume
-    token) makes a break lose every lock at once. Waits in progress when the stream
-    breaks fail with `Unavailable` (the sidecar does not resume them); `lock()` calls
-    made while the session resumes wait for it. A session that cannot be resumed, or
-    ends otherwise, loses every lock, and the next `lock()` opens a new session.
+    its TTL has passed since the break. A store that cannot resume sessions (the
+    embedded memory store) makes a break lose every lock at once. Waits in progress
+    when the stream breaks fail with `Unavailable`; `lock()` calls made while the
+    session resumes wait for it. A session that cannot be resumed loses every lock,
+    and the next `lock()` opens a new session at once.
 
     Options: `client_name` (shown by `describe()`), `auth_token` (the sidecar's
-    `--auth-token-file`), `credentials` (`grpc.ssl_channel_credentials(...)` for a TLS
-    sidecar), `options` (extra gRPC channel options), `connect_timeout` (seconds to
-    wait for a new session), `resume` (False: any broken stream loses every lock at
-    once), `wait_for_sidecar` (seconds a new session waits for a sidecar that is not there
-    yet, logging one line; 0, the default: nothing listening at `addr` fails at once).
+    `--auth-token-file`), `tls` (`lockside.TLS(ca=...)` for a TLS sidecar),
+    `connect_timeout` (seconds a new session may take), `resume` (False: any broken
+    stream loses every lock at once), `wait_for_sidecar` (seconds a new session waits
+    for a sidecar that is not there yet, logging one line; 0, the default: nothing
+    listening at `addr` fails at once).
     """
 
-    _sess: Optional[_Session]
-
-    def _setup(self) -> None:
-        self._mu = threading.Lock()
-        # The channel, made on first use (so in a forked child, its own).
-        self._conn: Optional[_Conn] = None
-        self._finalizer: "Optional[weakref.finalize[Any, Any]]" = None
-        _clients.add(self)
-
-    def _connection(self) -> _Conn:
-        """The channel (mutex held)."""
+    def _take(self, key: str, options: Asked, holder: Optional[str]) -> Lock:
         self._check_open()
-        if self._conn is None:
-            _start_closer()
-            self._conn = _Conn(self)
-            # Not at exit: the process's end ends the session all the same.
-            self._finalizer = weakref.finalize(self, _collected, self._conn)
-            self._finalizer.atexit = False
-        return self._conn
-
-    def _session(self) -> _Session:
-        with self._mu:
-            conn = self._connection()
-            if self._sess is None or self._sess.ended is not None:
-                self._sess = None
-                self._sess = self._open(conn)
-            return self._sess
-
-    def _open(self, conn: _Conn) -> _Session:
-        """A new session: at once when the sidecar is there; else, after a plain
-        connect to `addr` says why not, fails at once or waits for it
-        (`wait_after_refusal`)."""
-        try:
-            return _Session(self, conn, False, self.connect_timeout)
-        except Unavailable as e:
-            self._refused(e)
-        where = dial_address(self.addr)
-        cause = None if where is None else _probe(*where)
-        return _Session(self, conn, True, self._sidecar_wait(cause))
-
-    def _after_fork(self) -> None:
-        """In a forked child, before any other thread of it runs: the session and the
-        channel are the parent's; the child opens its own on first use."""
-        self._mu = threading.Lock()
-        sess, conn = self._sess, self._conn
-        self._sess = self._conn = None
-        if self._finalizer is not None:
-            self._finalizer.detach()
-            self._finalizer = None
-        if sess is not None:
-            sess._inherited()
-        inherited.append((conn, sess))
-
-    def _take(self, key: str, options: Options, holder: Optional[str]) -> Lock:
         who = thread_holder() if holder is None else holder
-        lock = self._session().acquire(key, options, who)
-        lock._client = self
+        core = self._native()
+        try:
+            native = core.acquire(*options, who)
+        except _native.Failure as f:
+            raise from_failure(f, key) from None
+        lock = Lock(native, self)
+        self._locks.add(lock)
         return lock
 
     def watch(self, key: str) -> Watch:
-        """Follows `key`: a `Watch` to iterate for its states (`Description`s), its
-        state now first. Followers of an election read `state.leader`: None while
-        nobody leads (campaign, or wait), else the leader's `value` and
-        `fencing_token`."""
-        with self._mu:
-            conn = self._connection()
-        return Watch(conn.watch(pb.WatchRequest(key=key), metadata=self._metadata), key)
+        """Follows `key`: its state now, then one per change; see `Watch`."""
+        self._check_open()
+        return Watch(self._native().watch(key), key)
 
     def describe(self, key: str, timeout: float = 5.0) -> Description:
-        """The store's view of `key`: holders (one per holder of a session), waiters,
-        fair queue, last fencing token."""
-        with self._mu:
-            conn = self._connection()
-        with call_errors(key):
-            resp = conn.describe(pb.DescribeRequest(key=key), **self._describe_options(timeout))
-        return description(resp)
+        """The store's view of `key`: holders, waiters, fair queue, last fencing token
+        (after the releases of it this process made)."""
+        self._check_open()
+        try:
+            return description(self._native().describe(key, float(timeout)))
+        except _native.Failure as f:
+            raise from_failure(f, key) from None
 
     def close(self) -> None:
-        """Ends the session (the sidecar releases every lock it holds; their `lost` and
-        `suspended` are set, and `release()` of them does nothing) and closes the
-        channel. Idempotent."""
-        with self._mu:
-            if self._closed:
-                return
-            self._closed = True
-            sess, self._sess = self._sess, None
-            conn, self._conn = self._conn, None
-            finalizer, self._finalizer = self._finalizer, None
-        if finalizer is not None:
-            finalizer.detach()
-        if sess is not None:
-            sess.close()
-        if conn is not None:
-            conn.channel.close()
+        """Ends the session (the sidecar releases every lock it holds; their `lost` is
+        set). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._let_go()
+        self._native().close()
 
     def __enter__(self) -> "Client":
         return self

@@ -3,11 +3,14 @@
 
 use std::time::Duration;
 
+use hyper_util::rt::TokioIo;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use super::ClientError;
+use crate::ClientError;
+use crate::error::unreachable;
+use crate::limits::CLIENT_NAME_HEADER;
 
 /// Keepalive of the client's channel: the client guidance in docs/protocol.md, below the
 /// 1 s minimum TTL.
@@ -55,8 +58,29 @@ pub struct ClientTls {
 /// Adds the bearer token and the client's name, if any, to every call.
 #[derive(Clone, Debug)]
 pub struct Bearer {
-    pub(super) token: Option<MetadataValue<Ascii>>,
-    pub(super) client_name: Option<MetadataValue<Ascii>>,
+    pub(crate) token: Option<MetadataValue<Ascii>>,
+    pub(crate) client_name: Option<MetadataValue<Ascii>>,
+}
+
+impl Bearer {
+    /// The interceptor of `options`: its token and name as header values.
+    pub(crate) fn new(options: &ConnectOptions) -> Result<Self, ClientError> {
+        let token = match &options.auth_token {
+            None => None,
+            Some(token) => Some(
+                format!("Bearer {token}")
+                    .parse()
+                    .map_err(|_| ClientError::Settings("the token is not ASCII".into()))?,
+            ),
+        };
+        let client_name = match &options.client_name {
+            None => None,
+            Some(name) => Some(name.parse().map_err(|_| {
+                ClientError::Settings("the client name is not printable ASCII".into())
+            })?),
+        };
+        Ok(Self { token, client_name })
+    }
 }
 
 impl Interceptor for Bearer {
@@ -72,13 +96,13 @@ impl Interceptor for Bearer {
         if let Some(name) = &self.client_name {
             request
                 .metadata_mut()
-                .insert(crate::proto::limits::CLIENT_NAME_HEADER, name.clone());
+                .insert(CLIENT_NAME_HEADER, name.clone());
         }
         Ok(request)
     }
 }
 
-pub(super) fn endpoint(uri: &str, options: &ConnectOptions) -> Result<Endpoint, ClientError> {
+fn endpoint(uri: &str, options: &ConnectOptions) -> Result<Endpoint, ClientError> {
     let bad = |e: tonic::transport::Error| ClientError::Unavailable(format!("{uri}: {e}"));
     let mut endpoint = Endpoint::from_shared(uri.to_owned())
         .map_err(bad)?
@@ -101,4 +125,52 @@ pub(super) fn endpoint(uri: &str, options: &ConnectOptions) -> Result<Endpoint, 
         endpoint = endpoint.tls_config(config).map_err(bad)?;
     }
     Ok(endpoint)
+}
+
+/// A channel to `addr` (`HOST:PORT`, `http(s)://HOST:PORT` or `unix:PATH`): connected
+/// now (`lazy` false: fails at once when nothing listens), or on its first call.
+pub(crate) async fn channel(
+    addr: &str,
+    options: &ConnectOptions,
+    lazy: bool,
+) -> Result<Channel, ClientError> {
+    let unavailable = |e: tonic::transport::Error| unreachable(addr, &e);
+    let scheme = if options.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    match addr.strip_prefix("unix:") {
+        Some(path) => {
+            let path = path.strip_prefix("//").unwrap_or(path).to_owned();
+            let connector = tower::service_fn(move |_| {
+                let path = path.clone();
+                async move {
+                    let stream = tokio::net::UnixStream::connect(path).await?;
+                    Ok::<_, std::io::Error>(TokioIo::new(stream))
+                }
+            });
+            let endpoint = endpoint(&format!("{scheme}://lockside"), options)?;
+            if lazy {
+                Ok(endpoint.connect_with_connector_lazy(connector))
+            } else {
+                endpoint
+                    .connect_with_connector(connector)
+                    .await
+                    .map_err(unavailable)
+            }
+        }
+        None => {
+            let host = addr.split_once("://").map_or(addr, |(_, rest)| rest);
+            let endpoint = endpoint(
+                &format!("{scheme}://{}", host.trim_end_matches('/')),
+                options,
+            )?;
+            if lazy {
+                Ok(endpoint.connect_lazy())
+            } else {
+                endpoint.connect().await.map_err(unavailable)
+            }
+        }
+    }
 }

@@ -2,18 +2,18 @@
 
 use std::pin::Pin;
 
+use lockside_proto as proto;
 use tokio_stream::{Stream, StreamExt};
 
-use super::ClientError;
-use super::error::from_status;
-use crate::proto;
+use crate::ClientError;
+use crate::error::from_status;
 
-/// The states of a watched key, from [`super::Client::watch`]: each as `describe`
+/// The states of a watched key, from [`crate::Client::watch`]: each as `describe`
 /// answers it. Ends after an error (the sidecar went away or shut down).
 pub type WatchStream =
     Pin<Box<dyn Stream<Item = Result<proto::DescribeResponse, ClientError>> + Send>>;
 
-pub(super) fn from_grpc(responses: tonic::Streaming<proto::WatchResponse>) -> WatchStream {
+pub(crate) fn from_grpc(responses: tonic::Streaming<proto::WatchResponse>) -> WatchStream {
     Box::pin(responses.map(|response| match response {
         Ok(proto::WatchResponse { state: Some(state) }) => Ok(state),
         Ok(proto::WatchResponse { state: None }) => Err(ClientError::Unavailable(

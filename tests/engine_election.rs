@@ -139,6 +139,7 @@ fn orphan(key: &str, ttl: Duration, value: &[u8]) -> Claim {
         limit: 1,
         fair: true,
         value: value.to_vec(),
+        ticket: None,
     }
 }
 

@@ -570,6 +570,7 @@ async fn a_waiter_is_woken_by_the_holders_expiry() {
         limit: 1,
         fair: false,
         value: Vec::new(),
+        ticket: None,
     };
     assert!(matches!(
         store.acquire(&claim).await,

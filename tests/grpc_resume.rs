@@ -12,15 +12,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use common::client::{granted, greeting, resume};
 use common::records::{record_key, record_lines};
 use common::{
-    Client, Interval, LeaseStream, PATIENCE, Redis, Sidecar, SidecarProcess, StoreKind, acquire,
-    check_history, make_store, namespace, refusal, secs,
+    Client, Interval, PATIENCE, Redis, Sidecar, SidecarProcess, StoreKind, acquire, check_history,
+    make_store, namespace, refusal, secs,
 };
 use lockside::engine::EngineConfig;
 use lockside::proto::{self, lease_response::Event};
 use tokio::time::Instant;
-use tonic::Code;
 
 /// A short attachment, so that a killed sidecar's sessions can be resumed within
 /// a fraction of a second rather than the default 3 s.
@@ -45,48 +45,6 @@ async fn recorded(redis: &Redis, ns: &str, sid: &str, locks: usize) {
         }
         assert!(Instant::now() < deadline, "record of {sid}: {lines} lines");
         tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// Resumes `token` on `client`, retrying while its old sidecar is still attached
-/// (FAILED_PRECONDITION, `attached`): a refusal as unknown fails the test.
-async fn resume(client: &Client, token: &str) -> LeaseStream {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        match client.resume(token).await {
-            Ok(lease) => return lease,
-            Err(status) if status.code() == Code::FailedPrecondition => {
-                assert_eq!(refusal(&status), "attached", "{status:?}");
-            }
-            Err(status) => panic!("resume: {status}"),
-        }
-        assert!(Instant::now() < deadline, "resumed in time");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// The events that follow a resumed `SessionStarted`, by key.
-async fn greeting(lease: &mut LeaseStream) -> BTreeMap<String, Event> {
-    let mut events = BTreeMap::new();
-    for _ in 0..lease.resumed_locks {
-        let event = lease.next().await;
-        let key = match &event {
-            Event::Granted(g) => {
-                assert_eq!(g.request_id, 0, "resumed grants answer no request");
-                g.key.clone()
-            }
-            Event::Lost(l) => l.key.clone(),
-            other => panic!("expected Granted or Lost after a resume, got {other:?}"),
-        };
-        events.insert(key, event);
-    }
-    events
-}
-
-fn granted(event: &Event) -> &proto::Granted {
-    match event {
-        Event::Granted(g) => g,
-        other => panic!("expected Granted, got {other:?}"),
     }
 }
 

@@ -83,6 +83,7 @@ fn claim(owner: &str) -> Claim {
         limit: 1,
         fair: false,
         value: Vec::new(),
+        ticket: None,
     }
 }
 

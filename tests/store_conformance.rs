@@ -119,6 +119,7 @@ fn claim(key: &str, owner: &str, ttl_ms: u64) -> Claim {
         limit: 1,
         fair: false,
         value: Vec::new(),
+        ticket: None,
     }
 }
 
@@ -780,6 +781,7 @@ async fn a_dead_fair_waiter_leaves_the_queue_at_its_expiry(s: Subject) {
         Acquired::Busy {
             expires_in,
             position,
+            ..
         } => {
             assert_eq!(position, 2);
             assert!(

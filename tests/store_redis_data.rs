@@ -26,6 +26,7 @@ fn claim(key: &str, owner: &str, ttl: Duration) -> Claim {
         limit: 1,
         fair: false,
         value: Vec::new(),
+        ticket: None,
     }
 }
 

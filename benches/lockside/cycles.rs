@@ -103,6 +103,7 @@ async fn direct_cycles(
             limit: 1,
             fair: false,
             value: Vec::new(),
+            ticket: None,
         };
         let start = Instant::now();
         match store.acquire(&claim).await {

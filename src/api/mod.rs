@@ -7,10 +7,12 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 
+mod decode;
 mod wire;
+use decode::{decode, trace_context};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
-use wire::{decode, encode, trace_context};
+use wire::encode;
 pub use wire::{reject_code, status};
 
 use crate::engine::{self, Engine, EngineError, Inbound};

@@ -1,24 +1,19 @@
-//! The wire: protobuf messages to engine commands and engine events to protobuf, and
+//! The wire outbound: engine events to protobuf (`decode.rs` has the way in), and
 //! the one place where engine outcomes become gRPC codes ([`reject_code`], [`status`]).
 
 use std::time::Duration;
 
-use prost::Message;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Status};
 
 use crate::engine::{
-    AcquireRequest, Command, EndReason, EngineError, Event, Inbound, KeyView, Mode,
-    NotAcquiredReason, Refusal, RejectCode, Rejection, STORE_OUT_OF_MEMORY,
+    EndReason, EngineError, Event, KeyView, Mode, NotAcquiredReason, Refusal, RejectCode,
+    STORE_OUT_OF_MEMORY,
 };
-use crate::proto::codec::UNREADABLE;
 use crate::proto::limits::{
     RESUME_REFUSED_ATTACHED, RESUME_REFUSED_TRAILER, RESUME_REFUSED_UNKNOWN,
 };
-use crate::proto::{self, lease_request, lease_response, not_acquired};
-use crate::telemetry::{TRACEPARENT, TRACESTATE, TraceContext};
-
-use super::MAX_REQUEST_BYTES;
+use crate::proto::{self, lease_response, not_acquired};
 
 /// The one conversion of engine errors into gRPC statuses. Store details are logged,
 /// not sent: the client learns that the store is unavailable, not how.
@@ -86,121 +81,6 @@ fn duration(d: Duration) -> prost_types::Duration {
     })
 }
 
-/// Decodes a protobuf `Duration` field; `None` when unset.
-fn field_duration(
-    value: Option<prost_types::Duration>,
-    name: &str,
-) -> Result<Option<Duration>, String> {
-    let Some(value) = value else { return Ok(None) };
-    if !(-999_999_999..=999_999_999).contains(&value.nanos) {
-        return Err(format!("{name} has nanos out of range"));
-    }
-    if value.seconds < 0 || value.nanos < 0 {
-        return Err(format!("{name} must not be negative"));
-    }
-    Duration::try_from(value)
-        .map(Some)
-        .map_err(|_| format!("{name} is out of range"))
-}
-
-/// The caller's W3C trace context from the request's metadata.
-pub(super) fn trace_context(metadata: &tonic::metadata::MetadataMap) -> TraceContext {
-    let text = |name| metadata.get(name).and_then(|v| v.to_str().ok());
-    TraceContext {
-        traceparent: text(TRACEPARENT).unwrap_or_default().to_owned(),
-        tracestate: text(TRACESTATE).map(str::to_owned),
-    }
-}
-
-pub(super) fn decode(message: proto::LeaseRequest) -> Inbound {
-    let size = message.encoded_len();
-    let (request_id, key) = match &message.command {
-        Some(lease_request::Command::Acquire(a)) => (a.request_id, a.key.as_str()),
-        Some(lease_request::Command::Release(r)) => (r.request_id, r.key.as_str()),
-        Some(lease_request::Command::Proclaim(p)) => (p.request_id, p.key.as_str()),
-        None => (0, ""),
-    };
-    if let Some(readable) = key.strip_prefix(UNREADABLE) {
-        // Salvaged by the codec: prost could not read a string field as UTF-8.
-        let message =
-            "a string field (the key, the holder or the trace context) is not valid UTF-8";
-        return Inbound::Invalid(Rejection::new(
-            request_id,
-            readable,
-            RejectCode::InvalidArgument,
-            message,
-        ));
-    }
-    // Rejection::new keeps only a short prefix of the key: never echo a huge one.
-    let echo = Rejection::new(request_id, key, RejectCode::InvalidArgument, "");
-    let invalid = |code, message: String| {
-        Inbound::Invalid(Rejection {
-            code,
-            message,
-            ..echo.clone()
-        })
-    };
-    if size > MAX_REQUEST_BYTES {
-        return invalid(
-            RejectCode::ResourceExhausted,
-            format!("request is {size} bytes; at most {MAX_REQUEST_BYTES} are allowed"),
-        );
-    }
-    let command = match message.command {
-        None => {
-            return invalid(
-                RejectCode::InvalidArgument,
-                "LeaseRequest has no command".into(),
-            );
-        }
-        Some(lease_request::Command::Release(r)) => Command::Release {
-            request_id: r.request_id,
-            key: r.key,
-            holder: r.holder,
-        },
-        Some(lease_request::Command::Proclaim(p)) => Command::Proclaim {
-            request_id: p.request_id,
-            key: p.key,
-            value: p.value,
-            holder: p.holder,
-        },
-        Some(lease_request::Command::Acquire(a)) => {
-            let mode = match proto::LockMode::try_from(a.mode) {
-                Ok(proto::LockMode::Unspecified | proto::LockMode::Exclusive) => Mode::Exclusive,
-                Ok(proto::LockMode::Shared) => Mode::Shared,
-                Err(_) => {
-                    let message = format!("mode {} is not a LockMode", a.mode);
-                    return invalid(RejectCode::InvalidArgument, message);
-                }
-            };
-            let wait = match field_duration(a.wait_timeout, "wait_timeout") {
-                Ok(wait) => wait,
-                Err(message) => return invalid(RejectCode::InvalidArgument, message),
-            };
-            let ttl = match field_duration(a.ttl, "ttl") {
-                Ok(ttl) => ttl,
-                Err(message) => return invalid(RejectCode::InvalidArgument, message),
-            };
-            Command::Acquire(AcquireRequest {
-                request_id: a.request_id,
-                key: a.key,
-                wait,
-                mode,
-                limit: a.limit,
-                fair: a.fair,
-                ttl,
-                trace: TraceContext {
-                    traceparent: a.traceparent,
-                    tracestate: None,
-                },
-                value: a.value,
-                holder: a.holder,
-            })
-        }
-    };
-    Inbound::Command(command)
-}
-
 pub(super) fn encode(event: Event) -> Result<proto::LeaseResponse, Status> {
     use lease_response::Event as E;
     let event = match event {
@@ -217,6 +97,24 @@ pub(super) fn encode(event: Event) -> Result<proto::LeaseResponse, Status> {
                 .map(|t| t.expose().to_owned())
                 .unwrap_or_default(),
             resumed_locks: resumed,
+        }),
+        Event::GrantedAll {
+            request_id,
+            grants,
+            holder,
+        } => E::GrantedAll(proto::GrantedAll {
+            request_id,
+            grants: grants
+                .into_iter()
+                .map(|g| proto::Granted {
+                    request_id,
+                    key: g.key,
+                    fencing_token: g.fence,
+                    ttl: Some(duration(g.ttl)),
+                    hold_count: g.hold_count,
+                    holder: holder.clone(),
+                })
+                .collect(),
         }),
         Event::Granted {
             request_id,
@@ -370,21 +268,5 @@ pub(crate) fn describe_response(key: String, state: KeyView) -> proto::DescribeR
             })
             .collect(),
         key,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn negative_and_malformed_durations_are_refused() {
-        let d = |seconds, nanos| Some(prost_types::Duration { seconds, nanos });
-        assert_eq!(field_duration(None, "x"), Ok(None));
-        assert_eq!(field_duration(d(1, 5), "x"), Ok(Some(Duration::new(1, 5))));
-        assert!(field_duration(d(-1, 0), "x").is_err());
-        assert!(field_duration(d(0, -1), "x").is_err());
-        assert!(field_duration(d(0, 1_000_000_000), "x").is_err());
-        assert!(field_duration(d(i64::MAX, 0), "x").is_ok());
     }
 }

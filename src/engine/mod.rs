@@ -36,8 +36,8 @@ pub use config::EngineConfig;
 use journal::Journal;
 use notices::dispatch_notices;
 pub use protocol::{
-    AcquireRequest, Command, EndReason, EngineError, Event, Inbound, Mode, NotAcquiredReason,
-    RejectCode, Rejection, ResumeToken, STORE_OUT_OF_MEMORY,
+    AcquireAllRequest, AcquireRequest, Command, EndReason, EngineError, Event, GrantedKey, Inbound,
+    Mode, NotAcquiredReason, RejectCode, Rejection, ResumeToken, STORE_OUT_OF_MEMORY,
 };
 pub(crate) use release::release_in_background;
 use renewer::Renewer;

@@ -24,8 +24,8 @@ use tonic_prost::ProstEncoder;
 use tonic_prost::prost::{self, Message};
 
 use super::{
-    Acquire, DescribeRequest, DescribeResponse, LeaseRequest, LeaseResponse, Proclaim, Release,
-    WatchRequest, WatchResponse, lease_request,
+    Acquire, AcquireAll, DescribeRequest, DescribeResponse, LeaseRequest, LeaseResponse, Proclaim,
+    Release, WatchRequest, WatchResponse, lease_request,
 };
 
 /// Bytes of each buffer an RPC starts with.
@@ -127,6 +127,17 @@ struct LenientRequest {
     release: Option<LenientCommand>,
     #[prost(message, optional, tag = "3")]
     proclaim: Option<LenientCommand>,
+    /// An `AcquireAll`: its request id and its keys (field 2, repeated, as its first).
+    #[prost(message, optional, tag = "4")]
+    acquire_all: Option<LenientAll>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct LenientAll {
+    #[prost(uint64, tag = "1")]
+    request_id: u64,
+    #[prost(bytes = "vec", repeated, tag = "2")]
+    keys: Vec<Vec<u8>>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -165,6 +176,17 @@ impl Salvage for LeaseRequest {
                 request_id,
                 key,
                 ..Proclaim::default()
+            })
+        } else if let Some(all) = &lenient.acquire_all {
+            let first = LenientCommand {
+                request_id: all.request_id,
+                key: all.keys.first().cloned().unwrap_or_default(),
+            };
+            let (request_id, key) = marked(&first);
+            Command::AcquireAll(AcquireAll {
+                request_id,
+                keys: vec![key],
+                ..AcquireAll::default()
             })
         } else {
             return None;

@@ -81,6 +81,16 @@ pub struct Claim {
     /// The holder's value (leader election: who leads, and where), shown by
     /// `Describe`; empty for none. At most [`crate::proto::limits::MAX_VALUE_BYTES`].
     pub value: Vec<u8>,
+    /// A claim of a request for several keys at once (`AcquireAll`), with the ticket it
+    /// queues by: its fair queue entry takes this score on every one of its keys (so
+    /// every key orders the requests alike, and no two requests can wait for each
+    /// other: see docs/semantics.md), and a grant keeps its waiter registration (the
+    /// request may still give the key back and wait again in the same place), which
+    /// [`Store::unwait`] removes once the request ends. `None` for a single key: its
+    /// queue entry is scored by arrival, `max(last + 1, the store's ms × 1024)`.
+    ///
+    /// [`Store::unwait`]: crate::store::Store::unwait
+    pub ticket: Option<u64>,
 }
 
 impl Claim {
@@ -121,6 +131,9 @@ pub enum Acquired {
         expires_in: Duration,
         /// Fair: 1 = next in line. Unfair: 0.
         position: u32,
+        /// A ticket to queue by ([`Claim::ticket`]), from the store's clock (ms ×
+        /// 1024); 0 when the store gave none (the call was not sent).
+        ticket: u64,
     },
     /// The current holders use another limit (a lock and a semaphore, or two
     /// semaphores of different sizes, cannot share a key).

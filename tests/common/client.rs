@@ -175,6 +175,40 @@ impl LeaseStream {
         id
     }
 
+    /// Sends an AcquireAll (its request_id is set here) and returns the id.
+    pub async fn send_acquire_all(&mut self, mut a: proto::AcquireAll) -> u64 {
+        if a.request_id == 0 {
+            a.request_id = self.id();
+        }
+        let id = a.request_id;
+        self.send(lease_request::Command::AcquireAll(a)).await;
+        id
+    }
+
+    /// The `GrantedAll` for `id`, after any `Waiting` for it.
+    pub async fn granted_all_after_wait(&mut self, id: u64) -> proto::GrantedAll {
+        loop {
+            match self.next().await {
+                lease_response::Event::Waiting(w) if w.request_id == id => continue,
+                lease_response::Event::GrantedAll(g) if g.request_id == id => return g,
+                other => panic!("expected GrantedAll for {id}, got {other:?}"),
+            }
+        }
+    }
+
+    /// The `NotAcquired` for `id` (after any `Waiting` for it): its key and reason.
+    pub async fn not_acquired_after_wait(&mut self, id: u64) -> (String, i32) {
+        loop {
+            match self.next().await {
+                lease_response::Event::Waiting(w) if w.request_id == id => continue,
+                lease_response::Event::NotAcquired(n) if n.request_id == id => {
+                    return (n.key, n.reason);
+                }
+                other => panic!("expected NotAcquired for {id}, got {other:?}"),
+            }
+        }
+    }
+
     pub async fn send_release(&mut self, key: &str) -> u64 {
         self.send_release_of(key, "").await
     }
@@ -275,6 +309,14 @@ impl LeaseStream {
     }
 }
 
+/// Builds an AcquireAll of `keys` with everything else at its default.
+pub fn acquire_all(keys: &[&str]) -> proto::AcquireAll {
+    proto::AcquireAll {
+        keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+        ..Default::default()
+    }
+}
+
 /// An Acquire that waits up to `seconds`.
 pub fn waiting_for(key: &str, seconds: f64) -> proto::Acquire {
     proto::Acquire {
@@ -304,4 +346,48 @@ pub async fn handoff(holder: &mut LeaseStream, waiter: &mut LeaseStream, key: &s
     assert!(took < Duration::from_secs(1), "{key}: woken after {took:?}");
     assert_eq!(waiter.release(key).await, 0);
     took
+}
+
+/// Resumes `token` on `client`, retrying while its old sidecar is still attached
+/// (FAILED_PRECONDITION, `attached`): a refusal as unknown fails the test.
+pub async fn resume(client: &Client, token: &str) -> LeaseStream {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        match client.resume(token).await {
+            Ok(lease) => return lease,
+            Err(status) if status.code() == tonic::Code::FailedPrecondition => {
+                assert_eq!(refusal(&status), "attached", "{status:?}");
+            }
+            Err(status) => panic!("resume: {status}"),
+        }
+        assert!(tokio::time::Instant::now() < deadline, "resumed in time");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The events that follow a resumed `SessionStarted`, by key.
+pub async fn greeting(
+    lease: &mut LeaseStream,
+) -> std::collections::BTreeMap<String, lease_response::Event> {
+    let mut events = std::collections::BTreeMap::new();
+    for _ in 0..lease.resumed_locks {
+        let event = lease.next().await;
+        let key = match &event {
+            lease_response::Event::Granted(g) => {
+                assert_eq!(g.request_id, 0, "resumed grants answer no request");
+                g.key.clone()
+            }
+            lease_response::Event::Lost(l) => l.key.clone(),
+            other => panic!("expected Granted or Lost after a resume, got {other:?}"),
+        };
+        events.insert(key, event);
+    }
+    events
+}
+
+pub fn granted(event: &lease_response::Event) -> &proto::Granted {
+    match event {
+        lease_response::Event::Granted(g) => g,
+        other => panic!("expected Granted, got {other:?}"),
+    }
 }

@@ -29,7 +29,7 @@ use lockside::store::{Store, memory::MemoryStore, redis::RedisStore};
 
 // Every test binary compiles the whole harness and uses a part of it.
 #[allow(unused_imports)]
-pub use client::{Client, LeaseStream, acquire, handoff, refusal, secs, waiting_for};
+pub use client::{Client, LeaseStream, acquire, acquire_all, handoff, refusal, secs, waiting_for};
 #[allow(unused_imports)]
 pub use history::{Interval, Rng, Verdict, check_history, max_concurrent};
 #[allow(unused_imports)]

@@ -83,7 +83,7 @@ pub(super) async fn acquire(op: AcquireOp) -> Done {
 }
 
 /// One [`Store::listen`] of a key without `watch`, ended when dropped.
-struct Listening {
+pub(super) struct Listening {
     store: Arc<dyn Store>,
     key: String,
 }
@@ -91,7 +91,7 @@ struct Listening {
 impl Listening {
     /// Listens to `key` until the returned guard is dropped; completes once notices
     /// flow. The listen counts from the call, so the guard is taken before waiting.
-    async fn start(store: &Arc<dyn Store>, key: &str) -> Self {
+    pub(super) async fn start(store: &Arc<dyn Store>, key: &str) -> Self {
         let listen = store.listen(key, false);
         let guard = Self {
             store: store.clone(),
@@ -126,6 +126,7 @@ async fn attempts(op: &AcquireOp) -> AcquireResult {
             Ok(Acquired::Busy {
                 expires_in,
                 position,
+                ..
             }) => (expires_in, position),
             Ok(Acquired::Conflict { limit }) => return AcquireResult::Conflict { limit },
             Err(e) => return AcquireResult::Unavailable(e),

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio_stream::StreamExt;
 
+use super::all_attempt::AllResult;
 use super::grants::{forget, lost_because};
 use super::{AcquireResult, Done, Session, Slot};
 use crate::engine::{EndReason, Event};
@@ -79,13 +80,24 @@ impl Session {
         let finish_ops = async {
             let mut granted = Vec::new();
             while let Some(done) = ops.next().await {
-                if let Done::Acquire {
-                    claim,
-                    outcome: AcquireResult::Granted { fence, .. },
-                    ..
-                } = done
-                {
-                    granted.push((claim.key, claim.owner, fence));
+                match done {
+                    Done::Acquire {
+                        claim,
+                        outcome: AcquireResult::Granted { fence, .. },
+                        ..
+                    } => granted.push((claim.key, claim.owner, fence)),
+                    Done::AcquireAll {
+                        claims,
+                        outcome: AllResult::Granted { taken, .. },
+                        ..
+                    } => {
+                        for (at, fence, _) in taken {
+                            if let Some((_, claim)) = claims.iter().find(|(a, _)| *a == at) {
+                                granted.push((claim.key.clone(), claim.owner.clone(), fence));
+                            }
+                        }
+                    }
+                    _ => {}
                 }
             }
             granted

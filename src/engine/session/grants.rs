@@ -31,6 +31,44 @@ impl Session {
         valid_until: Instant,
     ) {
         let (name, queue) = slot;
+        let holder_name = claim.holder.clone();
+        let key = claim.key.clone();
+        let (lease_id, recording) = self.take_on(name.clone(), claim, fence, sent_at, valid_until);
+        if let Some(Slot::Held(h)) = self.slots.get_mut(&*name) {
+            h.queue = queue;
+            h.busy = recording.is_some();
+        }
+        let granted = Event::Granted {
+            request_id,
+            key,
+            fence,
+            ttl: valid_until.saturating_duration_since(Instant::now()),
+            hold_count: 1,
+            holder: holder_name,
+        };
+        match recording {
+            None => self.send(granted),
+            Some(written) => {
+                self.untold.insert(name.clone(), granted);
+                self.ops.push(Box::pin(async move {
+                    let _ = written.await;
+                    Done::Recorded { name, lease_id }
+                }));
+            }
+        }
+    }
+
+    /// Takes a new grant on as a held slot: the renewer renews it, the journal records
+    /// it. Returns its lease id, and what answers once the record names it (`None`: a
+    /// store that keeps no records).
+    pub(super) fn take_on(
+        &mut self,
+        name: Arc<str>,
+        claim: Claim,
+        fence: u64,
+        sent_at: Instant,
+        valid_until: Instant,
+    ) -> (u64, Option<tokio::sync::oneshot::Receiver<()>>) {
         let lease_id = self.shared.next_lease_id();
         let clock = Arc::new(LeaseClock::new(valid_until));
         let owner: Arc<str> = claim.owner.into();
@@ -45,7 +83,6 @@ impl Session {
         });
         self.shared.metrics.locks_held.inc();
         let recording = self.journal_granted(&name, &owner, claim.ttl, fence);
-        let remaining = valid_until.saturating_duration_since(Instant::now());
         self.watch_deadline(valid_until);
         self.slots.insert(
             name.clone(),
@@ -60,32 +97,15 @@ impl Session {
                 clock,
                 granted_at: Instant::now(),
                 jeopardy: false,
-                busy: recording.is_some(),
+                busy: false,
                 gone: false,
-                queue,
+                queue: VecDeque::new(),
                 value: claim.value.into_boxed_slice(),
             })),
         );
         let (key, holder) = names::split(&name);
         log!(self, DEBUG, %key, %holder, fence, "granted");
-        let granted = Event::Granted {
-            request_id,
-            key: key.to_owned(),
-            fence,
-            ttl: remaining,
-            hold_count: 1,
-            holder: holder.to_owned(),
-        };
-        match recording {
-            None => self.send(granted),
-            Some(written) => {
-                self.untold.insert(name.clone(), granted);
-                self.ops.push(Box::pin(async move {
-                    let _ = written.await;
-                    Done::Recorded { name, lease_id }
-                }));
-            }
-        }
+        (lease_id, recording)
     }
 
     /// The record names grant `lease_id` of `name`: its client hears `Granted` now, and
@@ -140,6 +160,7 @@ impl Session {
             // Lost before its record was written: its client hears of both, in order.
             self.send(granted);
         }
+        self.tell_untold_all(name);
         let reason = lost_because(why);
         let (key, holder) = names::split(name);
         log!(self, WARN, %key, %holder, fence = h.fence, %reason, "lock lost");

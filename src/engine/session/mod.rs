@@ -34,9 +34,13 @@ macro_rules! log {
     };
 }
 
+mod all;
+mod all_attempt;
+mod all_granted;
 mod attempt;
 mod end;
 mod grants;
+mod held;
 mod reassert;
 mod requests;
 mod results;
@@ -159,6 +163,18 @@ enum Done {
     },
     /// A new grant is in the session's record: its client may hear of it now.
     Recorded { name: Arc<str>, lease_id: u64 },
+    /// An `AcquireAll` ended (`all.rs`).
+    AcquireAll {
+        request_id: u64,
+        claims: Vec<(usize, Claim)>,
+        names: Vec<Arc<str>>,
+        outcome: all_attempt::AllResult,
+    },
+    /// Every new grant of an `AcquireAll` is in the session's record.
+    RecordedAll {
+        request_id: u64,
+        leases: Vec<(Arc<str>, u64)>,
+    },
 }
 
 /// How one acquire ended, as its store calls and its waiting decided.
@@ -203,6 +219,12 @@ pub(crate) struct Session {
     /// (`grants.rs`), so that a sidecar that dies right after a `Granted` leaves that
     /// lock resumable.
     untold: HashMap<Arc<str>, Event>,
+    /// `AcquireAll` requests under way (`all.rs`), by request id.
+    alls: HashMap<u64, all::AllPending>,
+    /// An `AcquireAll`'s `GrantedAll` not told yet (its grants' record is being
+    /// written), by request id, and which request each of its grants belongs to.
+    untold_events: HashMap<u64, Event>,
+    untold_all: HashMap<Arc<str>, u64>,
     /// The session's span: the parent of its `acquire` spans, and the context of what
     /// it logs (see [`log!`]). INFO: exported as a trace span when traces are on (a
     /// sidecar's sessions are few and long; this is not per request).
@@ -278,6 +300,9 @@ impl Session {
             journaled: false,
             greeting: Vec::new(),
             untold: HashMap::new(),
+            alls: HashMap::new(),
+            untold_events: HashMap::new(),
+            untold_all: HashMap::new(),
             span,
         }
     }

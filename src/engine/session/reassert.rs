@@ -42,6 +42,7 @@ impl Session {
             limit: h.limit,
             fair: false,
             value: h.value.to_vec(),
+            ticket: None,
         };
         let (count, fence, lease_id) = (h.count, h.fence, h.lease_id);
         let (store, turns) = (self.shared.store.clone(), self.shared.store_calls.clone());

@@ -3,7 +3,7 @@
 
 use tokio::time::Instant;
 
-use super::requests::NOT_HELD;
+use super::held::NOT_HELD;
 use super::{AcquireResult, Acquiring, Done, Session, Slot};
 use crate::engine::{Command, Event, NotAcquiredReason, RejectCode};
 use crate::metrics::Loss;
@@ -175,6 +175,13 @@ impl Session {
                 result,
             } => self.reasserted(name, lease_id, sent_at, result),
             Done::Recorded { name, lease_id } => self.recorded(name, lease_id),
+            Done::AcquireAll {
+                request_id,
+                claims,
+                names,
+                outcome,
+            } => self.acquired_all(request_id, claims, names, outcome),
+            Done::RecordedAll { request_id, leases } => self.recorded_all(request_id, leases),
         }
     }
 

@@ -28,7 +28,7 @@ impl Session {
     fn count(&self, event: &Event) {
         let metrics = &self.shared.metrics;
         match event {
-            Event::Granted { .. } => metrics.acquired(Counted::Granted),
+            Event::Granted { .. } | Event::GrantedAll { .. } => metrics.acquired(Counted::Granted),
             Event::NotAcquired { reason, .. } => metrics.acquired(match reason {
                 NotAcquiredReason::Busy => Counted::Busy,
                 NotAcquiredReason::Timeout => Counted::Timeout,

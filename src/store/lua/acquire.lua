@@ -2,7 +2,7 @@
 -- lock-delay runs, and (fair) nobody queued ahead of it could be granted instead.
 -- Otherwise answers busy and, when it waits, registers the waiter for ARGV[1] ms (and
 -- queues it, when fair).
--- ARGV: ttl_ms tail claim notice guard
+-- ARGV: ttl_ms tail claim notice guard ticket
 --   tail: 'owner|name length|name' then the value, as the lock's string keeps them.
 --   claim: wait fair '|' waiter, e.g. '01|x|1|owner|session_id|client_name'; the waiter
 --   ('mode|limit|owner|session_id|client_name') is what w and q keep. A waiting claim
@@ -12,11 +12,18 @@
 --   h's name with 'n' for the last letter.
 --   guard: '' on one server; on a Cluster 'marker|witness' (guard.lua): no grant on a
 --   master whose tenure the sidecar did not read, nor while its hold-off runs.
+--   ticket: '' for a request of one key; for one of several keys (AcquireAll) the
+--   score its fair queue entry takes on every key, and then a grant keeps the waiter
+--   registration (the sidecar removes it once the whole request is granted or ends).
+--   A fair queue orders by score; a single key's entry is scored by arrival,
+--   max(last + 1, now * 1024), so that both compare. A waiter is behind only those of
+--   a strictly smaller score: two requests can never each be ahead of the other.
 -- Every argument costs Redis a Lua string on every call (and a table that grows past 4
 -- costs another rehash): hence few, the rarely needed parts packed.
 -- Returns the fence (a bare integer: a table reply costs Redis more) granted; {0, ms
--- until something may change, queue position} busy; {2, the holders' limit} when the
--- holders use another limit.
+-- until something may change, queue position, a ticket (the score a claim that comes now
+-- would take: now * 1024, and when fair after every one queued)} busy; {2, the
+-- holders' limit} when the holders use another limit.
 local h = KEYS[1]
 local ttl, tail, claim = ARGV[1], ARGV[2], ARGV[3]
 local again, fair = string.sub(claim, 1, 1) == '1', string.sub(claim, 2, 2) == '1'
@@ -44,7 +51,9 @@ end
 -- Redis more, over a kept token (which then takes a second SET) and over a missing key
 -- alike: about 8,000 instructions more per acquire, of about 70,000.
 local others = 0
-local fast = string.sub(claim, 4, 7) == 'x|1|'
+-- A claim of several keys (a ticket) always takes the full path: it registers even when
+-- granted.
+local fast = string.sub(claim, 4, 7) == 'x|1|' and ARGV[6] == ''
 if fast then
   if fair then
     others = redis.call('EXISTS', KEYS[3], KEYS[4])
@@ -102,11 +111,21 @@ if state == 'conflict' then
 end
 local delayed = lock.delay and lock.delay > now
 local go = state ~= 'busy' and not delayed
+local ticket = ARGV[6]
+-- The fair waiters ahead of this claim: those of a strictly smaller score (all of them
+-- when it is not queued yet).
+local function ahead_of()
+  local mine = redis.call('ZSCORE', q, waiter)
+  if not mine then
+    return redis.call('ZCARD', q)
+  end
+  return redis.call('ZCOUNT', q, '-inf', '(' .. mine)
+end
+
 if go and fair then
   -- A dead sidecar's waiter must not hold the queue up.
   purge_waiters(w, q, now)
-  local rank = redis.call('ZRANK', q, waiter)
-  local ahead = rank or redis.call('ZCARD', q)
+  local ahead = ahead_of()
   if ahead > 0 then
     if limit > 1 then
       go = ahead < limit - lock.n
@@ -123,19 +142,30 @@ if go and fair then
   end
 end
 
+-- Registers the claim as a waiter for ttl (and queues it, when fair): a release then
+-- publishes a notice, and a fair claim keeps its place.
+-- The score of a claim that comes now: after every one queued, and on the store's clock.
+local function next_score()
+  local last = redis.call('ZRANGE', q, -1, -1, 'WITHSCORES')
+  return math.max((tonumber(last[2]) or 0) + 1, now * 1024)
+end
+
+local function register()
+  redis.call('ZADD', w, int(now + ttl), waiter)
+  if fair and not redis.call('ZSCORE', q, waiter) then
+    redis.call('ZADD', q, int(tonumber(ticket) or next_score()), waiter)
+  end
+  -- Both live until their last registration expires.
+  local latest = redis.call('ZRANGE', w, -1, -1, 'WITHSCORES')
+  redis.call('PEXPIREAT', w, latest[2])
+  if fair then
+    redis.call('PEXPIREAT', q, latest[2])
+  end
+end
+
 if not go then
   if again then
-    redis.call('ZADD', w, int(now + ttl), waiter)
-    if fair and not redis.call('ZSCORE', q, waiter) then
-      local last = redis.call('ZRANGE', q, -1, -1, 'WITHSCORES')
-      redis.call('ZADD', q, int((tonumber(last[2]) or 0) + 1), waiter)
-    end
-    -- Both live until their last registration expires.
-    local latest = redis.call('ZRANGE', w, -1, -1, 'WITHSCORES')
-    redis.call('PEXPIREAT', w, latest[2])
-    if fair then
-      redis.call('PEXPIREAT', q, latest[2])
-    end
+    register()
   end
   -- Look again when the first holder, the delay, or (fair) the first waiter may be gone.
   local look = now + ttl
@@ -145,22 +175,26 @@ if not go then
   if delayed then
     look = math.min(look, lock.delay)
   end
-  local position = 0
+  local position, offer = 0, now * 1024
   if fair then
     local oldest = redis.call('ZRANGE', w, 0, 0, 'WITHSCORES')
     if #oldest > 0 and oldest[1] ~= waiter then
       look = math.min(look, tonumber(oldest[2]))
     end
-    local rank = redis.call('ZRANK', q, waiter)
-    position = (rank or redis.call('ZCARD', q)) + 1
+    position = ahead_of() + 1
+    -- A request for several keys that comes now is behind every one queued here.
+    offer = next_score()
   end
-  return {0, int(math.max(look - now, 1)), position}
+  return {0, int(math.max(look - now, 1)), position, int(offer)}
 end
 
 -- Fencing token: max(last + 1, store ms * 1024). See next_fence in src/store/mod.rs.
 local fence = math.max(lock.fence + 1, now * 1024)
 grant(h, lock, owner, int(fence), now, ttl, mode, limit, tail)
-if again then
+if again and ticket ~= '' then
+  -- One key of several: its place is kept while the request may still give it back.
+  register()
+elseif again then
   redis.call('ZREM', w, waiter)
   if fair then
     redis.call('ZREM', q, waiter)

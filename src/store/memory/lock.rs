@@ -1,14 +1,14 @@
 //! One lock of the memory store: its holders, waiters and fair queue, and the rules
 //! that mirror `lua/core.lua` by name (purge, admit, heads, wake).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use super::{FORGET_AFTER, MAX_HEADS};
-use crate::store::{Acquired, Claim, Notice, Sharing};
+use crate::store::{Acquired, Claim, Notice, Sharing, unix_ms};
 
 #[derive(Debug)]
 pub(super) struct Holder {
@@ -42,9 +42,9 @@ pub(super) struct Lock {
     pub(super) limit: u32,
     /// Waiter name (see [`Claim::waiter`]) -> registration.
     pub(super) waiters: HashMap<String, Waiter>,
-    /// Fair queue: arrival number -> waiter name.
-    pub(super) queue: BTreeMap<u64, String>,
-    pub(super) next_arrival: u64,
+    /// Fair queue: (score, waiter name), by score (see `lua/acquire.lua`: arrival
+    /// `max(last + 1, ms × 1024)` for one key, the request's ticket for several).
+    pub(super) queue: BTreeSet<(u64, String)>,
     pub(super) delay_until: Option<Instant>,
     pub(super) fence: u64,
     /// Since when the lock has had no holder (`None` while held).
@@ -69,7 +69,7 @@ impl Lock {
         }
         self.waiters.retain(|_, w| w.expires > now);
         let waiters = &self.waiters;
-        self.queue.retain(|_, name| waiters.contains_key(name));
+        self.queue.retain(|(_, name)| waiters.contains_key(name));
         if self.delay_until.is_some_and(|t| t <= now) {
             self.delay_until = None;
         }
@@ -130,9 +130,19 @@ impl Lock {
         Admit::Busy
     }
 
+    /// The fair waiters ahead of `name`: of a strictly smaller score (all of them when
+    /// it is not queued), so that no two requests are each ahead of the other.
+    pub(super) fn ahead_of(&self, name: &str) -> Vec<&String> {
+        let mine = self.queue.iter().find(|(_, n)| n == name).map(|(s, _)| *s);
+        (self.queue.iter())
+            .take_while(|(s, _)| mine.is_none_or(|m| *s < m))
+            .map(|(_, n)| n)
+            .collect()
+    }
+
     /// Whether nobody queued ahead of `name` could be granted instead.
     pub(super) fn first_in_line(&self, name: &str, sharing: Sharing, limit: u32) -> bool {
-        let ahead: Vec<&String> = self.queue.values().take_while(|n| *n != name).collect();
+        let ahead = self.ahead_of(name);
         if ahead.is_empty() {
             return true;
         }
@@ -151,7 +161,8 @@ impl Lock {
     pub(super) fn heads(&self) -> Vec<String> {
         let first: Vec<&Waiter> = self
             .queue
-            .values()
+            .iter()
+            .map(|(_, n)| n)
             .take(MAX_HEADS)
             .filter_map(|n| self.waiters.get(n))
             .collect();
@@ -203,25 +214,42 @@ impl Lock {
     }
 }
 
+/// A ticket from the store's clock, as the Redis scripts make it: ms × 1024.
+pub(super) fn ticket_now() -> u64 {
+    unix_ms().saturating_mul(1024)
+}
+
+/// The score of a claim that comes now: after every one queued, on the store's clock.
+fn next_score(lock: &Lock) -> u64 {
+    let last = lock.queue.iter().next_back().map_or(0, |(s, _)| *s);
+    (last + 1).max(ticket_now())
+}
+
+/// Registers `claim` as a waiter for its TTL (and queues it, when fair: by its ticket,
+/// or by arrival), as `register` in `lua/acquire.lua`.
+pub(super) fn register(lock: &mut Lock, claim: &Claim, name: &str, now: Instant) {
+    if claim.fair && !lock.queue.iter().any(|(_, n)| n == name) {
+        let score = claim.ticket.unwrap_or_else(|| next_score(lock));
+        lock.queue.insert((score, name.to_owned()));
+    }
+    lock.waiters.insert(
+        name.to_owned(),
+        Waiter {
+            expires: now + claim.ttl,
+            sharing: claim.sharing,
+            limit: claim.limit,
+            owner: claim.owner.clone(),
+            session_id: claim.session_id.clone(),
+            client_name: claim.client_name.clone(),
+            holder: claim.holder.clone(),
+        },
+    );
+}
+
 /// Registers (and queues) a waiter that may not go yet; says when to look again.
 pub(super) fn busy(lock: &mut Lock, claim: &Claim, name: String, now: Instant) -> Acquired {
     if claim.wait {
-        if claim.fair && !lock.queue.values().any(|n| *n == name) {
-            lock.next_arrival += 1;
-            lock.queue.insert(lock.next_arrival, name.clone());
-        }
-        lock.waiters.insert(
-            name.clone(),
-            Waiter {
-                expires: now + claim.ttl,
-                sharing: claim.sharing,
-                limit: claim.limit,
-                owner: claim.owner.clone(),
-                session_id: claim.session_id.clone(),
-                client_name: claim.client_name.clone(),
-                holder: claim.holder.clone(),
-            },
-        );
+        register(lock, claim, &name, now);
     }
     let mut look = now + claim.ttl;
     if let Some(first) = lock.holders.iter().map(|h| h.expires).min() {
@@ -230,8 +258,10 @@ pub(super) fn busy(lock: &mut Lock, claim: &Claim, name: String, now: Instant) -
     if let Some(delay) = lock.delay_until {
         look = look.min(delay);
     }
-    let mut position = 0;
+    let (mut position, mut ticket) = (0, ticket_now());
     if claim.fair {
+        // A request for several keys that comes now is behind every one queued here.
+        ticket = next_score(lock);
         if let Some(oldest) = lock
             .waiters
             .iter()
@@ -241,11 +271,11 @@ pub(super) fn busy(lock: &mut Lock, claim: &Claim, name: String, now: Instant) -
         {
             look = look.min(oldest);
         }
-        let rank = lock.queue.values().position(|n| *n == name);
-        position = rank.unwrap_or(lock.queue.len()) as u32 + 1;
+        position = lock.ahead_of(&name).len() as u32 + 1;
     }
     Acquired::Busy {
         expires_in: (look - now).max(Duration::from_millis(1)),
         position,
+        ticket,
     }
 }

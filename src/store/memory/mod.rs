@@ -20,17 +20,18 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
+mod acquire;
 mod lock;
 mod locks;
 mod sessions;
 
-use lock::{Admit, Holder, Lock, busy};
+use lock::Lock;
 use locks::Locks;
 pub use locks::{FORGET_AFTER, SWEEP_BUDGET};
 
 use super::{
     Acquired, Claim, HolderState, KeyState, Notice, QueuedState, RecordWrite, Recorded, Renewal,
-    Renewed, ResumeClaim, Resumption, Sharing, Store, StoreFuture, next_fence, unix_ms,
+    Renewed, ResumeClaim, Resumption, Sharing, Store, StoreFuture,
 };
 
 /// How many notices a slow sidecar task may fall behind before it resyncs.
@@ -124,53 +125,6 @@ impl MemoryStore {
             locks.map.insert(key.to_owned(), lock);
         }
         answer
-    }
-
-    fn acquire_now(&self, claim: &Claim) -> Acquired {
-        let name = claim.waiter();
-        let answer = self.with_new_lock(&claim.key, |lock, now| {
-            let admit = lock.admit(claim.sharing, claim.limit);
-            if let Admit::Conflict(limit) = admit {
-                return (Acquired::Conflict { limit }, false);
-            }
-            let go = !matches!(admit, Admit::Busy)
-                && lock.delay_until.is_none()
-                && (!claim.fair || lock.first_in_line(&name, claim.sharing, claim.limit));
-            if !go {
-                return (busy(lock, claim, name, now), false);
-            }
-            lock.fence = next_fence(lock.fence, unix_ms());
-            if let Admit::Free = admit {
-                lock.sharing = Some(claim.sharing);
-                lock.limit = claim.limit;
-            }
-            lock.waiters.remove(&name);
-            lock.queue.retain(|_, n| *n != name);
-            lock.holders.push(Holder {
-                owner: claim.owner.clone(),
-                expires: now + claim.ttl,
-                count: 1,
-                fence: lock.fence,
-                session_id: claim.session_id.clone(),
-                client_name: claim.client_name.clone(),
-                holder: claim.holder.clone(),
-                value: claim.value.clone(),
-            });
-            let room = (lock.holders.len() as u32) < claim.limit;
-            // Room is left for more readers or permits: pass the wake on.
-            let woke = (claim.sharing == Sharing::Shared || (claim.limit > 1 && room))
-                && lock.wake(&claim.key, &self.notices);
-            (Acquired::Granted { fence: lock.fence }, woke)
-        });
-        match answer {
-            (Acquired::Granted { fence }, woke) => {
-                if !woke {
-                    self.changed(&claim.key);
-                }
-                Acquired::Granted { fence }
-            }
-            (other, _) => other,
-        }
     }
 
     /// Tells the watchers of `key`, if it has any, that it changed without freeing
@@ -276,7 +230,7 @@ impl Store for MemoryStore {
         self.with_lock(&claim.key, |lock, _| {
             lock.waiters.remove(&name);
             let queued = lock.queue.len();
-            lock.queue.retain(|_, n| *n != name);
+            lock.queue.retain(|(_, n)| *n != name);
             if lock.queue.len() < queued {
                 // Those now first in line may be able to go.
                 lock.wake(&claim.key, &self.notices);
@@ -305,8 +259,8 @@ impl Store for MemoryStore {
             waiters: lock.waiters.len() as u32,
             queue: lock
                 .queue
-                .values()
-                .filter_map(|n| lock.waiters.get(n))
+                .iter()
+                .filter_map(|(_, n)| lock.waiters.get(n))
                 .map(|w| QueuedState {
                     session_id: w.session_id.clone(),
                     client_name: w.client_name.clone(),

@@ -17,6 +17,7 @@ fn claim(key: &str, owner: &str) -> Claim {
         limit: 1,
         fair: false,
         value: Vec::new(),
+        ticket: None,
     }
 }
 

@@ -136,23 +136,26 @@ impl Store for RedisStore {
             let tail = tail(claim);
             let claimed = claimed(claim);
             let notice = self.notice(&claim.key);
-            let (ttl, tail, claimed, notice) = (&ttl, &tail, &claimed, &notice);
+            let ticket = claim.ticket.map(|t| t.to_string()).unwrap_or_default();
+            let (ttl, tail, claimed, notice, ticket) = (&ttl, &tail, &claimed, &notice, &ticket);
             // Not sent while new grants are held off after the store may have lost data.
             let held_off = || {
                 self.held_off().unwrap_or(Acquired::Busy {
                     expires_in: Duration::ZERO,
                     position: 0,
+                    ticket: 0,
                 })
             };
             let reply: Value = if self.acks.min == 0 {
                 let acquire = &self.scripts.acquire;
                 let reply = self.guarded(&claim.key, false, |guard| async move {
-                    let args: [&[u8]; 5] = [
+                    let args: [&[u8]; 6] = [
                         ttl.as_bytes(),
                         tail,
                         claimed.as_bytes(),
                         notice.as_bytes(),
                         &guard,
+                        ticket.as_bytes(),
                     ];
                     (self.invoke_unless_held_off(acquire, &claim.key, &args, true)).await
                 });
@@ -162,12 +165,13 @@ impl Store for RedisStore {
                 }
             } else {
                 let acked = self.guarded(&claim.key, false, |guard| async move {
-                    let args: [&[u8]; 5] = [
+                    let args: [&[u8]; 6] = [
                         ttl.as_bytes(),
                         tail,
                         claimed.as_bytes(),
                         notice.as_bytes(),
                         &guard,
+                        ticket.as_bytes(),
                     ];
                     (self.invoke_acked(&self.scripts.acquire, &claim.key, &args)).await
                 });

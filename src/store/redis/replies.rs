@@ -71,9 +71,16 @@ pub(super) fn acquired(reply: &Value) -> Result<Acquired, StoreError> {
         [code, limit] if int(code)? == 2 => Ok(Acquired::Conflict {
             limit: int(limit)?.max(0) as u32,
         }),
+        [_, look, position, ticket] => Ok(Acquired::Busy {
+            expires_in: Duration::from_millis(int(look)?.max(0) as u64),
+            position: int(position)?.max(0) as u32,
+            ticket: int(ticket)?.max(0) as u64,
+        }),
+        // A lock of the previous data model, or the server's hold-off: no ticket.
         [_, look, position] => Ok(Acquired::Busy {
             expires_in: Duration::from_millis(int(look)?.max(0) as u64),
             position: int(position)?.max(0) as u32,
+            ticket: 0,
         }),
         _ => Err(bad()),
     }

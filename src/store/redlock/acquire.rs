@@ -30,6 +30,8 @@ impl RedlockStore {
         let (mut fences, mut refused, mut failed) = (Vec::new(), 0, 0);
         let mut granted: Vec<usize> = Vec::new();
         let mut look_again: Option<Duration> = None;
+        // The latest of the masters' clocks: a ticket every master orders alike.
+        let mut ticket = 0;
         let mut conflict = None;
         let n = self.masters.len();
         let mut grace: Option<Instant> = None;
@@ -46,9 +48,14 @@ impl RedlockStore {
                     fences.push(fence);
                     granted.push(i);
                 }
-                Ok(Acquired::Busy { expires_in, .. }) => {
+                Ok(Acquired::Busy {
+                    expires_in,
+                    ticket: t,
+                    ..
+                }) => {
                     refused += 1;
                     look_again = Some(look_again.map_or(expires_in, |l| l.min(expires_in)));
+                    ticket = ticket.max(t);
                 }
                 Ok(Acquired::Conflict { limit }) => {
                     refused += 1;
@@ -107,6 +114,7 @@ impl RedlockStore {
             // look again soon rather than at a TTL.
             expires_in: look_again.unwrap_or(Duration::from_millis(10)),
             position: 0,
+            ticket,
         })
     }
 }

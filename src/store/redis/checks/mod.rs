@@ -37,7 +37,7 @@ const CHECK_AGAIN: Duration = Duration::from_secs(60);
 
 /// The commands the scripts call (`src/store/lua/`), checked on a lock's keys; the
 /// unit test below finds every one of them in the scripts' text.
-const SCRIPT_COMMANDS: [&str; 24] = [
+const SCRIPT_COMMANDS: [&str; 23] = [
     "DEL",
     "EXISTS",
     "GET",
@@ -58,7 +58,6 @@ const SCRIPT_COMMANDS: [&str; 24] = [
     "ZCOUNT",
     "ZRANGE",
     "ZRANGEBYSCORE",
-    "ZRANK",
     "ZREM",
     "ZREMRANGEBYSCORE",
     "ZSCORE",
@@ -122,7 +121,7 @@ pub(super) fn needed(namespace: &str, needs: Needs) -> Vec<(&'static str, Vec<St
             "PEXPIRE" | "PEXPIREAT" => &["1"],
             "ZCOUNT" | "ZRANGE" | "ZRANGEBYSCORE" | "ZREMRANGEBYSCORE" => &["0", "1"],
             "SET" => &["v"],
-            "ZRANK" | "ZREM" | "ZSCORE" => &["m"],
+            "ZREM" | "ZSCORE" => &["m"],
             _ => &[],
         };
         let mut call = vec![command.to_owned()];

@@ -224,6 +224,7 @@ impl RedisStore {
         Some(Acquired::Busy {
             expires_in: left,
             position: 0,
+            ticket: 0,
         })
     }
 

@@ -227,7 +227,8 @@ impl Redis {
         }
     }
 
-    /// Starts it again on the same port, empty.
+    /// Starts it again on the same port: empty, unless its [`Redis::dir`] holds data
+    /// (a `SAVE`'s `dump.rdb`, an AOF), which it loads.
     pub fn restart(&mut self) {
         self.kill();
         for _ in 0..50 {
@@ -241,6 +242,17 @@ impl Redis {
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("running").id()
+    }
+
+    /// Its pid while it runs (not killed).
+    pub fn running_pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Its `--dir`: where `SAVE` writes `dump.rdb` and `appendonly yes` its AOF, read
+    /// again by [`Redis::restart`].
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir.0
     }
 }
 

@@ -32,7 +32,7 @@ use std::collections::BTreeMap;
 
 use super::history::Grant;
 use super::plan::{SLACK, TTL, Topo};
-use super::schedule::Act;
+use super::schedule::{Act, Link, LinkFault};
 use super::world::{MasterChange, Record};
 
 /// Why the docs allow a finding.
@@ -107,6 +107,23 @@ impl Context<'_> {
                 && r.start <= to
                 && r.end >= from
         })
+    }
+
+    /// How long, within `[from, to]`, sidecar `sidecar` was killed or frozen or the
+    /// link to its clients stalled or blackholed (ns; overlapping faults add up).
+    pub fn sidecar_away(&self, sidecar: usize, from: u64, to: u64) -> u64 {
+        self.records
+            .iter()
+            .filter(|r| r.sidecar == Some(sidecar) && r.start <= to && r.end >= from)
+            .filter(|r| match r.fault.act {
+                Act::SidecarKill(_) | Act::SidecarStop(_) => true,
+                Act::Link(Link::Clients(_), f) => {
+                    matches!(f, LinkFault::Stall | LinkFault::Blackhole)
+                }
+                _ => false,
+            })
+            .map(|r| r.end.min(to) - r.start.max(from))
+            .sum()
     }
 
     /// Whether the master change `c` is a failover the docs say may lose writes.

@@ -93,7 +93,11 @@ pub fn stuck(ctx: &Context, history: &History, phases: &Phases, findings: &mut V
             .deaths
             .get(a.process())
             .is_some_and(|d| *d < answered);
-        if answered.saturating_sub(a.asked) <= late
+        // The time its sidecar was down or frozen, or its link stalled, meanwhile: the
+        // answer waits for that and a resume (up to a TTL) on top of the wait.
+        let sidecar = phases.sidecar_of.get(a.process()).copied().unwrap_or(0);
+        let away = ctx.sidecar_away(sidecar, a.asked, answered);
+        if answered.saturating_sub(a.asked) <= late + away
             || died
             || ctx.paused(a.process(), a.asked, answered)
         {

@@ -236,7 +236,7 @@ pub fn print(round: &Round) -> usize {
             .split(|c: char| c.is_ascii_digit())
             .collect::<Vec<_>>()
             .join("N");
-        *lost.entry(words.chars().take(110).collect()).or_default() += 1;
+        *lost.entry(words.chars().take(200).collect()).or_default() += 1;
     }
     let mut lost: Vec<_> = lost.into_iter().collect();
     lost.sort_by_key(|(_, n)| std::cmp::Reverse(*n));

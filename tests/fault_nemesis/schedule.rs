@@ -179,7 +179,13 @@ fn pick(topo: Topo, shards: usize, targets: &Targets, rng: &mut Rng) -> (Act, Du
         0 => LinkFault::Reset,
         1 => LinkFault::Stall,
         2 => LinkFault::Blackhole,
-        _ => LinkFault::Latency(20 + rng.below(230)),
+        // Between a client and its sidecar (in one pod) latency stays well under the
+        // drift margin `Lost` comes ahead by (5% of the TTL: 200 ms); towards Redis it
+        // may reach 0.06 x TTL each way (scenario 6 takes 0.3 x TTL per round trip).
+        _ => match link {
+            Link::Clients(_) => LinkFault::Latency(5 + rng.below(35)),
+            Link::Store(..) => LinkFault::Latency(20 + rng.below(230)),
+        },
     };
     // Weights: the store's faults first, then processes and links.
     let choices: &[(u32, u8)] = match topo {
@@ -195,7 +201,7 @@ fn pick(topo: Topo, shards: usize, targets: &Targets, rng: &mut Rng) -> (Act, Du
             (5, 10),
         ],
         Topo::Sentinel | Topo::Cluster => &[
-            (3, 0),
+            (4, 0),
             (2, 1),
             (3, 4),
             (1, 3),
@@ -218,7 +224,8 @@ fn pick(topo: Topo, shards: usize, targets: &Targets, rng: &mut Rng) -> (Act, Du
         })
         .map_or(10, |c| c.1);
     match kind {
-        0 => (Act::Freeze(node), ms(rng, 300, 4000)),
+        // Half of them past 2/3 of the TTL: the frozen node's locks are lost.
+        0 => (Act::Freeze(node), ms(rng, 300, 5000)),
         1 => (Act::Kill(node, Restore::Empty), ms(rng, 100, 3000)),
         2 => (
             Act::Kill(Node::Master(shard), Restore::Snapshot),

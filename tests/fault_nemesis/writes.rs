@@ -84,7 +84,12 @@ pub fn check(
             ),
             span: (newer.granted, first),
             grants: own.into_iter().cloned().chain([newer.clone()]).collect(),
-            allowed: own.and_then(|a| ctx.overlap_allowed(a, newer)),
+            // A writer paused since it asked (its grant read late) or while it held is
+            // Kleppmann's pause; else the write is as allowed as the overlap it is.
+            allowed: own.and_then(|a| match ctx.paused(a.process(), a.asked, first) {
+                true => Some(Allowed::PausedHolder),
+                false => ctx.overlap_allowed(a, newer),
+            }),
         });
     }
     for ((holder, token), (first, last, count, paused)) in outside {

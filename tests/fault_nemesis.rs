@@ -5,7 +5,7 @@
 //! NEMESIS_SECONDS=N NEMESIS_SEED=S cargo test --release --test fault_nemesis -- --nocapture
 //! ```
 //!
-//! runs about N seconds (default 150: the CI run) over the five topologies in turn
+//! runs about N seconds (default 140: the CI run) over the five topologies in turn
 //! (standalone with RDB snapshots, standalone with AOF, Sentinel, Cluster, Redlock;
 //! longer runs cycle through them again), and ends with one line:
 //! `nemesis seed=S: F faults, G grants, O overlaps, R token regressions, W stale writes

@@ -17,7 +17,7 @@ pub const CLOCK_DRIFT: f64 = 0.05;
 /// TTL for a key to be grantable again, the wait for an acquire's answer).
 pub const SLACK: Duration = Duration::from_secs(3);
 /// The default run: all topologies, fit for CI.
-pub const DEFAULT_SECONDS: u64 = 150;
+pub const DEFAULT_SECONDS: u64 = 140;
 
 /// The store topologies a round runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,7 +56,7 @@ impl Topo {
     /// What a round costs besides its fault window (start, heal, checks, stop), about.
     fn overhead(self) -> u64 {
         match self {
-            Topo::Sentinel => 10,
+            Topo::Sentinel => 14,
             Topo::Cluster => 8,
             _ => 5,
         }

@@ -80,6 +80,7 @@ pub async fn run(run_seed: u64, plan: &RoundPlan) -> Summary {
         world.dir.0.display()
     );
     let (start, t0) = (Instant::now(), now_ns());
+    let set_up = began.elapsed();
     let stop_polling = CancellationToken::new();
     let poller = tokio::spawn(nemesis::watch_masters(world.clone(), stop_polling.clone()));
     nemesis::run(world.clone(), faults.clone(), start).await;
@@ -93,6 +94,7 @@ pub async fn run(run_seed: u64, plan: &RoundPlan) -> Summary {
         eprintln!("warning: the topology did not serve again within 30 s of healing");
     }
     let heal_done = now_ns();
+    let healed = start.elapsed().saturating_sub(plan.window);
     let alive: Vec<(String, usize)> = world
         .clients
         .iter()
@@ -105,7 +107,9 @@ pub async fn run(run_seed: u64, plan: &RoundPlan) -> Summary {
         // The self-check's wrong client is judged on its use only: it holds for long.
         .filter(|(id, _)| !id.starts_with("wrong"))
         .collect();
+    let settling = Instant::now();
     settle(&world, heal_done, &alive).await;
+    let settled = settling.elapsed();
 
     let stopping: Vec<_> = (0..world.clients.len())
         .map(|i| {
@@ -124,7 +128,9 @@ pub async fn run(run_seed: u64, plan: &RoundPlan) -> Summary {
     let stop = now_ns();
     stop_polling.cancel();
     poller.await.expect("poller");
+    let probing = Instant::now();
     let probes = probe(&world).await;
+    let probed = probing.elapsed();
 
     let events = world.events();
     let writes = world.register.log();
@@ -190,10 +196,14 @@ pub async fn run(run_seed: u64, plan: &RoundPlan) -> Summary {
         records.len(),
     );
     eprintln!(
-        "round {} ({}) done in {:.1} s: {} faults, {} grants, {} violations, {} documented, {} failovers seen",
+        "round {} ({}) done in {:.1} s (start {:.1}, heal {:.1}, settle {:.1}, probe {:.1}): {} faults, {} grants, {} violations, {} documented, {} failovers seen",
         plan.index,
         plan.topo.name(),
         began.elapsed().as_secs_f64(),
+        set_up.as_secs_f64(),
+        healed.as_secs_f64(),
+        settled.as_secs_f64(),
+        probed.as_secs_f64(),
         summary.faults,
         summary.grants,
         violations,

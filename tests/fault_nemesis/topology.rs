@@ -222,27 +222,56 @@ impl Topology {
             .unwrap_or(0)
     }
 
-    /// Waits until every node is back and the topology serves (a master per shard,
-    /// Sentinel with a replica online, a Cluster whose every node says ok).
+    /// Waits until every node is back and the topology serves, and stays so for 2 s
+    /// with the same masters (no failover still under way): a master per shard; on
+    /// Sentinel every sentinel naming it, none seeing it down, and a replica online;
+    /// on a Cluster every node ok and none flagged failing.
     pub async fn ready(&self, limit: Duration) -> bool {
-        super::common::topology::wait_until(limit, || {
-            let masters = self.masters();
-            if masters.iter().any(Option::is_none) {
-                return false;
-            }
-            match self.topo {
-                Topo::Sentinel => masters[0].is_some_and(|m| {
-                    cli(m, &["role"]).starts_with("master")
-                        && cli(m, &["info", "replication"]).contains("state=online")
-                }),
-                Topo::Cluster => self
-                    .ports()
-                    .iter()
-                    .all(|p| cli(*p, &["cluster", "info"]).contains("cluster_state:ok")),
-                _ => self.ports().iter().all(|p| cli(*p, &["ping"]) == "PONG"),
-            }
-        })
-        .await
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut seen: Option<(Vec<Option<u16>>, tokio::time::Instant)> = None;
+        while tokio::time::Instant::now() < deadline {
+            let now = tokio::task::block_in_place(|| self.serving());
+            seen = match (now, seen) {
+                (Some(m), Some((before, since))) if m == before => {
+                    if since.elapsed() >= Duration::from_secs(2) {
+                        return true;
+                    }
+                    Some((before, since))
+                }
+                (Some(m), _) => Some((m, tokio::time::Instant::now())),
+                (None, _) => None,
+            };
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        false
+    }
+
+    /// The masters, if the topology serves now (see [`Topology::ready`]).
+    fn serving(&self) -> Option<Vec<Option<u16>>> {
+        let masters = self.masters();
+        if masters.iter().any(Option::is_none) {
+            return None;
+        }
+        let ok = match self.topo {
+            Topo::Sentinel => masters[0].is_some_and(|m| {
+                let name = super::common::topology::MASTER;
+                self.sentinels.iter().all(|s| {
+                    let addr = cli(*s, &["sentinel", "get-master-addr-by-name", name]);
+                    let state = cli(*s, &["sentinel", "master", name]);
+                    let mut lines = state.lines();
+                    lines.find(|l| l.trim() == "flags");
+                    addr.lines().nth(1) == Some(m.to_string().as_str())
+                        && lines.next().map(str::trim) == Some("master")
+                }) && cli(m, &["role"]).starts_with("master")
+                    && cli(m, &["info", "replication"]).contains("state=online")
+            }),
+            Topo::Cluster => self.ports().iter().all(|p| {
+                cli(*p, &["cluster", "info"]).contains("cluster_state:ok")
+                    && !cli(*p, &["cluster", "nodes"]).contains("fail")
+            }),
+            _ => self.ports().iter().all(|p| cli(*p, &["ping"]) == "PONG"),
+        };
+        ok.then_some(masters)
     }
 }
 

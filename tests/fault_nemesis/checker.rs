@@ -89,6 +89,8 @@ struct Use<'a> {
     grant: &'a Grant,
     start: u64,
     end: u64,
+    /// A register write outside the grant's segments.
+    written: bool,
 }
 
 fn overlaps(
@@ -104,6 +106,7 @@ fn overlaps(
             grant: g,
             start: s.start,
             end: s.end,
+            written: false,
         }));
     }
     for w in writes.iter().filter(|w| w.key == key) {
@@ -116,6 +119,7 @@ fn overlaps(
                 grant: g,
                 start: w.sent,
                 end: w.sent + 1,
+                written: true,
             });
         }
     }
@@ -185,11 +189,15 @@ fn overlaps(
                         ("s", _) | (_, "s") => "a writer beside a reader",
                         _ => "two holders at once",
                     };
+                    let how = match a.written || u.written {
+                        true => " (a register write made outside its holder's use)",
+                        false => "",
+                    };
                     findings.push(Finding {
                         kind: Kind::Overlap,
                         key: key.to_owned(),
                         text: format!(
-                            "{what}: {} used it while {} held it",
+                            "{what}: {} used it while {} held it{how}",
                             second.holder, first.holder
                         ),
                         span: (first.granted, u.start.max(a.start)),

@@ -181,7 +181,9 @@ async fn worker(
             },
         );
         let watcher = tokio::spawn(watch_states(lock.states(), out.clone(), w, base.clone()));
-        let hold = match (args.wrong, calm.load(Ordering::Relaxed), rng.below(8)) {
+        // One hold in five is long: a lock held across a fault is what a fault can take
+        // from its holder.
+        let hold = match (args.wrong, calm.load(Ordering::Relaxed), rng.below(5)) {
             (true, _, _) => Duration::from_secs(8),
             (false, false, 0) => Duration::from_millis(1000 + rng.below(2000)),
             _ => Duration::from_millis(20 + rng.below(130)),

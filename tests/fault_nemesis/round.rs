@@ -47,24 +47,19 @@ pub async fn run(run_seed: u64, plan: &RoundPlan) -> Summary {
     let targets = Targets {
         sidecars: SIDECARS,
         clients: RUST_CLIENTS + PYTHON_CLIENTS,
-        spare: plan
-            .wrong_client
-            .then_some((RUST_CLIENTS + PYTHON_CLIENTS, 0)),
     };
-    let mut faults = match plan.wrong_client {
+    let faults = match plan.wrong_client {
         false => schedule::generate(plan, &targets),
-        true => vec![],
-    };
-    if plan.wrong_client {
-        // The wrong client holds its key when its sidecar loses the store: it hears
-        // `Lost` and keeps writing while another sidecar's client is granted the key.
-        faults.push(Fault {
+        // The self-check: one fault only. The wrong client holds its key when its
+        // sidecar loses the store: it hears `Lost` and keeps writing while another
+        // sidecar's client is granted the key.
+        true => vec![Fault {
             id: 1,
             at: Duration::from_millis(2500),
             dur: Duration::from_secs(6),
             act: Act::Link(Link::Store(0, 0), LinkFault::Blackhole),
-        });
-    }
+        }],
+    };
     let text = report::schedule(&faults);
     eprint!("{text}");
 

@@ -77,8 +77,6 @@ pub struct Fault {
 pub struct Targets {
     pub sidecars: usize,
     pub clients: usize,
-    /// Faults must leave this client and its sidecar alone (the self-check's).
-    pub spare: Option<(usize, usize)>,
 }
 
 /// A resource a fault occupies for its duration.
@@ -110,11 +108,6 @@ pub fn generate(plan: &RoundPlan, targets: &Targets) -> Vec<Fault> {
             let (act, dur) = pick(plan.topo, shards, targets, &mut rng);
             let dur = dur.min(window.saturating_sub(t));
             let res = resources(plan.topo, act);
-            if let Some((c, s)) = targets.spare
-                && res.iter().any(|r| matches!(r, Res::Client(i) if *i == c) || matches!(r, Res::Sidecar(i) | Res::Link(Link::Clients(i)) | Res::Link(Link::Store(i, _)) if *i == s))
-            {
-                continue;
-            }
             if !res.iter().all(|r| free(&busy, *r, t, t + dur)) {
                 continue;
             }

@@ -85,8 +85,8 @@ pub async fn run(run_seed: u64, plan: &RoundPlan) -> Summary {
     tokio::task::spawn_blocking(move || healer.heal())
         .await
         .expect("heal");
-    if !world.topology.ready(Duration::from_secs(30)).await {
-        eprintln!("warning: the topology did not serve again within 30 s of healing");
+    if let Err(why) = world.topology.ready(Duration::from_secs(30)).await {
+        eprintln!("warning: the topology did not serve again within 30 s of healing: {why}");
     }
     let heal_done = now_ns();
     let healed = start.elapsed().saturating_sub(plan.window);

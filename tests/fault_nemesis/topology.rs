@@ -224,54 +224,86 @@ impl Topology {
 
     /// Waits until every node is back and the topology serves, and stays so for 2 s
     /// with the same masters (no failover still under way): a master per shard; on
-    /// Sentinel every sentinel naming it, none seeing it down, and a replica online;
-    /// on a Cluster every node ok and none flagged failing.
-    pub async fn ready(&self, limit: Duration) -> bool {
+    /// Sentinel every sentinel naming it, none seeing it down or failing it over, and
+    /// a replica online; on a Cluster every node ok and none flagged failing. `Err`
+    /// says what was still missing at `limit`.
+    pub async fn ready(&self, limit: Duration) -> Result<(), String> {
         let deadline = tokio::time::Instant::now() + limit;
         let mut seen: Option<(Vec<Option<u16>>, tokio::time::Instant)> = None;
+        let mut missing = String::new();
         while tokio::time::Instant::now() < deadline {
             let now = tokio::task::block_in_place(|| self.serving());
             seen = match (now, seen) {
-                (Some(m), Some((before, since))) if m == before => {
+                (Ok(m), Some((before, since))) if m == before => {
                     if since.elapsed() >= Duration::from_secs(2) {
-                        return true;
+                        return Ok(());
                     }
                     Some((before, since))
                 }
-                (Some(m), _) => Some((m, tokio::time::Instant::now())),
-                (None, _) => None,
+                (Ok(m), _) => Some((m, tokio::time::Instant::now())),
+                (Err(why), _) => {
+                    missing = why;
+                    None
+                }
             };
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        false
+        Err(missing)
     }
 
-    /// The masters, if the topology serves now (see [`Topology::ready`]).
-    fn serving(&self) -> Option<Vec<Option<u16>>> {
+    /// The masters, if the topology serves now (see [`Topology::ready`]); else why not.
+    fn serving(&self) -> Result<Vec<Option<u16>>, String> {
         let masters = self.masters();
-        if masters.iter().any(Option::is_none) {
-            return None;
+        if let Some(shard) = masters.iter().position(Option::is_none) {
+            return Err(format!("shard {shard} has no master"));
         }
-        let ok = match self.topo {
-            Topo::Sentinel => masters[0].is_some_and(|m| {
-                let name = super::common::topology::MASTER;
-                self.sentinels.iter().all(|s| {
+        let name = super::common::topology::MASTER;
+        match self.topo {
+            Topo::Sentinel => {
+                let m = masters[0].unwrap_or(0);
+                for s in &self.sentinels {
                     let addr = cli(*s, &["sentinel", "get-master-addr-by-name", name]);
                     let state = cli(*s, &["sentinel", "master", name]);
                     let mut lines = state.lines();
                     lines.find(|l| l.trim() == "flags");
-                    addr.lines().nth(1) == Some(m.to_string().as_str())
-                        && lines.next().map(str::trim) == Some("master")
-                }) && cli(m, &["role"]).starts_with("master")
-                    && cli(m, &["info", "replication"]).contains("state=online")
-            }),
-            Topo::Cluster => self.ports().iter().all(|p| {
-                cli(*p, &["cluster", "info"]).contains("cluster_state:ok")
-                    && !cli(*p, &["cluster", "nodes"]).contains("fail")
-            }),
-            _ => self.ports().iter().all(|p| cli(*p, &["ping"]) == "PONG"),
-        };
-        ok.then_some(masters)
+                    let flags = lines.next().unwrap_or("").trim().to_owned();
+                    if addr.lines().nth(1) != Some(m.to_string().as_str())
+                        || flags.contains("down")
+                        || flags.contains("failover")
+                    {
+                        return Err(format!(
+                            "sentinel {s} names {:?} ({flags}), not {m}",
+                            addr.lines().nth(1)
+                        ));
+                    }
+                }
+                if !cli(m, &["role"]).starts_with("master") {
+                    return Err(format!("{m} is not master yet"));
+                }
+                if !cli(m, &["info", "replication"]).contains("state=online") {
+                    return Err(format!("master {m} has no replica online"));
+                }
+            }
+            Topo::Cluster => {
+                for p in self.ports() {
+                    if !cli(p, &["cluster", "info"]).contains("cluster_state:ok")
+                        || cli(p, &["cluster", "nodes"]).contains("fail")
+                    {
+                        return Err(format!("cluster node {p} is not ok or sees a node failing"));
+                    }
+                }
+            }
+            _ => {
+                if let Some(p) = self
+                    .ports()
+                    .into_iter()
+                    .find(|p| cli(*p, &["ping"]) != "PONG")
+                {
+                    return Err(format!("{p} does not answer"));
+                }
+            }
+        }
+        Ok(masters)
     }
 }
 

@@ -147,6 +147,10 @@ fn main() -> ExitCode {
         runtime.block_on(run(&config))
     }));
     runtime.shutdown_timeout(Duration::from_secs(10));
+    let left = processes::reap_children();
+    if left > 0 {
+        eprintln!("nemesis: stopped {left} processes a failed round left running");
+    }
     match outcome {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,

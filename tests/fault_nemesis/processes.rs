@@ -272,3 +272,29 @@ impl Drop for ClientProc {
         self.kill();
     }
 }
+
+/// Kills every child process of this one that is still there (SIGCONT, then SIGKILL),
+/// by pid: the last line of defence when a panic kept a round from being dropped (a
+/// task still holding it). Returns how many there were.
+pub fn reap_children() -> usize {
+    let mut pids = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if let Ok(text) = std::fs::read_to_string(task.path().join("children")) {
+            pids.extend(
+                text.split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok()),
+            );
+        }
+    }
+    for pid in &pids {
+        if let Some(pid) = rustix::process::Pid::from_raw(*pid) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::CONT);
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+    }
+    pids.len()
+}

@@ -77,6 +77,8 @@ pub async fn run(run_seed: u64, plan: &RoundPlan) -> Summary {
     let (start, t0) = (Instant::now(), now_ns());
     let set_up = began.elapsed();
     let stop_polling = CancellationToken::new();
+    // Also when this round panics: the poller holds the world.
+    let _polling = stop_polling.clone().drop_guard();
     let poller = tokio::spawn(nemesis::watch_masters(world.clone(), stop_polling.clone()));
     nemesis::run(world.clone(), faults.clone(), start).await;
     tokio::time::sleep_until(start + plan.window).await;

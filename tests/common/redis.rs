@@ -245,6 +245,13 @@ impl Redis {
         self.start_again();
     }
 
+    /// Starts it again on the same port with whatever its [`Redis::dir`] holds (a
+    /// `dump.rdb`, an AOF), as a crashed server's supervisor would.
+    pub fn restart_as_is(&mut self) {
+        self.kill();
+        self.start_again();
+    }
+
     fn start_again(&mut self) {
         for _ in 0..50 {
             if self.spawn() {
@@ -262,6 +269,17 @@ impl Redis {
     /// Whether the server runs (it was not killed).
     pub fn alive(&self) -> bool {
         self.child.is_some()
+    }
+
+    /// Its pid while it runs (not killed).
+    pub fn running_pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Its `--dir`: where `SAVE` writes `dump.rdb` and `appendonly yes` its AOF, read
+    /// again by [`Redis::restart`].
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir.0
     }
 }
 

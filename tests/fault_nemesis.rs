@@ -149,7 +149,7 @@ fn main() -> ExitCode {
     runtime.shutdown_timeout(Duration::from_secs(10));
     let left = processes::reap_children();
     if left > 0 {
-        eprintln!("nemesis: stopped {left} processes a failed round left running");
+        eprintln!("nemesis: stopped {left} processes still running at the end (left by a round)");
     }
     match outcome {
         Ok(true) => ExitCode::SUCCESS,

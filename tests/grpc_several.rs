@@ -10,6 +10,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::records::{record_key, record_lines};
 use common::topology::{ClusterSetup, SentinelSetup};
 use common::{
     Client, LeaseStream, Redis, Setup, Sidecar, acquire, acquire_all, namespace, secs, waiting_for,
@@ -436,5 +437,113 @@ async fn philosophers_eat_on_redlock() {
     assert_eq!(
         lease.expect_rejected(id).await.code,
         Code::Unimplemented as i32
+    );
+}
+
+/// Script calls (`EVALSHA`, `EVAL`) Redis has run so far: every store call of the
+/// sidecar is one, and so is each write of a session record.
+fn script_calls(redis: &Redis) -> u64 {
+    redis
+        .cli(&["info", "commandstats"])
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// Waits until the session's record lists `locks` grants: its writes are counted too.
+async fn recorded(redis: &Redis, ns: &str, sid: &str, locks: usize) {
+    let key = record_key(ns, sid);
+    let deadline = tokio::time::Instant::now() + common::PATIENCE;
+    while record_lines(|args| redis.cli(args), &key) != locks {
+        assert!(tokio::time::Instant::now() < deadline, "record of {sid}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// What an `AcquireAll` of N keys costs the store, against N single acquires of the
+/// same keys (issue 36, item 2), and that a waiting one does not poll: from its first
+/// try to its timeout, the store runs only what that first try and its end need.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_all_costs_no_more_store_calls_than_its_single_acquires() {
+    const N: usize = 4;
+    let redis = Redis::start();
+    let ns = namespace();
+    let sidecar = Sidecar::start(redis_store(&redis.url(), &ns)).await;
+    let client = sidecar.client().await;
+    let mut app = client.lease().await;
+    let sid = app.session_id.clone();
+    let keys: Vec<String> = (0..N).map(|i| format!("account-{i}")).collect();
+    let names: Vec<&str> = keys.iter().map(String::as_str).collect();
+    // A long TTL: no renewal falls inside the counts.
+    let long = |a: proto::AcquireAll| proto::AcquireAll {
+        ttl: Some(secs(120.0)),
+        ..a
+    };
+    let release_all = async |app: &mut LeaseStream| {
+        for k in &names {
+            app.release(k).await;
+        }
+        recorded(&redis, &ns, &sid, 0).await;
+    };
+    // Warm: the connection's first calls (scripts loaded, the epoch marker read).
+    granted_all(&mut app, long(acquire_all(&names))).await;
+    release_all(&mut app).await;
+
+    let before = script_calls(&redis);
+    for k in &names {
+        let id = app
+            .send_acquire(proto::Acquire {
+                ttl: Some(secs(120.0)),
+                ..acquire(k)
+            })
+            .await;
+        app.expect_granted(id).await;
+    }
+    recorded(&redis, &ns, &sid, N).await;
+    let singles = script_calls(&redis) - before;
+    release_all(&mut app).await;
+    let before = script_calls(&redis);
+    granted_all(&mut app, long(acquire_all(&names))).await;
+    recorded(&redis, &ns, &sid, N).await;
+    let all = script_calls(&redis) - before;
+    eprintln!(
+        "script calls, the record's writes included: AcquireAll of {N} keys {all}, {N} single acquires {singles}"
+    );
+    assert!(all <= singles, "AcquireAll {all} > singles {singles}");
+    release_all(&mut app).await;
+
+    // Waiting for a key somebody holds, until the timeout: no polling.
+    let mut other = client.lease().await;
+    other.grant(names[N - 1]).await;
+    let before = script_calls(&redis);
+    let id = app.send_acquire_all(long(waiting_all(&names, 1.0))).await;
+    assert_eq!(
+        app.not_acquired_after_wait(id).await.1,
+        Reason::Timeout as i32
+    );
+    let waited = script_calls(&redis) - before;
+    let before = script_calls(&redis);
+    let id = app.send_acquire(waiting_for(names[N - 1], 1.0)).await;
+    app.expect_waiting(id).await;
+    assert_eq!(app.expect_not_acquired(id).await, Reason::Timeout as i32);
+    let waited_single = script_calls(&redis) - before;
+    eprintln!(
+        "script calls while waiting 1 s until the timeout: AcquireAll of {N} keys {waited}, one acquire {waited_single}"
+    );
+    // A try is N acquires and N-1 given back; the first busy answer is followed by
+    // one more, which registers the request on every key; then its end (N unwaits).
+    // Three tries' worth at most: a poll every 100 ms would be ten more tries (70).
+    let try_calls = 2 * N as u64 - 1;
+    assert!(
+        waited <= 3 * try_calls + N as u64 + waited_single,
+        "{waited} script calls while waiting"
     );
 }

@@ -63,10 +63,12 @@ pub(super) enum AllResult {
 /// One try of every claim at once: the grants made, or what kept them from it.
 enum Tried {
     All(Vec<(usize, u64, Instant)>),
-    /// Busy: the grants made meanwhile (to give back), the first busy key's place and
-    /// when to look again, its queue position, and the ticket the store offered.
+    /// Busy: the grants made meanwhile (to give back), the claims that were busy (by
+    /// their index in the claims), the first busy key's place and when to look again,
+    /// its queue position, and the ticket the store offered.
     Busy {
         taken: Vec<(usize, u64)>,
+        busy: Vec<usize>,
         at: usize,
         look: Duration,
         position: u32,
@@ -116,6 +118,7 @@ async fn attempts(op: &mut AllOp) -> AllResult {
             }
             Tried::Busy {
                 taken,
+                busy,
                 at,
                 look,
                 position,
@@ -163,9 +166,16 @@ async fn attempts(op: &mut AllOp) -> AllResult {
                 }
                 let ttl = op.claims.first().map_or(look, |(_, c)| c.ttl);
                 let look_again = Instant::now() + (look + Duration::from_millis(1)).min(ttl / 3);
-                let wakes = op.guards.iter().map(|g| Box::pin(g.notified()));
+                // Woken by the keys that were busy only: a key this try took and gave
+                // back is free (its own release would wake it for nothing, again and
+                // again); should another take it meanwhile, the next try finds it busy.
+                let wakes: Vec<_> = busy
+                    .iter()
+                    .filter_map(|i| op.guards.get(*i))
+                    .map(|g| Box::pin(g.notified()))
+                    .collect();
                 let woken = async {
-                    match op.guards.is_empty() {
+                    match wakes.is_empty() {
                         true => std::future::pending().await,
                         false => drop(select_all(wakes).await),
                     }
@@ -177,9 +187,12 @@ async fn attempts(op: &mut AllOp) -> AllResult {
                     _ = tokio::time::sleep_until(until) => return AllResult::Timeout(at),
                     _ = tokio::time::sleep_until(look_again) => {}
                 }
-                if collisions > 0 {
+                // The first try after a wake goes at once (a release woke it: the usual
+                // handoff); one that collides again backs off, so that two requests
+                // woken by each other's give-backs do not meet forever.
+                if collisions > 1 {
                     tokio::select! {
-                        _ = tokio::time::sleep(backoff(collisions)) => {}
+                        _ = tokio::time::sleep(backoff(collisions - 1)) => {}
                         _ = op.cancel.cancelled() => return AllResult::Cancelled(at),
                         _ = tokio::time::sleep_until(until) => return AllResult::Timeout(at),
                     }
@@ -207,9 +220,10 @@ async fn try_all(op: &AllOp) -> Tried {
     let answers = join_all(tries).await;
     let mut taken = Vec::new();
     let mut busy: Option<(usize, Duration, u32, u64)> = None;
+    let mut busy_claims = Vec::new();
     let mut failed = None;
     let mut sent = Vec::new();
-    for (at, sent_at, answer) in answers {
+    for (i, (at, sent_at, answer)) in answers.into_iter().enumerate() {
         match answer {
             Ok(Acquired::Granted { fence }) => {
                 taken.push((at, fence));
@@ -220,6 +234,7 @@ async fn try_all(op: &AllOp) -> Tried {
                 position,
                 ticket,
             }) => {
+                busy_claims.push(i);
                 let first = busy.is_none_or(|(_, look, _, _)| expires_in < look);
                 let best = busy.map_or(ticket, |(_, _, _, t)| t.max(ticket));
                 if first {
@@ -242,6 +257,7 @@ async fn try_all(op: &AllOp) -> Tried {
     match busy {
         Some((at, look, position, ticket)) => Tried::Busy {
             taken,
+            busy: busy_claims,
             at,
             look,
             position,

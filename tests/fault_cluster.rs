@@ -329,6 +329,57 @@ async fn a_frozen_master_puts_only_its_own_locks_in_jeopardy() {
     }
 }
 
+/// The same with the master SIGKILLed and left down (the nemesis met it: a killed
+/// master, no failover within the 15 s node timeout, once cost locks on the healthy
+/// masters: "the epoch marker of this key's master could not be read"): its calls
+/// fail at once rather than time out, and only its own locks hear of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_master_puts_only_its_own_locks_in_jeopardy() {
+    for master in 0..3 {
+        frozen_master_costs_only_its_locks(Freeze::Killed(master)).await;
+    }
+}
+
+/// A sidecar that starts while one master is down (killed, no failover within the 15 s
+/// node timeout: a pod restarted at the wrong moment) grants the keys of the two
+/// healthy masters at once; only the dead master's keys are unavailable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_started_while_a_master_is_down_grants_on_the_others() {
+    let mut cluster = tokio::task::block_in_place(|| ClusterSetup::start_with_node_timeout(15_000));
+    let ns = namespace();
+    let keys = keys_per_master(&cluster, &ns, 2);
+    let dead = keys[0].1;
+    // An earlier sidecar has read every master's marker, as a fleet's would have.
+    let before = Sidecar::start(store(&cluster.url(), &ns)).await;
+    before.client().await.lease().await.grant(&keys[2].0).await;
+    cluster.kill(dead);
+    let sidecar = Sidecar::start(store(&cluster.url(), &ns)).await;
+    let mut lease = sidecar.client().await.lease().await;
+    for (key, master) in &keys {
+        let id = lease
+            .send_acquire(proto::Acquire {
+                ttl: Some(secs(5.0)),
+                ..acquire(key)
+            })
+            .await;
+        let started = Instant::now();
+        match lease.next().await {
+            Event::Granted(g) => {
+                assert_ne!(*master, dead, "{key} granted on the dead master");
+                assert_eq!(g.request_id, id);
+                eprintln!("{key}: granted in {:?}", started.elapsed());
+            }
+            Event::Rejected(r) => {
+                assert_eq!(*master, dead, "{key} on a healthy master refused: {r:?}");
+                assert_eq!(r.code, tonic::Code::Unavailable as i32, "{r:?}");
+            }
+            Event::NotAcquired(n) if n.key == keys[2].0 => {}
+            other => panic!("{key}: unexpected {other:?}"),
+        }
+    }
+    drop(before);
+}
+
 /// Issue 25: the same with the frozen master the one that holds the sidecar's own keys
 /// (its session's record and its attachment): the journal is off the lock path, so
 /// the locks of the healthy masters hear nothing either.
@@ -394,6 +445,8 @@ async fn journal_on_one_master(cluster: &ClusterSetup, ns: &str) -> (Sidecar, Le
 enum Freeze {
     /// The master of the `n`th key (of three, one per master).
     Master(usize),
+    /// The same master, SIGKILLed (and not restarted) rather than stopped.
+    Killed(usize),
     /// The master of the session's record, the sidecar's attachment on it too.
     TheJournals,
 }
@@ -405,7 +458,7 @@ async fn frozen_master_costs_only_its_locks(which: Freeze) {
     let ns = namespace();
     let keys = keys_per_master(&cluster, &ns, PER_MASTER);
     let (sidecar, mut lease, frozen) = match which {
-        Freeze::Master(n) => {
+        Freeze::Master(n) | Freeze::Killed(n) => {
             let options = RedisOptions::default();
             let store = RedisStore::with_options(&cluster.url(), &ns, &options);
             let sidecar = Sidecar::start(Arc::new(store.expect("cluster store"))).await;
@@ -431,7 +484,10 @@ async fn frozen_master_costs_only_its_locks(which: Freeze) {
     );
     // `cluster` SIGCONTs every frozen node when dropped, also when an assertion below
     // panics: no node outlives the test stopped.
-    cluster.freeze(frozen);
+    match which {
+        Freeze::Killed(_) => cluster.kill(frozen),
+        _ => cluster.freeze(frozen),
+    }
     let froze = Instant::now();
     let mut events: Vec<(String, &'static str, Duration)> = Vec::new();
     // The freeze, then 1.5 s after the thaw: renewals of the healthy masters' locks

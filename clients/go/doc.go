@@ -24,6 +24,7 @@
 //   - client.go: Connect, Close, the session a Client keeps, the health heartbeat.
 //   - options.go: Connect's and Lock's options.
 //   - lock.go: Lock, its states, Unlock, Proclaim.
+//   - lock_all.go: LockAll, several keys at once (all or none), and its LockSet.
 //   - session.go: one Lease stream: answers routed by request_id, events by
 //     (holder, key).
 //   - resume.go: a broken stream: suspend, resume with backoff, restore or lose.

@@ -88,6 +88,7 @@ type Lock struct {
 	err     *LostError
 	expiry  *time.Timer // while suspended: when the TTL has passed since the break
 	release *pending    // an Unlock in flight
+	set     *LockSet    // the LockAll it came from, if any
 }
 
 // Key is the lock's name.

@@ -46,6 +46,8 @@ type pending struct {
 	resp   *pb.LeaseResponse // the answer
 	err    error             // or why there will be none
 	done   chan struct{}     // closed once resp or err is set
+	keys   []string          // an AcquireAll's keys (lock_all.go); nil for one key
+	set    *LockSet          // an AcquireAll's grants
 }
 
 // finish resolves p (s.mu held; p already out of s.pending).
@@ -231,6 +233,8 @@ func (s *session) dispatch(msg *pb.LeaseResponse) {
 	switch ev := msg.GetEvent().(type) {
 	case *pb.LeaseResponse_Granted:
 		s.answered(ev.Granted.GetRequestId(), msg)
+	case *pb.LeaseResponse_GrantedAll:
+		s.answered(ev.GrantedAll.GetRequestId(), msg)
 	case *pb.LeaseResponse_NotAcquired:
 		s.answered(ev.NotAcquired.GetRequestId(), msg)
 	case *pb.LeaseResponse_Rejected:
@@ -295,7 +299,9 @@ func (s *session) answered(rid uint64, msg *pb.LeaseResponse) {
 	delete(s.pending, rid)
 	switch p.kind {
 	case acquireRequest:
-		if g := msg.GetGranted(); g != nil {
+		if all := msg.GetGrantedAll(); all != nil && p.keys != nil {
+			s.grantedAll(p, all)
+		} else if g := msg.GetGranted(); g != nil && p.keys == nil {
 			keep := max(p.keep, g.GetTtl().AsDuration())
 			l := &Lock{
 				s:       s,
@@ -333,6 +339,9 @@ func (s *session) lose(l *Lock, reason string) {
 			"fencing_token", l.token, "reason", reason)
 	}
 	close(l.lost)
+	if l.set != nil {
+		l.set.lostOne(l)
+	}
 	l.setState(Lost)
 }
 

@@ -1,5 +1,5 @@
 // A Go fragment inside a function that returns an error, with `ctx` and the stand-ins
-// `store` and `data` in scope: tests/client_doc_examples.rs puts it in place of the
+// `store`, `data` and `ledger` in scope: tests/client_doc_examples.rs puts it in place of the
 // EXAMPLE line, builds the program against clients/go and runs it ($LOCKSIDE_ADDR).
 package main
 
@@ -27,9 +27,19 @@ func (resource) Write(data []byte, fencingToken uint64) error {
 	return nil
 }
 
+// Accounts whose every write carries the fencing token of the account's key.
+type accounts map[string]int
+
+func (a accounts) Add(name string, amount int, fencingToken uint64) error {
+	a[name] += amount
+	fmt.Printf("%s: %+d with fencing token %d, balance %d\n", name, amount, fencingToken, a[name])
+	return nil
+}
+
 var (
-	store resource
-	data  = []byte("the report")
+	store  resource
+	data   = []byte("the report")
+	ledger = accounts{"alice": 100, "bob": 0}
 )
 
 func run(ctx context.Context) error {

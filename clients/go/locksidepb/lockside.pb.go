@@ -149,7 +149,7 @@ func (x NotAcquired_Reason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use NotAcquired_Reason.Descriptor instead.
 func (NotAcquired_Reason) EnumDescriptor() ([]byte, []int) {
-	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{8, 0}
+	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{10, 0}
 }
 
 // LeaseRequest is one command from the client on a `Lease` stream.
@@ -163,6 +163,7 @@ type LeaseRequest struct {
 	//	*LeaseRequest_Acquire
 	//	*LeaseRequest_Release
 	//	*LeaseRequest_Proclaim
+	//	*LeaseRequest_AcquireAll
 	Command       isLeaseRequest_Command `protobuf_oneof:"command"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -232,6 +233,15 @@ func (x *LeaseRequest) GetProclaim() *Proclaim {
 	return nil
 }
 
+func (x *LeaseRequest) GetAcquireAll() *AcquireAll {
+	if x != nil {
+		if x, ok := x.Command.(*LeaseRequest_AcquireAll); ok {
+			return x.AcquireAll
+		}
+	}
+	return nil
+}
+
 type isLeaseRequest_Command interface {
 	isLeaseRequest_Command()
 }
@@ -251,11 +261,136 @@ type LeaseRequest_Proclaim struct {
 	Proclaim *Proclaim `protobuf:"bytes,3,opt,name=proclaim,proto3,oneof"`
 }
 
+type LeaseRequest_AcquireAll struct {
+	// Take (or wait for) several locks at once: all or none.
+	AcquireAll *AcquireAll `protobuf:"bytes,4,opt,name=acquire_all,json=acquireAll,proto3,oneof"`
+}
+
 func (*LeaseRequest_Acquire) isLeaseRequest_Command() {}
 
 func (*LeaseRequest_Release) isLeaseRequest_Command() {}
 
 func (*LeaseRequest_Proclaim) isLeaseRequest_Command() {}
+
+func (*LeaseRequest_AcquireAll) isLeaseRequest_Command() {}
+
+// AcquireAll asks for every lock of `keys` at once: the answer is `GrantedAll` (every
+// key held), `NotAcquired` (nothing held, nothing left in the store; `key` names one
+// key that was not free) or `Rejected`, carrying the same `request_id`; `Waiting` (its
+// `key`: one key it waits for) may come first. No deadlock: any number of sessions
+// asking for overlapping sets, in any order, all complete (a waiting request holds
+// nothing). With `fair`, a waiting request is granted before later requests for any of
+// its keys. After `GrantedAll` each key is a lock of its own: `Release` by key, `Lost`,
+// `Jeopardy`, `Restored` and a fencing token per key. A key this holder already holds
+// is re-entered (its hold count grows). A `Release` of one of the keys while the
+// request waits cancels the whole request (`NotAcquired` CANCELLED).
+type AcquireAll struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The client's id for this request, echoed in its answers.
+	RequestId uint64 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// 2 to 64 distinct keys, each as `Acquire.key` allows (else INVALID_ARGUMENT).
+	Keys []string `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	// How long to wait while a key is busy; unset or zero: do not wait.
+	WaitTimeout *durationpb.Duration `protobuf:"bytes,3,opt,name=wait_timeout,json=waitTimeout,proto3" json:"wait_timeout,omitempty"`
+	// The mode of every key (UNSPECIFIED = EXCLUSIVE). Semaphores are single keys.
+	Mode LockMode `protobuf:"varint,4,opt,name=mode,proto3,enum=lockside.v1.LockMode" json:"mode,omitempty"`
+	// Not overtaken by later requests for any of its keys that are fair too.
+	Fair bool `protobuf:"varint,5,opt,name=fair,proto3" json:"fair,omitempty"`
+	// The TTL of every grant; unset: the sidecar's default.
+	Ttl *durationpb.Duration `protobuf:"bytes,6,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// Who in the session asks, as `Acquire.holder`.
+	Holder string `protobuf:"bytes,7,opt,name=holder,proto3" json:"holder,omitempty"`
+	// W3C trace context of the caller, as `Acquire.traceparent`.
+	Traceparent   string `protobuf:"bytes,8,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquireAll) Reset() {
+	*x = AcquireAll{}
+	mi := &file_lockside_v1_lockside_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquireAll) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquireAll) ProtoMessage() {}
+
+func (x *AcquireAll) ProtoReflect() protoreflect.Message {
+	mi := &file_lockside_v1_lockside_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquireAll.ProtoReflect.Descriptor instead.
+func (*AcquireAll) Descriptor() ([]byte, []int) {
+	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *AcquireAll) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
+}
+
+func (x *AcquireAll) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *AcquireAll) GetWaitTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.WaitTimeout
+	}
+	return nil
+}
+
+func (x *AcquireAll) GetMode() LockMode {
+	if x != nil {
+		return x.Mode
+	}
+	return LockMode_LOCK_MODE_UNSPECIFIED
+}
+
+func (x *AcquireAll) GetFair() bool {
+	if x != nil {
+		return x.Fair
+	}
+	return false
+}
+
+func (x *AcquireAll) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *AcquireAll) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+func (x *AcquireAll) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
+}
 
 // Acquire asks for the lock `key`. It is answered by exactly one of `Granted`,
 // `NotAcquired` or `Rejected` carrying the same `request_id`; `Waiting` may come
@@ -317,7 +452,7 @@ type Acquire struct {
 
 func (x *Acquire) Reset() {
 	*x = Acquire{}
-	mi := &file_lockside_v1_lockside_proto_msgTypes[1]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -329,7 +464,7 @@ func (x *Acquire) String() string {
 func (*Acquire) ProtoMessage() {}
 
 func (x *Acquire) ProtoReflect() protoreflect.Message {
-	mi := &file_lockside_v1_lockside_proto_msgTypes[1]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -342,7 +477,7 @@ func (x *Acquire) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Acquire.ProtoReflect.Descriptor instead.
 func (*Acquire) Descriptor() ([]byte, []int) {
-	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{1}
+	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Acquire) GetRequestId() uint64 {
@@ -439,7 +574,7 @@ type Proclaim struct {
 
 func (x *Proclaim) Reset() {
 	*x = Proclaim{}
-	mi := &file_lockside_v1_lockside_proto_msgTypes[2]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -451,7 +586,7 @@ func (x *Proclaim) String() string {
 func (*Proclaim) ProtoMessage() {}
 
 func (x *Proclaim) ProtoReflect() protoreflect.Message {
-	mi := &file_lockside_v1_lockside_proto_msgTypes[2]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -464,7 +599,7 @@ func (x *Proclaim) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Proclaim.ProtoReflect.Descriptor instead.
 func (*Proclaim) Descriptor() ([]byte, []int) {
-	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{2}
+	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Proclaim) GetRequestId() uint64 {
@@ -516,7 +651,7 @@ type Release struct {
 
 func (x *Release) Reset() {
 	*x = Release{}
-	mi := &file_lockside_v1_lockside_proto_msgTypes[3]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -528,7 +663,7 @@ func (x *Release) String() string {
 func (*Release) ProtoMessage() {}
 
 func (x *Release) ProtoReflect() protoreflect.Message {
-	mi := &file_lockside_v1_lockside_proto_msgTypes[3]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -541,7 +676,7 @@ func (x *Release) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Release.ProtoReflect.Descriptor instead.
 func (*Release) Descriptor() ([]byte, []int) {
-	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{3}
+	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Release) GetRequestId() uint64 {
@@ -588,6 +723,7 @@ type LeaseResponse struct {
 	//	*LeaseResponse_Jeopardy
 	//	*LeaseResponse_Restored
 	//	*LeaseResponse_Proclaimed
+	//	*LeaseResponse_GrantedAll
 	Event         isLeaseResponse_Event `protobuf_oneof:"event"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -595,7 +731,7 @@ type LeaseResponse struct {
 
 func (x *LeaseResponse) Reset() {
 	*x = LeaseResponse{}
-	mi := &file_lockside_v1_lockside_proto_msgTypes[4]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -607,7 +743,7 @@ func (x *LeaseResponse) String() string {
 func (*LeaseResponse) ProtoMessage() {}
 
 func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lockside_v1_lockside_proto_msgTypes[4]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -620,7 +756,7 @@ func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseResponse.ProtoReflect.Descriptor instead.
 func (*LeaseResponse) Descriptor() ([]byte, []int) {
-	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{4}
+	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *LeaseResponse) GetEvent() isLeaseResponse_Event {
@@ -720,6 +856,15 @@ func (x *LeaseResponse) GetProclaimed() *Proclaimed {
 	return nil
 }
 
+func (x *LeaseResponse) GetGrantedAll() *GrantedAll {
+	if x != nil {
+		if x, ok := x.Event.(*LeaseResponse_GrantedAll); ok {
+			return x.GrantedAll
+		}
+	}
+	return nil
+}
+
 type isLeaseResponse_Event interface {
 	isLeaseResponse_Event()
 }
@@ -774,6 +919,11 @@ type LeaseResponse_Proclaimed struct {
 	Proclaimed *Proclaimed `protobuf:"bytes,10,opt,name=proclaimed,proto3,oneof"`
 }
 
+type LeaseResponse_GrantedAll struct {
+	// Every key of an `AcquireAll` is held.
+	GrantedAll *GrantedAll `protobuf:"bytes,11,opt,name=granted_all,json=grantedAll,proto3,oneof"`
+}
+
 func (*LeaseResponse_Started) isLeaseResponse_Event() {}
 
 func (*LeaseResponse_Granted) isLeaseResponse_Event() {}
@@ -793,6 +943,65 @@ func (*LeaseResponse_Jeopardy) isLeaseResponse_Event() {}
 func (*LeaseResponse_Restored) isLeaseResponse_Event() {}
 
 func (*LeaseResponse_Proclaimed) isLeaseResponse_Event() {}
+
+func (*LeaseResponse_GrantedAll) isLeaseResponse_Event() {}
+
+// GrantedAll: every key of an `AcquireAll` is held; one `Granted` per key, in the order
+// asked, each with its own fencing token and hold count (`request_id` the
+// `AcquireAll`'s).
+type GrantedAll struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The `AcquireAll.request_id` this answers.
+	RequestId uint64 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// One per key, in the order of `AcquireAll.keys`.
+	Grants        []*Granted `protobuf:"bytes,2,rep,name=grants,proto3" json:"grants,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GrantedAll) Reset() {
+	*x = GrantedAll{}
+	mi := &file_lockside_v1_lockside_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GrantedAll) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GrantedAll) ProtoMessage() {}
+
+func (x *GrantedAll) ProtoReflect() protoreflect.Message {
+	mi := &file_lockside_v1_lockside_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GrantedAll.ProtoReflect.Descriptor instead.
+func (*GrantedAll) Descriptor() ([]byte, []int) {
+	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *GrantedAll) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
+}
+
+func (x *GrantedAll) GetGrants() []*Granted {
+	if x != nil {
+		return x.Grants
+	}
+	return nil
+}
 
 // SessionStarted opens every `Lease` stream.
 type SessionStarted struct {
@@ -839,7 +1048,7 @@ type SessionStarted struct {
 
 func (x *SessionStarted) Reset() {
 	*x = SessionStarted{}
-	mi := &file_lockside_v1_lockside_proto_msgTypes[5]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -851,7 +1060,7 @@ func (x *SessionStarted) String() string {
 func (*SessionStarted) ProtoMessage() {}
 
 func (x *SessionStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_lockside_v1_lockside_proto_msgTypes[5]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -864,7 +1073,7 @@ func (x *SessionStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionStarted.ProtoReflect.Descriptor instead.
 func (*SessionStarted) Descriptor() ([]byte, []int) {
-	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{5}
+	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SessionStarted) GetSessionId() string {
@@ -924,7 +1133,7 @@ type Granted struct {
 
 func (x *Granted) Reset() {
 	*x = Granted{}
-	mi := &file_lockside_v1_lockside_proto_msgTypes[6]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -936,7 +1145,7 @@ func (x *Granted) String() string {
 func (*Granted) ProtoMessage() {}
 
 func (x *Granted) ProtoReflect() protoreflect.Message {
-	mi := &file_lockside_v1_lockside_proto_msgTypes[6]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -949,7 +1158,7 @@ func (x *Granted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Granted.ProtoReflect.Descriptor instead.
 func (*Granted) Descriptor() ([]byte, []int) {
-	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{6}
+	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Granted) GetRequestId() uint64 {
@@ -1012,7 +1221,7 @@ type Waiting struct {
 
 func (x *Waiting) Reset() {
 	*x = Waiting{}
-	mi := &file_lockside_v1_lockside_proto_msgTypes[7]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1024,7 +1233,7 @@ func (x *Waiting) String() string {
 func (*Waiting) ProtoMessage() {}
 
 func (x *Waiting) ProtoReflect() protoreflect.Message {
-	mi := &file_lockside_v1_lockside_proto_msgTypes[7]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1037,7 +1246,7 @@ func (x *Waiting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Waiting.ProtoReflect.Descriptor instead.
 func (*Waiting) Descriptor() ([]byte, []int) {
-	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{7}
+	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Waiting) GetRequestId() uint64 {
@@ -1085,7 +1294,7 @@ type NotAcquired struct {
 
 func (x *NotAcquired) Reset() {
 	*x = NotAcquired{}
-	mi := &file_lockside_v1_lockside_proto_msgTypes[8]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1097,7 +1306,7 @@ func (x *NotAcquired) String() string {
 func (*NotAcquired) ProtoMessage() {}
 
 func (x *NotAcquired) ProtoReflect() protoreflect.Message {
-	mi := &file_lockside_v1_lockside_proto_msgTypes[8]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1110,7 +1319,7 @@ func (x *NotAcquired) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotAcquired.ProtoReflect.Descriptor instead.
 func (*NotAcquired) Descriptor() ([]byte, []int) {
-	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{8}
+	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *NotAcquired) GetRequestId() uint64 {
@@ -1158,7 +1367,7 @@ type Released struct {
 
 func (x *Released) Reset() {
 	*x = Released{}
-	mi := &file_lockside_v1_lockside_proto_msgTypes[9]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1170,7 +1379,7 @@ func (x *Released) String() string {
 func (*Released) ProtoMessage() {}
 
 func (x *Released) ProtoReflect() protoreflect.Message {
-	mi := &file_lockside_v1_lockside_proto_msgTypes[9]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1183,7 +1392,7 @@ func (x *Released) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Released.ProtoReflect.Descriptor instead.
 func (*Released) Descriptor() ([]byte, []int) {
-	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{9}
+	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Released) GetRequestId() uint64 {
@@ -1232,7 +1441,7 @@ type Lost struct {
 
 func (x *Lost) Reset() {
 	*x = Lost{}
-	mi := &file_lockside_v1_lockside_proto_msgTypes[10]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1244,7 +1453,7 @@ func (x *Lost) String() string {
 func (*Lost) ProtoMessage() {}
 
 func (x *Lost) ProtoReflect() protoreflect.Message {
-	mi := &file_lockside_v1_lockside_proto_msgTypes[10]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1257,7 +1466,7 @@ func (x *Lost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lost.ProtoReflect.Descriptor instead.
 func (*Lost) Descriptor() ([]byte, []int) {
-	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{10}
+	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Lost) GetKey() string {
@@ -1304,7 +1513,7 @@ type Proclaimed struct {
 
 func (x *Proclaimed) Reset() {
 	*x = Proclaimed{}
-	mi := &file_lockside_v1_lockside_proto_msgTypes[11]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1316,7 +1525,7 @@ func (x *Proclaimed) String() string {
 func (*Proclaimed) ProtoMessage() {}
 
 func (x *Proclaimed) ProtoReflect() protoreflect.Message {
-	mi := &file_lockside_v1_lockside_proto_msgTypes[11]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1329,7 +1538,7 @@ func (x *Proclaimed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Proclaimed.ProtoReflect.Descriptor instead.
 func (*Proclaimed) Descriptor() ([]byte, []int) {
-	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{11}
+	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Proclaimed) GetRequestId() uint64 {
@@ -1376,7 +1585,7 @@ type Rejected struct {
 
 func (x *Rejected) Reset() {
 	*x = Rejected{}
-	mi := &file_lockside_v1_lockside_proto_msgTypes[12]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1388,7 +1597,7 @@ func (x *Rejected) String() string {
 func (*Rejected) ProtoMessage() {}
 
 func (x *Rejected) ProtoReflect() protoreflect.Message {
-	mi := &file_lockside_v1_lockside_proto_msgTypes[12]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1401,7 +1610,7 @@ func (x *Rejected) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rejected.ProtoReflect.Descriptor instead.
 func (*Rejected) Descriptor() ([]byte, []int) {
-	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{12}
+	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Rejected) GetRequestId() uint64 {
@@ -1455,7 +1664,7 @@ type Jeopardy struct {
 
 func (x *Jeopardy) Reset() {
 	*x = Jeopardy{}
-	mi := &file_lockside_v1_lockside_proto_msgTypes[13]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1467,7 +1676,7 @@ func (x *Jeopardy) String() string {
 func (*Jeopardy) ProtoMessage() {}
 
 func (x *Jeopardy) ProtoReflect() protoreflect.Message {
-	mi := &file_lockside_v1_lockside_proto_msgTypes[13]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1480,7 +1689,7 @@ func (x *Jeopardy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Jeopardy.ProtoReflect.Descriptor instead.
 func (*Jeopardy) Descriptor() ([]byte, []int) {
-	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{13}
+	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Jeopardy) GetKey() string {
@@ -1519,7 +1728,7 @@ type Restored struct {
 
 func (x *Restored) Reset() {
 	*x = Restored{}
-	mi := &file_lockside_v1_lockside_proto_msgTypes[14]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1531,7 +1740,7 @@ func (x *Restored) String() string {
 func (*Restored) ProtoMessage() {}
 
 func (x *Restored) ProtoReflect() protoreflect.Message {
-	mi := &file_lockside_v1_lockside_proto_msgTypes[14]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1544,7 +1753,7 @@ func (x *Restored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Restored.ProtoReflect.Descriptor instead.
 func (*Restored) Descriptor() ([]byte, []int) {
-	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{14}
+	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Restored) GetKey() string {
@@ -1579,7 +1788,7 @@ type DescribeRequest struct {
 
 func (x *DescribeRequest) Reset() {
 	*x = DescribeRequest{}
-	mi := &file_lockside_v1_lockside_proto_msgTypes[15]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1591,7 +1800,7 @@ func (x *DescribeRequest) String() string {
 func (*DescribeRequest) ProtoMessage() {}
 
 func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lockside_v1_lockside_proto_msgTypes[15]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1604,7 +1813,7 @@ func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeRequest.ProtoReflect.Descriptor instead.
 func (*DescribeRequest) Descriptor() ([]byte, []int) {
-	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{15}
+	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DescribeRequest) GetKey() string {
@@ -1641,7 +1850,7 @@ type DescribeResponse struct {
 
 func (x *DescribeResponse) Reset() {
 	*x = DescribeResponse{}
-	mi := &file_lockside_v1_lockside_proto_msgTypes[16]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1653,7 +1862,7 @@ func (x *DescribeResponse) String() string {
 func (*DescribeResponse) ProtoMessage() {}
 
 func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lockside_v1_lockside_proto_msgTypes[16]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1666,7 +1875,7 @@ func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeResponse.ProtoReflect.Descriptor instead.
 func (*DescribeResponse) Descriptor() ([]byte, []int) {
-	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{16}
+	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DescribeResponse) GetKey() string {
@@ -1737,7 +1946,7 @@ type QueueEntry struct {
 
 func (x *QueueEntry) Reset() {
 	*x = QueueEntry{}
-	mi := &file_lockside_v1_lockside_proto_msgTypes[17]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1749,7 +1958,7 @@ func (x *QueueEntry) String() string {
 func (*QueueEntry) ProtoMessage() {}
 
 func (x *QueueEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_lockside_v1_lockside_proto_msgTypes[17]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1762,7 +1971,7 @@ func (x *QueueEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueueEntry.ProtoReflect.Descriptor instead.
 func (*QueueEntry) Descriptor() ([]byte, []int) {
-	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{17}
+	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *QueueEntry) GetSessionId() string {
@@ -1827,7 +2036,7 @@ type Holder struct {
 
 func (x *Holder) Reset() {
 	*x = Holder{}
-	mi := &file_lockside_v1_lockside_proto_msgTypes[18]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1839,7 +2048,7 @@ func (x *Holder) String() string {
 func (*Holder) ProtoMessage() {}
 
 func (x *Holder) ProtoReflect() protoreflect.Message {
-	mi := &file_lockside_v1_lockside_proto_msgTypes[18]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1852,7 +2061,7 @@ func (x *Holder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Holder.ProtoReflect.Descriptor instead.
 func (*Holder) Descriptor() ([]byte, []int) {
-	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{18}
+	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Holder) GetSessionId() string {
@@ -1915,7 +2124,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_lockside_v1_lockside_proto_msgTypes[19]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1927,7 +2136,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lockside_v1_lockside_proto_msgTypes[19]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1940,7 +2149,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{19}
+	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WatchRequest) GetKey() string {
@@ -1961,7 +2170,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_lockside_v1_lockside_proto_msgTypes[20]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1973,7 +2182,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lockside_v1_lockside_proto_msgTypes[20]
+	mi := &file_lockside_v1_lockside_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1986,7 +2195,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{20}
+	return file_lockside_v1_lockside_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WatchResponse) GetState() *DescribeResponse {
@@ -2000,12 +2209,25 @@ var File_lockside_v1_lockside_proto protoreflect.FileDescriptor
 
 const file_lockside_v1_lockside_proto_rawDesc = "" +
 	"\n" +
-	"\x1alockside/v1/lockside.proto\x12\vlockside.v1\x1a\x1egoogle/protobuf/duration.proto\"\xb2\x01\n" +
+	"\x1alockside/v1/lockside.proto\x12\vlockside.v1\x1a\x1egoogle/protobuf/duration.proto\"\xee\x01\n" +
 	"\fLeaseRequest\x120\n" +
 	"\aacquire\x18\x01 \x01(\v2\x14.lockside.v1.AcquireH\x00R\aacquire\x120\n" +
 	"\arelease\x18\x02 \x01(\v2\x14.lockside.v1.ReleaseH\x00R\arelease\x123\n" +
-	"\bproclaim\x18\x03 \x01(\v2\x15.lockside.v1.ProclaimH\x00R\bproclaimB\t\n" +
-	"\acommand\"\xca\x02\n" +
+	"\bproclaim\x18\x03 \x01(\v2\x15.lockside.v1.ProclaimH\x00R\bproclaim\x12:\n" +
+	"\vacquire_all\x18\x04 \x01(\v2\x17.lockside.v1.AcquireAllH\x00R\n" +
+	"acquireAllB\t\n" +
+	"\acommand\"\xa3\x02\n" +
+	"\n" +
+	"AcquireAll\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\x04R\trequestId\x12\x12\n" +
+	"\x04keys\x18\x02 \x03(\tR\x04keys\x12<\n" +
+	"\fwait_timeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\vwaitTimeout\x12)\n" +
+	"\x04mode\x18\x04 \x01(\x0e2\x15.lockside.v1.LockModeR\x04mode\x12\x12\n" +
+	"\x04fair\x18\x05 \x01(\bR\x04fair\x12+\n" +
+	"\x03ttl\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x16\n" +
+	"\x06holder\x18\a \x01(\tR\x06holder\x12 \n" +
+	"\vtraceparent\x18\b \x01(\tR\vtraceparent\"\xca\x02\n" +
 	"\aAcquire\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\x04R\trequestId\x12\x10\n" +
@@ -2029,7 +2251,7 @@ const file_lockside_v1_lockside_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x01 \x01(\x04R\trequestId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x16\n" +
-	"\x06holder\x18\x03 \x01(\tR\x06holder\"\xac\x04\n" +
+	"\x06holder\x18\x03 \x01(\tR\x06holder\"\xe8\x04\n" +
 	"\rLeaseResponse\x127\n" +
 	"\astarted\x18\x01 \x01(\v2\x1b.lockside.v1.SessionStartedH\x00R\astarted\x120\n" +
 	"\agranted\x18\x02 \x01(\v2\x14.lockside.v1.GrantedH\x00R\agranted\x120\n" +
@@ -2043,8 +2265,15 @@ const file_lockside_v1_lockside_proto_rawDesc = "" +
 	"\n" +
 	"proclaimed\x18\n" +
 	" \x01(\v2\x17.lockside.v1.ProclaimedH\x00R\n" +
-	"proclaimedB\a\n" +
-	"\x05event\"\xb3\x01\n" +
+	"proclaimed\x12:\n" +
+	"\vgranted_all\x18\v \x01(\v2\x17.lockside.v1.GrantedAllH\x00R\n" +
+	"grantedAllB\a\n" +
+	"\x05event\"Y\n" +
+	"\n" +
+	"GrantedAll\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\x04R\trequestId\x12,\n" +
+	"\x06grants\x18\x02 \x03(\v2\x14.lockside.v1.GrantedR\x06grants\"\xb3\x01\n" +
 	"\x0eSessionStarted\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12:\n" +
@@ -2168,72 +2397,80 @@ func file_lockside_v1_lockside_proto_rawDescGZIP() []byte {
 }
 
 var file_lockside_v1_lockside_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_lockside_v1_lockside_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_lockside_v1_lockside_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_lockside_v1_lockside_proto_goTypes = []any{
 	(LockMode)(0),               // 0: lockside.v1.LockMode
 	(NotAcquired_Reason)(0),     // 1: lockside.v1.NotAcquired.Reason
 	(*LeaseRequest)(nil),        // 2: lockside.v1.LeaseRequest
-	(*Acquire)(nil),             // 3: lockside.v1.Acquire
-	(*Proclaim)(nil),            // 4: lockside.v1.Proclaim
-	(*Release)(nil),             // 5: lockside.v1.Release
-	(*LeaseResponse)(nil),       // 6: lockside.v1.LeaseResponse
-	(*SessionStarted)(nil),      // 7: lockside.v1.SessionStarted
-	(*Granted)(nil),             // 8: lockside.v1.Granted
-	(*Waiting)(nil),             // 9: lockside.v1.Waiting
-	(*NotAcquired)(nil),         // 10: lockside.v1.NotAcquired
-	(*Released)(nil),            // 11: lockside.v1.Released
-	(*Lost)(nil),                // 12: lockside.v1.Lost
-	(*Proclaimed)(nil),          // 13: lockside.v1.Proclaimed
-	(*Rejected)(nil),            // 14: lockside.v1.Rejected
-	(*Jeopardy)(nil),            // 15: lockside.v1.Jeopardy
-	(*Restored)(nil),            // 16: lockside.v1.Restored
-	(*DescribeRequest)(nil),     // 17: lockside.v1.DescribeRequest
-	(*DescribeResponse)(nil),    // 18: lockside.v1.DescribeResponse
-	(*QueueEntry)(nil),          // 19: lockside.v1.QueueEntry
-	(*Holder)(nil),              // 20: lockside.v1.Holder
-	(*WatchRequest)(nil),        // 21: lockside.v1.WatchRequest
-	(*WatchResponse)(nil),       // 22: lockside.v1.WatchResponse
-	(*durationpb.Duration)(nil), // 23: google.protobuf.Duration
+	(*AcquireAll)(nil),          // 3: lockside.v1.AcquireAll
+	(*Acquire)(nil),             // 4: lockside.v1.Acquire
+	(*Proclaim)(nil),            // 5: lockside.v1.Proclaim
+	(*Release)(nil),             // 6: lockside.v1.Release
+	(*LeaseResponse)(nil),       // 7: lockside.v1.LeaseResponse
+	(*GrantedAll)(nil),          // 8: lockside.v1.GrantedAll
+	(*SessionStarted)(nil),      // 9: lockside.v1.SessionStarted
+	(*Granted)(nil),             // 10: lockside.v1.Granted
+	(*Waiting)(nil),             // 11: lockside.v1.Waiting
+	(*NotAcquired)(nil),         // 12: lockside.v1.NotAcquired
+	(*Released)(nil),            // 13: lockside.v1.Released
+	(*Lost)(nil),                // 14: lockside.v1.Lost
+	(*Proclaimed)(nil),          // 15: lockside.v1.Proclaimed
+	(*Rejected)(nil),            // 16: lockside.v1.Rejected
+	(*Jeopardy)(nil),            // 17: lockside.v1.Jeopardy
+	(*Restored)(nil),            // 18: lockside.v1.Restored
+	(*DescribeRequest)(nil),     // 19: lockside.v1.DescribeRequest
+	(*DescribeResponse)(nil),    // 20: lockside.v1.DescribeResponse
+	(*QueueEntry)(nil),          // 21: lockside.v1.QueueEntry
+	(*Holder)(nil),              // 22: lockside.v1.Holder
+	(*WatchRequest)(nil),        // 23: lockside.v1.WatchRequest
+	(*WatchResponse)(nil),       // 24: lockside.v1.WatchResponse
+	(*durationpb.Duration)(nil), // 25: google.protobuf.Duration
 }
 var file_lockside_v1_lockside_proto_depIdxs = []int32{
-	3,  // 0: lockside.v1.LeaseRequest.acquire:type_name -> lockside.v1.Acquire
-	5,  // 1: lockside.v1.LeaseRequest.release:type_name -> lockside.v1.Release
-	4,  // 2: lockside.v1.LeaseRequest.proclaim:type_name -> lockside.v1.Proclaim
-	23, // 3: lockside.v1.Acquire.wait_timeout:type_name -> google.protobuf.Duration
-	0,  // 4: lockside.v1.Acquire.mode:type_name -> lockside.v1.LockMode
-	23, // 5: lockside.v1.Acquire.ttl:type_name -> google.protobuf.Duration
-	7,  // 6: lockside.v1.LeaseResponse.started:type_name -> lockside.v1.SessionStarted
-	8,  // 7: lockside.v1.LeaseResponse.granted:type_name -> lockside.v1.Granted
-	9,  // 8: lockside.v1.LeaseResponse.waiting:type_name -> lockside.v1.Waiting
-	10, // 9: lockside.v1.LeaseResponse.not_acquired:type_name -> lockside.v1.NotAcquired
-	11, // 10: lockside.v1.LeaseResponse.released:type_name -> lockside.v1.Released
-	12, // 11: lockside.v1.LeaseResponse.lost:type_name -> lockside.v1.Lost
-	14, // 12: lockside.v1.LeaseResponse.rejected:type_name -> lockside.v1.Rejected
-	15, // 13: lockside.v1.LeaseResponse.jeopardy:type_name -> lockside.v1.Jeopardy
-	16, // 14: lockside.v1.LeaseResponse.restored:type_name -> lockside.v1.Restored
-	13, // 15: lockside.v1.LeaseResponse.proclaimed:type_name -> lockside.v1.Proclaimed
-	23, // 16: lockside.v1.SessionStarted.default_ttl:type_name -> google.protobuf.Duration
-	23, // 17: lockside.v1.Granted.ttl:type_name -> google.protobuf.Duration
-	1,  // 18: lockside.v1.NotAcquired.reason:type_name -> lockside.v1.NotAcquired.Reason
-	23, // 19: lockside.v1.Jeopardy.ttl_remaining:type_name -> google.protobuf.Duration
-	23, // 20: lockside.v1.Restored.ttl:type_name -> google.protobuf.Duration
-	0,  // 21: lockside.v1.DescribeResponse.mode:type_name -> lockside.v1.LockMode
-	20, // 22: lockside.v1.DescribeResponse.holders:type_name -> lockside.v1.Holder
-	19, // 23: lockside.v1.DescribeResponse.queue:type_name -> lockside.v1.QueueEntry
-	0,  // 24: lockside.v1.QueueEntry.mode:type_name -> lockside.v1.LockMode
-	23, // 25: lockside.v1.Holder.ttl_remaining:type_name -> google.protobuf.Duration
-	18, // 26: lockside.v1.WatchResponse.state:type_name -> lockside.v1.DescribeResponse
-	2,  // 27: lockside.v1.LockService.Lease:input_type -> lockside.v1.LeaseRequest
-	17, // 28: lockside.v1.LockService.Describe:input_type -> lockside.v1.DescribeRequest
-	21, // 29: lockside.v1.LockService.Watch:input_type -> lockside.v1.WatchRequest
-	6,  // 30: lockside.v1.LockService.Lease:output_type -> lockside.v1.LeaseResponse
-	18, // 31: lockside.v1.LockService.Describe:output_type -> lockside.v1.DescribeResponse
-	22, // 32: lockside.v1.LockService.Watch:output_type -> lockside.v1.WatchResponse
-	30, // [30:33] is the sub-list for method output_type
-	27, // [27:30] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	4,  // 0: lockside.v1.LeaseRequest.acquire:type_name -> lockside.v1.Acquire
+	6,  // 1: lockside.v1.LeaseRequest.release:type_name -> lockside.v1.Release
+	5,  // 2: lockside.v1.LeaseRequest.proclaim:type_name -> lockside.v1.Proclaim
+	3,  // 3: lockside.v1.LeaseRequest.acquire_all:type_name -> lockside.v1.AcquireAll
+	25, // 4: lockside.v1.AcquireAll.wait_timeout:type_name -> google.protobuf.Duration
+	0,  // 5: lockside.v1.AcquireAll.mode:type_name -> lockside.v1.LockMode
+	25, // 6: lockside.v1.AcquireAll.ttl:type_name -> google.protobuf.Duration
+	25, // 7: lockside.v1.Acquire.wait_timeout:type_name -> google.protobuf.Duration
+	0,  // 8: lockside.v1.Acquire.mode:type_name -> lockside.v1.LockMode
+	25, // 9: lockside.v1.Acquire.ttl:type_name -> google.protobuf.Duration
+	9,  // 10: lockside.v1.LeaseResponse.started:type_name -> lockside.v1.SessionStarted
+	10, // 11: lockside.v1.LeaseResponse.granted:type_name -> lockside.v1.Granted
+	11, // 12: lockside.v1.LeaseResponse.waiting:type_name -> lockside.v1.Waiting
+	12, // 13: lockside.v1.LeaseResponse.not_acquired:type_name -> lockside.v1.NotAcquired
+	13, // 14: lockside.v1.LeaseResponse.released:type_name -> lockside.v1.Released
+	14, // 15: lockside.v1.LeaseResponse.lost:type_name -> lockside.v1.Lost
+	16, // 16: lockside.v1.LeaseResponse.rejected:type_name -> lockside.v1.Rejected
+	17, // 17: lockside.v1.LeaseResponse.jeopardy:type_name -> lockside.v1.Jeopardy
+	18, // 18: lockside.v1.LeaseResponse.restored:type_name -> lockside.v1.Restored
+	15, // 19: lockside.v1.LeaseResponse.proclaimed:type_name -> lockside.v1.Proclaimed
+	8,  // 20: lockside.v1.LeaseResponse.granted_all:type_name -> lockside.v1.GrantedAll
+	10, // 21: lockside.v1.GrantedAll.grants:type_name -> lockside.v1.Granted
+	25, // 22: lockside.v1.SessionStarted.default_ttl:type_name -> google.protobuf.Duration
+	25, // 23: lockside.v1.Granted.ttl:type_name -> google.protobuf.Duration
+	1,  // 24: lockside.v1.NotAcquired.reason:type_name -> lockside.v1.NotAcquired.Reason
+	25, // 25: lockside.v1.Jeopardy.ttl_remaining:type_name -> google.protobuf.Duration
+	25, // 26: lockside.v1.Restored.ttl:type_name -> google.protobuf.Duration
+	0,  // 27: lockside.v1.DescribeResponse.mode:type_name -> lockside.v1.LockMode
+	22, // 28: lockside.v1.DescribeResponse.holders:type_name -> lockside.v1.Holder
+	21, // 29: lockside.v1.DescribeResponse.queue:type_name -> lockside.v1.QueueEntry
+	0,  // 30: lockside.v1.QueueEntry.mode:type_name -> lockside.v1.LockMode
+	25, // 31: lockside.v1.Holder.ttl_remaining:type_name -> google.protobuf.Duration
+	20, // 32: lockside.v1.WatchResponse.state:type_name -> lockside.v1.DescribeResponse
+	2,  // 33: lockside.v1.LockService.Lease:input_type -> lockside.v1.LeaseRequest
+	19, // 34: lockside.v1.LockService.Describe:input_type -> lockside.v1.DescribeRequest
+	23, // 35: lockside.v1.LockService.Watch:input_type -> lockside.v1.WatchRequest
+	7,  // 36: lockside.v1.LockService.Lease:output_type -> lockside.v1.LeaseResponse
+	20, // 37: lockside.v1.LockService.Describe:output_type -> lockside.v1.DescribeResponse
+	24, // 38: lockside.v1.LockService.Watch:output_type -> lockside.v1.WatchResponse
+	36, // [36:39] is the sub-list for method output_type
+	33, // [33:36] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_lockside_v1_lockside_proto_init() }
@@ -2245,8 +2482,9 @@ func file_lockside_v1_lockside_proto_init() {
 		(*LeaseRequest_Acquire)(nil),
 		(*LeaseRequest_Release)(nil),
 		(*LeaseRequest_Proclaim)(nil),
+		(*LeaseRequest_AcquireAll)(nil),
 	}
-	file_lockside_v1_lockside_proto_msgTypes[4].OneofWrappers = []any{
+	file_lockside_v1_lockside_proto_msgTypes[5].OneofWrappers = []any{
 		(*LeaseResponse_Started)(nil),
 		(*LeaseResponse_Granted)(nil),
 		(*LeaseResponse_Waiting)(nil),
@@ -2257,6 +2495,7 @@ func file_lockside_v1_lockside_proto_init() {
 		(*LeaseResponse_Jeopardy)(nil),
 		(*LeaseResponse_Restored)(nil),
 		(*LeaseResponse_Proclaimed)(nil),
+		(*LeaseResponse_GrantedAll)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2264,7 +2503,7 @@ func file_lockside_v1_lockside_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lockside_v1_lockside_proto_rawDesc), len(file_lockside_v1_lockside_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   21,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

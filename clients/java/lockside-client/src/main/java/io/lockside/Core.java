@@ -122,6 +122,15 @@ final class Core {
         transport.reconnectNow();
     }
 
+    /**
+     * The session to send a request on (under the monitor): the current one, or a new
+     * one once it ended. It may be resuming: then the caller waits.
+     */
+    Session usableSession() {
+        Session s = session;
+        return s == null || s.state == Session.State.ENDED ? openSession(true) : s;
+    }
+
     String sessionId() {
         synchronized (mu) {
             return session == null ? "" : session.sessionId;
@@ -223,7 +232,7 @@ final class Core {
     }
 
     /** A reentrant acquire must agree with the grant, as the sidecar would insist. */
-    private static void checkReentry(Grant g, Spec spec) {
+    static void checkReentry(Grant g, Spec spec) {
         if (Math.max(1, g.limit) != Math.max(1, spec.limit())) {
             throw new LocksideRejectedException(spec.key(), 9, "this holder holds the key with limit "
                     + Math.max(1, g.limit) + " and asks for it with limit " + Math.max(1, spec.limit()));

@@ -59,6 +59,7 @@ final class Inbox {
     private void dispatch(Lockside.LeaseResponse r) {
         switch (r.getEventCase()) {
             case GRANTED:
+            case GRANTED_ALL:
             case NOT_ACQUIRED:
             case RELEASED:
             case REJECTED:
@@ -95,7 +96,10 @@ final class Inbox {
             // its caller abandoned (the Release sent after it settles the key).
             return;
         }
-        if (r.getEventCase() == Lockside.LeaseResponse.EventCase.GRANTED && p.kind == Pending.Kind.ACQUIRE) {
+        if (r.getEventCase() == Lockside.LeaseResponse.EventCase.GRANTED_ALL && p.grants != null) {
+            MultiAcquire.granted(session, p, r.getGrantedAll());
+        } else if (r.getEventCase() == Lockside.LeaseResponse.EventCase.GRANTED && p.kind == Pending.Kind.ACQUIRE
+                && p.grants == null) {
             Lockside.Granted granted = r.getGranted();
             Spec spec = p.spec;
             Grant g = new Grant(p.slot, granted.getFencingToken(), spec.mode(), spec.limit(),

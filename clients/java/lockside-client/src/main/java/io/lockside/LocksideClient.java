@@ -78,6 +78,24 @@ public final class LocksideClient implements AutoCloseable {
         return new LocksideLock(core, key, LockMode.EXCLUSIVE, 0, options);
     }
 
+    /**
+     * One lock of several keys (2 to 64, distinct), taken all at once or not at all,
+     * without deadlock whatever order anyone names them in; exclusive, per thread, with
+     * the sidecar's default TTL. {@link LocksideMultiLock#fencingToken(String)} gives each
+     * key's fencing token.
+     *
+     * @throws IllegalArgumentException fewer than 2 keys, more than 64, or a duplicate
+     */
+    public LocksideMultiLock multiLock(String... keys) {
+        return multiLock(java.util.Arrays.asList(keys), LockOptions.defaults());
+    }
+
+    /** {@link #multiLock(String...)} with a TTL and fairness for every key. */
+    public LocksideMultiLock multiLock(java.util.List<String> keys, LockOptions options) {
+        Objects.requireNonNull(keys, "keys");
+        return new LocksideMultiLock(core, keys, options);
+    }
+
     /** A read/write lock on `key` (readers SHARED, the writer EXCLUSIVE), per thread. */
     public LocksideReadWriteLock readWriteLock(String key) {
         return readWriteLock(key, LockOptions.defaults());

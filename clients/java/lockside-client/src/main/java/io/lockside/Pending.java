@@ -28,6 +28,11 @@ final class Pending {
     Spec spec;
     /** For an acquire granted: the grant the reader made of it (before completing). */
     Grant grant;
+    /**
+     * For an AcquireAll ({@link MultiAcquire}; null for one key): the grants the
+     * reader made of its GrantedAll, in the order asked.
+     */
+    java.util.List<Grant> grants;
 
     Pending(long id, Kind kind, Slot slot, Lockside.LeaseRequest request, Session session) {
         this.id = id;

@@ -68,6 +68,8 @@ final class Wire {
         switch (r.getEventCase()) {
             case GRANTED:
                 return r.getGranted().getRequestId();
+            case GRANTED_ALL:
+                return r.getGrantedAll().getRequestId();
             case NOT_ACQUIRED:
                 return r.getNotAcquired().getRequestId();
             case RELEASED:

@@ -650,3 +650,130 @@ async fn the_cli_explains_itself() {
     assert_eq!(state.holders[0].client_name, "web-1");
     drop(child);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_keys_are_taken_together_with_each_token_numbered_in_the_environment() {
+    let (sidecar, client) = memory_sidecar().await;
+    let dir = TempDir::new("hold-several");
+    let out = dir.0.join("env");
+    let script = format!(
+        "echo \"$LOCKSIDE_KEY_COUNT $LOCKSIDE_KEY_1=$LOCKSIDE_FENCING_TOKEN_1 \
+         $LOCKSIDE_KEY_2=$LOCKSIDE_FENCING_TOKEN_2 $LOCKSIDE_KEY_3=$LOCKSIDE_FENCING_TOKEN_3 \
+         ${{LOCKSIDE_FENCING_TOKEN-none}}\" > {}; exit 3",
+        out.display()
+    );
+    let args = [
+        "acct/alice",
+        "--key",
+        "acct/bob",
+        "--key",
+        "acct/carol",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ];
+    assert_eq!(run(&sidecar.addr, &args).await, 3);
+    let written = std::fs::read_to_string(&out).expect("the command ran");
+    let mut expected = vec!["3".to_owned()];
+    for key in ["acct/alice", "acct/bob", "acct/carol"] {
+        let state = client.describe(key).await.expect("describe");
+        assert!(
+            state.holders.is_empty(),
+            "{key} released when the command exited"
+        );
+        assert!(state.fencing_token > 0, "{key} was granted");
+        expected.push(format!("{key}={}", state.fencing_token));
+    }
+    expected.push("none".into());
+    assert_eq!(written.trim(), expected.join(" "));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_keys_are_all_or_none() {
+    let (sidecar, client) = memory_sidecar().await;
+    let bob = client.lock("acct/bob").await.expect("lock");
+    let args = [
+        "acct/alice",
+        "--key",
+        "acct/bob",
+        "--wait",
+        "100ms",
+        "--",
+        "true",
+    ];
+    assert_eq!(
+        run(&sidecar.addr, &args).await,
+        i32::from(EXIT_NOT_ACQUIRED)
+    );
+    assert!(
+        free(&client, "acct/alice").await,
+        "nothing taken of a set not free"
+    );
+    drop(bob);
+    let child = hold(
+        &sidecar.addr,
+        &["acct/alice", "--key", "acct/bob", "--", "sleep", "0.5"],
+    )
+    .spawn()
+    .expect("spawn");
+    held(&client, "acct/alice").await;
+    let busy = client.lock_with("acct/bob", LockOptions::default()).await;
+    assert!(matches!(busy, Err(ClientError::NotAcquired(_))), "{busy:?}");
+    assert_eq!(status(child).await, 0);
+    assert!(free(&client, "acct/bob").await && free(&client, "acct/alice").await);
+    let (code, _, err) = words(
+        &sidecar.addr,
+        &["hold", "a", "--key", "b", "--limit", "3", "--", "true"],
+    )
+    .await;
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("--limit is for one key"), "{err}");
+    let (code, _, err) = words(&sidecar.addr, &["hold", "a", "--key", "a", "--", "true"]).await;
+    assert_eq!(code, i32::from(EXIT_UNAVAILABLE), "{err}");
+    assert!(
+        err.contains("twice"),
+        "a refused set is said in words: {err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_key_of_several_lost_stops_the_command_and_releases_the_others() {
+    let redis = Redis::start();
+    let ns = namespace();
+    let sidecar = Sidecar::start(make_store(&StoreKind::Redis(redis.url()), &ns)).await;
+    let client = Client::connect(&sidecar.addr).await.expect("connect");
+    let args = [
+        "left",
+        "--key",
+        "right",
+        "--ttl",
+        "1s",
+        "--kill-grace",
+        "300ms",
+        "--",
+        "sleep",
+        "30",
+    ];
+    let child = hold(&sidecar.addr, &args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    held(&client, "right").await;
+    // The store forgets "right" (its every part): its next renewal fails.
+    let parts = redis.cli(&["--scan", "--pattern", &format!("{{{ns}:right}}:*")]);
+    for part in parts.lines().filter(|l| !l.is_empty()) {
+        redis.cli(&["del", part]);
+    }
+    let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("hold exits in time")
+        .expect("hold ran");
+    assert_eq!(out.status.code(), Some(i32::from(EXIT_LOST)));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with("lockside hold: lost the lock on right ("),
+        "{err}"
+    );
+    assert!(free(&client, "left").await, "the other key released");
+}

@@ -58,9 +58,10 @@ pub async fn elect(args: ElectArgs) -> u8 {
             match client.campaign_with(&key, options.clone()).await {
                 // One campaign waits 24 h at most; a candidate stays one until it leads.
                 Err(ClientError::NotAcquired(NotAcquired::TimedOut(_))) => continue,
-                won => return won.map(|leader| leader.into_lock()),
+                won => return won.map(|leader| vec![leader.into_lock()]),
             }
         }
     };
-    run_holding("elect", &args.connect, &args.key, &args.run, campaign).await
+    let keys = [args.key.clone()];
+    run_holding("elect", &args.connect, &keys, &args.run, campaign).await
 }

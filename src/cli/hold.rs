@@ -1,10 +1,13 @@
-//! `lockside hold KEY -- CMD`: the sidecar from a shell, like `etcdctl lock NAME --
-//! CMD`.
+//! `lockside hold KEY [--key KEY]... -- CMD`: the sidecar from a shell, like `etcdctl
+//! lock NAME -- CMD`.
 //!
 //! `hold` takes a lock through the sidecar at `LOCKSIDE_ADDR`, runs CMD (in a process
 //! group of its own) with `LOCKSIDE_FENCING_TOKEN` and `LOCKSIDE_KEY` in its
 //! environment, forwards SIGINT and SIGTERM to it, releases the lock when CMD exits and
-//! exits with CMD's status. The moment the stream to the sidecar breaks, the lock is
+//! exits with CMD's status. With `--key`, it takes several keys at once, all or none
+//! (`Client::lock_all`), and CMD finds each key and its token numbered
+//! ([`lock_env`]); CMD is stopped while any of them is suspended and ended when any
+//! is lost. The moment the stream to the sidecar breaks, the lock is
 //! suspended and CMD's process group is stopped (SIGSTOP): a live sidecar may already
 //! have let a waiter in. It goes on (SIGCONT) once the session is resumed with the
 //! lock. If the lock is lost (a `Lost` event, or a break the session did not come back
@@ -19,6 +22,8 @@ use clap::{Args, ValueEnum};
 use rustix::process::{Pid, Signal, kill_process_group};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
+use tokio_stream::StreamExt;
+use tokio_stream::{StreamMap, wrappers::WatchStream};
 
 use super::connect::ConnectArgs;
 use crate::client::{Client, ClientError, LockGuard, LockOptions, LockState};
@@ -81,6 +86,13 @@ pub struct HoldArgs {
     /// The lock's name.
     pub key: String,
 
+    /// Another key to take with KEY, all or none (repeat it for more: 2 to 64 keys in
+    /// all, in any order without deadlock). CMD then finds LOCKSIDE_KEY_COUNT, and
+    /// LOCKSIDE_KEY_<n> and LOCKSIDE_FENCING_TOKEN_<n> for n = 1 (KEY) to the count, in
+    /// the order given, instead of LOCKSIDE_KEY and LOCKSIDE_FENCING_TOKEN.
+    #[arg(long = "key", value_name = "KEY")]
+    pub more_keys: Vec<String>,
+
     /// The sidecar, its token and TLS.
     #[command(flatten)]
     pub connect: ConnectArgs,
@@ -97,7 +109,7 @@ pub struct HoldArgs {
     #[arg(long, value_enum, default_value = "exclusive")]
     pub mode: ModeArg,
 
-    /// N > 1: take one permit of a semaphore of N.
+    /// N > 1: take one permit of a semaphore of N (one key only).
     #[arg(long, default_value_t = 0)]
     pub limit: u32,
 
@@ -120,24 +132,89 @@ pub async fn hold(args: HoldArgs) -> u8 {
         fair: args.fair,
         ..LockOptions::default()
     };
-    let key = args.key.clone();
-    let take = |client: Client| async move { client.lock_with(&key, options).await };
-    run_holding("hold", &args.connect, &args.key, &args.run, take).await
+    let mut keys = vec![args.key.clone()];
+    keys.extend(args.more_keys.iter().cloned());
+    if keys.len() > 1 && args.limit > 1 {
+        eprintln!("lockside hold: --limit is for one key: a semaphore cannot be taken with --key");
+        return super::EX_USAGE;
+    }
+    let asked = keys.clone();
+    let take = |client: Client| async move {
+        if asked.len() == 1 {
+            Ok(vec![client.lock_with(&asked[0], options).await?])
+        } else {
+            Ok(client.lock_all_with(&asked, options).await?.into_locks())
+        }
+    };
+    run_holding("hold", &args.connect, &keys, &args.run, take).await
 }
 
-/// Takes a lock with `take`, runs the command while holding it, releases it when the
-/// command exits, and returns the exit status (see the module's docs): `hold` and
-/// `elect` differ only in how they take the lock.
+/// What CMD finds in its environment for the locks it runs under: one key as
+/// `LOCKSIDE_KEY` and `LOCKSIDE_FENCING_TOKEN`; several as `LOCKSIDE_KEY_COUNT` and
+/// `LOCKSIDE_KEY_<n>`, `LOCKSIDE_FENCING_TOKEN_<n>` for n = 1.. in the order asked.
+pub(super) fn lock_env(locks: &[LockGuard]) -> Vec<(String, String)> {
+    match locks {
+        [lock] => vec![
+            (
+                "LOCKSIDE_FENCING_TOKEN".into(),
+                lock.fencing_token().to_string(),
+            ),
+            ("LOCKSIDE_KEY".into(), lock.key().to_owned()),
+        ],
+        locks => {
+            let mut env = vec![("LOCKSIDE_KEY_COUNT".into(), locks.len().to_string())];
+            for (n, lock) in locks.iter().enumerate() {
+                let n = n + 1;
+                env.push((format!("LOCKSIDE_KEY_{n}"), lock.key().to_owned()));
+                env.push((
+                    format!("LOCKSIDE_FENCING_TOKEN_{n}"),
+                    lock.fencing_token().to_string(),
+                ));
+            }
+            env
+        }
+    }
+}
+
+/// Where the locks stand together: lost if one is (with its key and why), suspended
+/// if one is, else held.
+fn together(locks: &[LockGuard]) -> (LockState, String) {
+    let mut suspended = None;
+    for lock in locks {
+        match lock.state() {
+            LockState::Lost(why) => return (LockState::Lost(why), lock.key().to_owned()),
+            LockState::Suspended => {
+                suspended.get_or_insert_with(|| lock.key().to_owned());
+            }
+            LockState::Held => {}
+        }
+    }
+    match suspended {
+        Some(key) => (LockState::Suspended, key),
+        None => (LockState::Held, names(locks)),
+    }
+}
+
+/// The keys of `locks`, for a message.
+fn names(locks: &[LockGuard]) -> String {
+    let keys: Vec<&str> = locks.iter().map(LockGuard::key).collect();
+    keys.join(", ")
+}
+
+/// Takes the locks with `take`, runs the command while holding them, releases them
+/// when the command exits, and returns the exit status (see the module's docs): `hold`
+/// and `elect` differ only in how they take the locks. With several locks, the
+/// command is stopped while any is suspended and ended when any is lost.
 pub(super) async fn run_holding<F, Fut>(
     verb: &str,
     connect: &ConnectArgs,
-    key: &str,
+    keys: &[String],
     run: &CommandArgs,
     take: F,
 ) -> u8
 where
     F: FnOnce(Client) -> Fut,
-    Fut: Future<Output = Result<LockGuard, ClientError>>,
+    Fut: Future<Output = Result<Vec<LockGuard>, ClientError>>,
 {
     let fail = |status: u8, e: &dyn std::fmt::Display| {
         eprintln!("lockside {verb}: {e}");
@@ -162,19 +239,19 @@ where
         _ = term.recv() => return 128 + 15,
         _ = int.recv() => return 128 + 2,
     };
-    let lock = match locked {
-        Ok(lock) => lock,
+    let locks = match locked {
+        Ok(locks) => locks,
         Err(e @ ClientError::NotAcquired(_)) => return fail(EXIT_NOT_ACQUIRED, &e),
         Err(e) => return fail(EXIT_UNAVAILABLE, &e),
     };
+    let key = keys.join(", ");
     let (program, rest) = match run.command.split_first() {
         Some(split) => split,
         None => return fail(EXIT_NO_COMMAND, &"no command given"),
     };
     let mut child = match Command::new(program)
         .args(rest)
-        .env("LOCKSIDE_FENCING_TOKEN", lock.fencing_token().to_string())
-        .env("LOCKSIDE_KEY", key)
+        .envs(lock_env(&locks))
         // A group of its own: stopping CMD stops whatever it started too.
         .process_group(0)
         .spawn()
@@ -182,7 +259,12 @@ where
         Ok(child) => child,
         Err(e) => return fail(EXIT_NO_COMMAND, &format!("cannot start {program}: {e}")),
     };
-    let mut states = lock.states();
+    let mut changes: StreamMap<usize, WatchStream<LockState>> = locks
+        .iter()
+        .enumerate()
+        .map(|(n, lock)| (n, WatchStream::from_changes(lock.states())))
+        .collect();
+    let mut was = LockState::Held;
     loop {
         tokio::select! {
             status = child.wait() => {
@@ -190,42 +272,57 @@ where
                     Ok(status) => exit_code(status),
                     Err(e) => fail(EXIT_NO_COMMAND, &format!("waiting for {program}: {e}")),
                 };
-                if let Err(e) = lock.release().await {
-                    eprintln!("lockside {verb}: releasing {key}: {e}");
+                for lock in locks {
+                    let name = lock.key().to_owned();
+                    if let Err(e) = lock.release().await {
+                        eprintln!("lockside {verb}: releasing {name}: {e}");
+                    }
                 }
-                // The release is on its way: ending the session waits for the
+                // The releases are on their way: ending the session waits for the
                 // sidecar to have let everything go before `hold` exits.
                 client.close().await;
                 return code;
             }
             _ = term.recv() => send(&child, Signal::TERM),
             _ = int.recv() => send(&child, Signal::INT),
-            changed = states.changed() => {
+            changed = changes.next() => {
                 // The reader gone without a verdict is a lost lock too.
-                let state = match changed {
-                    Ok(()) => states.borrow_and_update().clone(),
-                    Err(_) => LockState::Lost("the stream to the sidecar ended".into()),
+                let (state, which) = match changed {
+                    Some(_) => together(&locks),
+                    None => (LockState::Lost("the stream to the sidecar ended".into()), key.clone()),
                 };
+                if state == was {
+                    continue;
+                }
+                was = state.clone();
                 match state {
                     LockState::Suspended => {
                         eprintln!(
                             "lockside {verb}: the stream to the sidecar broke; the command is \
-                             stopped (SIGSTOP) until the session is resumed with {key}"
+                             stopped (SIGSTOP) until the session is resumed with {which}"
                         );
                         send(&child, Signal::STOP);
                     }
                     LockState::Held => {
-                        eprintln!("lockside {verb}: resumed with {key}; the command goes on");
+                        eprintln!("lockside {verb}: resumed with {which}; the command goes on");
                         send(&child, Signal::CONT);
                     }
                     LockState::Lost(why) => {
                         eprintln!(
-                            "lockside {verb}: lost the lock on {key} ({why}); stopping the \
+                            "lockside {verb}: lost the lock on {which} ({why}); stopping the \
                              command: SIGTERM, then SIGKILL after {}",
                             crate::parse::format_duration(run.kill_grace)
                         );
                         send(&child, Signal::CONT);
                         stop(&mut child, run.kill_grace).await;
+                        // With several keys the others may still be held: let them go
+                        // before exiting (one lock lost needs no wait).
+                        if locks.len() > 1 {
+                            for lock in locks {
+                                let _ = lock.release().await;
+                            }
+                            client.close().await;
+                        }
                         return EXIT_LOST;
                     }
                 }

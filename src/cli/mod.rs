@@ -4,7 +4,8 @@
 //! configurations directly instead.
 //!
 //! - `serve.rs`: `lockside serve`, the sidecar.
-//! - `hold.rs`: `lockside hold KEY -- CMD`, and running a command while a lock is held.
+//! - `hold.rs`: `lockside hold KEY [--key KEY]... -- CMD`, and running a command while
+//!   locks are held.
 //! - `elect.rs`: `lockside elect KEY -- CMD` (leader election, on `hold.rs`);
 //!   `leader.rs`: `lockside leader KEY`; `watch.rs`: `lockside watch KEY`.
 //! - `describe.rs`: `lockside describe KEY` and `lockside healthcheck`.

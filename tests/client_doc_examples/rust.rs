@@ -11,6 +11,10 @@ async fn write_with_fence(_fencing_token: u64) {}
 
 async fn more_work() {}
 
+async fn debit(_account: &str, _amount: u64, _fencing_token: u64) {}
+
+async fn credit(_account: &str, _amount: u64, _fencing_token: u64) {}
+
 async fn lead(_fencing_token: u64) {}
 
 fn route_to(_leader: &[u8]) {}
@@ -24,6 +28,21 @@ async fn lock_and_write() -> Result<(), ClientError> {
     write_with_fence(lock.fencing_token()).await; // pass the token along
     tokio::select! { _ = lock.lost() => {/* stop now */}, _ = more_work() => {} }
     lock.release().await?; // or drop the guard
+    Ok(())
+}
+
+/// docs/clients.md, "Several keys at once".
+async fn transfer() -> Result<(), ClientError> {
+    let client = lockside::client::Client::connect("127.0.0.1:7420").await?;
+    let both = client.lock_all(&["acct:alice", "acct:bob"]).await?; // both or neither
+    debit("acct:alice", 30, both[0].fencing_token()).await; // each key's own token
+    credit(
+        "acct:bob",
+        30,
+        both.fencing_token("acct:bob").unwrap_or_default(),
+    )
+    .await;
+    both.release().await?; // or drop the guard
     Ok(())
 }
 

@@ -7,6 +7,7 @@
 //! - `lib.rs`: the module, the runtime the core runs on (one I/O thread per process,
 //!   made again in a forked child) and how a core error reaches Python (`Failure`).
 //! - `objects.rs`: `NativeClient`, `NativeLock`, `NativeWatch`.
+//! - `several.rs`: `acquire_all`, several keys at once.
 //! - `events.rs`: what the core tells Python without being asked: locks' state
 //!   changes and log lines (read by one Python thread, `next_events`), and the answers
 //!   asyncio awaits (`Completions`, a socket the event loop watches).
@@ -14,6 +15,7 @@
 
 mod events;
 mod objects;
+mod several;
 
 use std::sync::{Arc, Mutex};
 
@@ -129,5 +131,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<objects::NativeWatch>()?;
     m.add_class::<events::Completions>()?;
     m.add_function(wrap_pyfunction!(events::next_events, m)?)?;
+    m.add_function(wrap_pyfunction!(several::acquire_all, m)?)?;
+    m.add_function(wrap_pyfunction!(several::acquire_all_async, m)?)?;
     Ok(())
 }

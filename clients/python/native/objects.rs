@@ -18,7 +18,7 @@ use crate::events::{Completions, CompletionsInner, Outcome, state_changed};
 use crate::{ForkSafe, failure, failure_args, runtime};
 
 /// A duration from seconds the package checked (finite, not negative).
-fn seconds(s: f64) -> Duration {
+pub(crate) fn seconds(s: f64) -> Duration {
     Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX)
 }
 
@@ -79,7 +79,7 @@ pub(crate) struct NativeClient {
 }
 
 impl NativeClient {
-    fn client(&self) -> PyResult<&Client> {
+    pub(crate) fn client(&self) -> PyResult<&Client> {
         self.client.get().ok_or_else(|| {
             failure(ClientError::Settings(
                 "the client belongs to the process that forked this one".into(),
@@ -113,7 +113,7 @@ fn options(asked: &Asked) -> LockOptions {
     }
 }
 
-fn spawn_for(
+pub(crate) fn spawn_for(
     completions: &Completions,
     token: u64,
     work: impl Future<Output = Outcome> + Send + 'static,
@@ -128,7 +128,7 @@ fn spawn_for(
     }
 }
 
-fn failed(e: ClientError) -> Outcome {
+pub(crate) fn failed(e: ClientError) -> Outcome {
     Outcome::Failed(failure_args(e))
 }
 
@@ -334,7 +334,7 @@ pub(crate) struct NativeLock {
 }
 
 impl NativeLock {
-    fn new(handle: LockHandle) -> Self {
+    pub(crate) fn new(handle: LockHandle) -> Self {
         let cell = handle.cell();
         Self {
             id: cell.id(),

@@ -52,8 +52,8 @@ impl std::fmt::Debug for ClientSettings {
 /// nothing (a lock is released by `release`, or when its session ends).
 #[derive(Clone, Debug)]
 pub struct LockHandle {
-    session: Arc<Session>,
-    cell: Arc<LockCell>,
+    pub(crate) session: Arc<Session>,
+    pub(crate) cell: Arc<LockCell>,
 }
 
 impl LockHandle {
@@ -199,7 +199,7 @@ impl Client {
     }
 
     /// The session, opened if there is none (or the last one ended).
-    async fn session(&self) -> Result<Arc<Session>, ClientError> {
+    pub(crate) async fn session(&self) -> Result<Arc<Session>, ClientError> {
         let usable = |s: &Arc<Session>| s.ended().is_none();
         if self.core.closed.load(Ordering::Relaxed) {
             return Err(ClientError::Settings("the client is closed".into()));

@@ -30,6 +30,8 @@
 //!   stream suspended and resumed, what a resumed session's greeting says.
 //! - `lock.rs`: a grant and its states ([`LockCell`], [`LockState`]); [`LockGuard`],
 //!   [`Leader`].
+//! - `lock_all.rs`: several keys at once, all or none ([`Client::lock_all`],
+//!   [`LockAllGuard`]).
 //! - `holders.rs`: the names of the holders a session makes itself.
 //! - `releasing.rs`: releases not answered yet, process-wide.
 //! - `connect.rs`: the channel (TCP, Unix socket, TLS, token, keepalive).
@@ -46,6 +48,7 @@ mod error;
 mod holders;
 pub mod limits;
 mod lock;
+mod lock_all;
 mod releasing;
 mod session;
 mod watch;
@@ -55,6 +58,7 @@ pub use connect::{Bearer, ClientTls, ConnectOptions};
 pub use error::{ClientError, NotAcquired, Refusal, code_name, code_words, format_duration};
 pub use limits::DEFAULT_ADDR;
 pub use lock::{Leader, Listener, LockCell, LockGuard, LockState};
+pub use lock_all::LockAllGuard;
 pub use lockside_proto as proto;
 pub use session::Session;
 pub use watch::WatchStream;

@@ -16,6 +16,10 @@ sidecar), every lock is suspended at once (`lock.suspended` set: stop using it) 
 the client resumes the session; a lock the resumed session lists is restored
 (`suspended` cleared), any other is lost (`lock.lost` set).
 
+Several keys at once, all or none and without deadlock in any order:
+`with c.lock_all(["acct:alice", "acct:bob"]) as locks:` gives each key's lock
+(`locks["acct:alice"].fencing_token`, `locks.fencing_tokens`).
+
 Leader election: `c.campaign(key, value)` returns once this client leads (a `Lock`:
 `proclaim(value)` changes what followers see, `release()` resigns); followers iterate
 `c.watch(key)` and read `state.leader` (None while nobody leads).
@@ -31,6 +35,7 @@ Leader election: `c.campaign(key, value)` returns once this client leads (a `Loc
 #   _aio.py           AsyncClient, AsyncLock, AsyncWatch: answers through a socket the
 #                     event loop watches
 #   _lock.py          LockBase: one lock's states as the core reports them
+#   _locks.py         Locks, AsyncLocks: several keys taken at once (lock_all)
 #   _events.py        the thread that applies the core's news (states, log lines)
 #   _holders.py       thread and task holders    _describe.py  the store's view of a key
 #   _errors.py        the errors                 _sidecar.py   the default address
@@ -39,6 +44,7 @@ from lockside._aio import AsyncClient, AsyncLock, AsyncWatch
 from lockside._client import TLS
 from lockside._describe import Description, Holder, QueueEntry
 from lockside._errors import LocksideError, LockLost, NotAcquired, Rejected, Unavailable
+from lockside._locks import AsyncLocks, Locks
 from lockside._sidecar import DEFAULT_ADDR
 from lockside._sync import Client, Lock, Watch
 
@@ -47,12 +53,14 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncClient",
     "AsyncLock",
+    "AsyncLocks",
     "AsyncWatch",
     "Client",
     "DEFAULT_ADDR",
     "Description",
     "Holder",
     "Lock",
+    "Locks",
     "LockLost",
     "LocksideError",
     "NotAcquired",

@@ -8,14 +8,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import socket
-from typing import Any, Callable, Coroutine, Dict, Generator, Optional
+from typing import Any, Callable, Coroutine, Dict, Generator, Optional, Sequence
 
 from lockside import _native
-from lockside._client import Asked, ClientBase, value_bytes
+from lockside._client import Asked, AskedAll, ClientBase, asked_all, value_bytes
 from lockside._describe import Description, description
 from lockside._errors import LocksideError, from_failure
 from lockside._holders import task_holder
 from lockside._lock import LockBase
+from lockside._locks import AsyncLocks
 
 
 class _Answers:
@@ -40,6 +41,9 @@ class _Answers:
             if future is None or future.done():
                 if ok and isinstance(value, _native.NativeLock):
                     value.release()  # nobody awaits this grant any more
+                elif ok and isinstance(value, list):
+                    for lock in value:  # nor these (`lock_all`)
+                        lock.release()
                 continue
             if ok:
                 future.set_result(value)
@@ -182,6 +186,38 @@ class _LockRequest(Coroutine[Any, Any, AsyncLock]):
             await lock.__aexit__(exc_type, exc, tb)
 
 
+class _LocksRequest(Coroutine[Any, Any, AsyncLocks]):
+    """What `AsyncClient.lock_all()` returns: await it for the `AsyncLocks`, or use it
+    in `async with` (every lock released on exit); a coroutine, as `_LockRequest`."""
+
+    def __init__(self, client: "AsyncClient", options: AskedAll, holder: Optional[str]):
+        self._coro = client._acquire_all(options, holder)
+        self._locks: Optional[AsyncLocks] = None
+
+    def send(self, value: Any) -> Any:
+        return self._coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if val is None and tb is None:
+            return self._coro.throw(typ)
+        return self._coro.throw(typ, val, tb)  # pragma: no cover - the old signature
+
+    def close(self) -> None:
+        self._coro.close()
+
+    def __await__(self) -> Generator[Any, None, AsyncLocks]:
+        return self._coro.__await__()
+
+    async def __aenter__(self) -> AsyncLocks:
+        self._locks = await self._coro
+        return self._locks
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        locks, self._locks = self._locks, None
+        if locks is not None:
+            await locks.__aexit__(exc_type, exc, tb)
+
+
 class AsyncWatch:
     """The states of a watched key, from `AsyncClient.watch`: `async for state in
     watch`; see `lockside.Watch`. `cancel()`, or leaving an `async with` block, ends
@@ -259,6 +295,38 @@ class AsyncClient(ClientBase[_LockRequest]):
         lock = AsyncLock(native, self)
         self._locks.add(lock)
         return lock
+
+    def lock_all(
+        self,
+        keys: Sequence[str],
+        *,
+        wait: Optional[float] = None,
+        ttl: Optional[float] = None,
+        shared: bool = False,
+        fair: bool = False,
+        holder: Optional[str] = None,
+    ) -> _LocksRequest:
+        """Takes every key of `keys` for the calling task at once, all or none: `await
+        c.lock_all(keys)` returns the `AsyncLocks`, `async with c.lock_all(keys) as
+        locks` releases them all on exit; cancelling the awaiting task cancels the
+        wait. See `lockside.Client.lock_all`."""
+        options = asked_all(keys, wait, ttl, shared, fair)
+        return _LocksRequest(self, options, task_holder() if holder is None else holder)
+
+    async def _acquire_all(self, options: AskedAll, holder: Optional[str]) -> AsyncLocks:
+        self._check_open()
+        who = holder if holder is not None else (task_holder() or "")
+        keys, wait, ttl, shared, fair = options
+        core = self._native()
+        try:
+            natives = await self._answers().run(
+                lambda c, t: _native.acquire_all_async(core, c, t, keys, wait, ttl, shared, fair, who)
+            )
+        except _native.Failure as f:
+            raise from_failure(f, ", ".join(keys)) from None
+        locks = [AsyncLock(native, self) for native in natives]
+        self._locks.update(locks)
+        return AsyncLocks(locks)
 
     def watch(self, key: str) -> AsyncWatch:
         """Follows `key`: `async for state in c.watch(key)`, its state now first; see

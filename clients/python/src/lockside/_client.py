@@ -30,6 +30,9 @@ MAX_WAIT = 24 * 3600.0
 #: shared, limit, fair, value.
 Asked = Tuple[str, Optional[float], Optional[float], bool, int, bool, bytes]
 
+#: `lock_all()`'s options as the core takes them: keys, wait, ttl, shared, fair.
+AskedAll = Tuple[List[str], Optional[float], Optional[float], bool, bool]
+
 #: In a forked child, the parent's native clients: kept, never used.
 inherited: List[Any] = []
 
@@ -93,6 +96,15 @@ def asked(
     waited = MAX_WAIT if wait is None else _seconds("wait", wait)
     ttl_s = None if ttl is None else _seconds("ttl", ttl)
     return (key, waited or None, ttl_s, bool(shared), limit, bool(fair), value_bytes(value))
+
+
+def asked_all(keys: Any, wait: Any, ttl: Any, shared: bool, fair: bool) -> AskedAll:
+    """`lock_all()`'s options checked as `asked()` checks `lock()`'s."""
+    from lockside._locks import keys_asked
+
+    waited = MAX_WAIT if wait is None else _seconds("wait", wait)
+    ttl_s = None if ttl is None else _seconds("ttl", ttl)
+    return (keys_asked(keys), waited or None, ttl_s, bool(shared), bool(fair))
 
 
 class ClientBase(Generic[Taken]):

@@ -50,3 +50,23 @@ class NativeClient:
     def close_async(self, completions: Completions, token: int) -> NativeTask: ...
 
 def next_events(timeout: float) -> List[Tuple[str, int, str, str]]: ...
+def acquire_all(
+    client: NativeClient,
+    keys: List[str],
+    wait: Optional[float],
+    ttl: Optional[float],
+    shared: bool,
+    fair: bool,
+    holder: str,
+) -> List[NativeLock]: ...
+def acquire_all_async(
+    client: NativeClient,
+    completions: Completions,
+    token: int,
+    keys: List[str],
+    wait: Optional[float],
+    ttl: Optional[float],
+    shared: bool,
+    fair: bool,
+    holder: str,
+) -> NativeTask: ...

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from lockside import _events, _native
-from lockside._client import Asked, ClientBase, value_bytes
+from lockside._client import Asked, ClientBase, asked_all, value_bytes
 from lockside._describe import Description, description
 from lockside._errors import LocksideError, from_failure
 from lockside._holders import thread_holder
 from lockside._lock import LockBase
+from lockside._locks import Locks
 
 
 class Lock(LockBase):
@@ -172,6 +173,40 @@ class Client(ClientBase[Lock]):
         lock = Lock(native, self)
         self._locks.add(lock)
         return lock
+
+    def lock_all(
+        self,
+        keys: Sequence[str],
+        *,
+        wait: Optional[float] = None,
+        ttl: Optional[float] = None,
+        shared: bool = False,
+        fair: bool = False,
+        holder: Optional[str] = None,
+    ) -> Locks:
+        """Takes every key of `keys` (2 to 64 distinct keys) for the calling thread at
+        once, all or none, and returns the held `Locks` (a context manager that
+        releases them all on exit): `locks[key].fencing_token`, or
+        `locks.fencing_tokens[key]`, is each key's token. Two callers asking for
+        overlapping keys in any order never deadlock (a waiting request holds
+        nothing); with `fair`, it is not overtaken by later requests for any of its
+        keys. A key the thread holds already is re-entered (its `hold_count` grows).
+        `wait`, `ttl`, `shared` and `holder` as in `lock()`.
+
+        Raises `NotAcquired` (one key busy, timed out: nothing is held), `Rejected`
+        (fewer than 2 keys, more than 64, one twice, a bad key), `Unavailable`, and
+        `TypeError` for keys that are not a list or tuple of str."""
+        self._check_open()
+        keys_, wait_, ttl_, shared_, fair_ = asked_all(keys, wait, ttl, shared, fair)
+        who = thread_holder() if holder is None else holder
+        core = self._native()
+        try:
+            natives = _native.acquire_all(core, keys_, wait_, ttl_, shared_, fair_, who)
+        except _native.Failure as f:
+            raise from_failure(f, ", ".join(keys_)) from None
+        locks = [Lock(native, self) for native in natives]
+        self._locks.update(locks)
+        return Locks(locks)
 
     def watch(self, key: str) -> Watch:
         """Follows `key`: its state now, then one per change; see `Watch`."""

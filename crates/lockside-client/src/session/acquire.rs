@@ -131,6 +131,9 @@ impl Session {
                     message: r.message,
                 }))
             }
+            Answer::GrantedAll(_) => Err(Some(ClientError::Unavailable(
+                "protocol error: a GrantedAll answered an acquire".into(),
+            ))),
             Answer::Other(other) => Err(Some(ClientError::Unavailable(format!(
                 "protocol error: {other:?} answered an acquire"
             )))),

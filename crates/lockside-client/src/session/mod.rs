@@ -3,6 +3,7 @@
 //!
 //! - `mod.rs`: the session's state, its opening and its end.
 //! - `acquire.rs`: taking a lock, and giving up on one that a caller stopped waiting for.
+//! - `acquire_all.rs`: taking several keys at once (`AcquireAll`), all or none.
 //! - `release.rs`: giving a lock back (without waiting for the answer), a proclaim,
 //!   closing the session.
 //! - `reader.rs`: the task that reads the stream and routes each message: answers to
@@ -16,6 +17,7 @@
 //! reader reads it. A release returns once its `Release` is on the stream.
 
 mod acquire;
+mod acquire_all;
 mod reader;
 mod reconcile;
 mod release;
@@ -77,6 +79,8 @@ pub(crate) enum Kind {
 /// An answer as a waiting caller gets it.
 pub(crate) enum Answer {
     Granted(Arc<LockCell>),
+    /// The grants of an `AcquireAll`, one per key in the order asked.
+    GrantedAll(Vec<Arc<LockCell>>),
     Other(Event),
 }
 

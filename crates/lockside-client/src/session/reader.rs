@@ -73,6 +73,7 @@ impl Session {
                     self.send_release(&mut state, &cell);
                 }
             }
+            Event::GrantedAll(all) => self.granted_all(&mut state, all),
             Event::NotAcquired(n) => answered(&mut state, n.request_id, Event::NotAcquired(n)),
             Event::Proclaimed(p) => answered(&mut state, p.request_id, Event::Proclaimed(p)),
             Event::Rejected(r) => {
@@ -141,10 +142,14 @@ impl Session {
 
 /// Hands an answer to the request waiting for it.
 fn answered(state: &mut State, rid: u64, event: Event) {
-    if let Some(pending) = state.pending.remove(&rid)
-        && let Some(reply) = pending.reply
-    {
-        let _ = reply.send(Ok(Answer::Other(event)));
+    let Some(pending) = state.pending.remove(&rid) else {
+        return;
+    };
+    match pending.reply {
+        Some(reply) => {
+            let _ = reply.send(Ok(Answer::Other(event)));
+        }
+        None => super::acquire_all::given_up(state, &pending),
     }
 }
 

@@ -128,6 +128,18 @@ async fn a_key_held_already_is_held_once_more(s: Setup) {
         (Code::FailedPrecondition as i32, "r")
     );
     untouched(&s.client, "q").await;
+    // Asked right behind a Release of one of its keys (not waiting for the Released,
+    // as a client whose release does not wait sends them): it waits its turn, as a
+    // single Acquire does, and is granted once the release is through.
+    let first = app.grant("a").await;
+    let release = app.send_release("a").await;
+    let id = app.send_acquire_all(acquire_all(&["a", "b"])).await;
+    assert_eq!(app.expect_released(release).await, 0);
+    let all = app.granted_all_after_wait(id).await;
+    assert_eq!(all.grants[0].hold_count, 1, "a new grant of a");
+    assert!(all.grants[0].fencing_token > first.fencing_token);
+    assert_eq!(app.release("a").await, 0);
+    assert_eq!(app.release("b").await, 0);
 }
 
 async fn a_release_of_one_key_cancels_a_waiting_request(s: Setup) {

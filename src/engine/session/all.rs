@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use super::all_attempt::{Again, AllOp, AllResult, acquire_all};
 use super::{Acquiring, Session, Slot};
 use crate::engine::{
-    AcquireAllRequest, AcquireRequest, Event, NotAcquiredReason, RejectCode, validate_key,
+    AcquireAllRequest, AcquireRequest, Command, Event, NotAcquiredReason, RejectCode, validate_key,
 };
 use crate::store::{Claim, Sharing, names};
 
@@ -130,8 +130,10 @@ impl Session {
                     });
                 }
                 Some(_) => {
-                    let message = "a request of this holder for this key is still under way";
-                    return self.reject(id, &name, RejectCode::FailedPrecondition, message);
+                    // A request of this holder for this key is under way (an acquire,
+                    // a release, a write of the record): the whole request waits its
+                    // turn behind it, as a single Acquire does, and is checked afresh.
+                    return self.queue_all_behind(name, request);
                 }
             }
         }
@@ -335,5 +337,17 @@ impl Session {
                 pending.cancel.cancel();
             }
         }
+    }
+
+    /// Queues `request` behind the command under way for `name`, one of its keys.
+    fn queue_all_behind(&mut self, name: String, request: AcquireAllRequest) {
+        let id = request.request_id;
+        let command = Command::AcquireAll(request);
+        match self.slots.get_mut(name.as_str()) {
+            Some(Slot::Acquiring(a)) => a.queue.push_back(command),
+            Some(Slot::Held(h)) => h.queue.push_back(command),
+            None => return self.handle(command),
+        }
+        self.pending.insert(id);
     }
 }

@@ -40,7 +40,7 @@
 //! | `processes.rs` | sidecar and client processes (process groups, killed on drop) |
 //! | `nemesis.rs` | running the schedule; noting failovers |
 //! | `register.rs` | the fenced register |
-//! | `client.rs` | the Rust client process; the Python one is `tests/fixtures/clients/nemesis.py` |
+//! | `client.rs`, `several.rs` | the Rust client process (`several.rs`: several keys at once, `AcquireAll`); the Python one is `tests/fixtures/clients/nemesis.py` |
 //! | `history.rs` | the events clients print; grants and segments of use |
 //! | `checker.rs`, `writes.rs`, `liveness.rs` | the checks: overlaps and tokens; the register's log; keys, clients and acquires that got stuck, `Lost` without a cause |
 //! | `expect.rs` | what docs/guarantees.md allows on each topology |
@@ -75,6 +75,8 @@ mod report;
 mod round;
 #[path = "fault_nemesis/schedule.rs"]
 mod schedule;
+#[path = "fault_nemesis/several.rs"]
+mod several;
 #[path = "fault_nemesis/synthetic.rs"]
 mod synthetic;
 #[path = "fault_nemesis/topology.rs"]

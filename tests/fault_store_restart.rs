@@ -303,3 +303,53 @@ async fn a_sidecar_that_knew_the_store_starts_the_hold_off_after_one_that_did_no
     knew.shutdown().await;
     new.shutdown().await;
 }
+
+/// The nemesis found it (seed 854332250, round 11): a sidecar that reconnects while
+/// Redis is still loading a snapshot meets `LOADING` on the marker's read; it went on
+/// using that connection unchecked, and once the data was loaded it granted a key whose
+/// grant the snapshot had missed, 28 ms after the restart. Here the snapshot holds a
+/// million keys, so that loading takes a while, and a second sidecar asks for the key
+/// every few ms from the moment of the SIGKILL: it is never granted while the holder
+/// holds (10 s hold-off), whatever moment of the loading its new connection met.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_that_reconnects_while_a_snapshot_loads_holds_off_too() {
+    let mut redis = Redis::start();
+    let ns = namespace();
+    let holding = Sidecar::start(store(&redis, &ns)).await;
+    let asking = Sidecar::start(store(&redis, &ns)).await;
+    let mut holder = holding.client().await.lease().await;
+    let mut asker = asking.client().await.lease().await;
+    asker.grant("warm-up").await;
+    assert_eq!(asker.release("warm-up").await, 0);
+    let fill = "for i = 1, tonumber(ARGV[1]) do redis.call('SET', 'bulk:' .. i, i) end";
+    redis.cli(&["EVAL", fill, "0", "1000000"]);
+    assert_eq!(redis.cli(&["SAVE"]), "OK");
+    let token = holder.grant("k").await.fencing_token;
+    let restart = tokio::task::spawn_blocking(move || {
+        redis.restart_from_snapshot();
+        redis
+    });
+    let mut answers = std::collections::BTreeMap::<&str, u32>::new();
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        let id = asker.send_acquire(acquire("k")).await;
+        let answer = match asker.next().await {
+            Event::Granted(g) => panic!("granted {g:?} while the holder holds (token {token})"),
+            Event::NotAcquired(n) if n.request_id == id => "busy",
+            Event::Rejected(r) if r.request_id == id => "unavailable",
+            other => panic!("unexpected {other:?}"),
+        };
+        *answers.entry(answer).or_default() += 1;
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    let redis = restart.await.expect("restarted");
+    eprintln!("answers while the snapshot loaded and after: {answers:?}");
+    assert!(
+        answers.contains_key("busy"),
+        "the store came back: {answers:?}"
+    );
+    let state = holding.client().await.describe("k").await;
+    assert_eq!(state.holders.len(), 1, "the holder holds: {state:?}");
+    assert_eq!(state.holders[0].fencing_token, token);
+    drop((holder, asker, redis));
+}

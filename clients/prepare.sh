@@ -10,8 +10,13 @@
 #                                           PATH without cargo (and pytest, grpcio-tools
 #                                           for the README recipe's test, mypy for
 #                                           tests/client_doc_examples.rs)
-#   target/clients/node/node_modules        `npm install` of the tarball `npm pack` made
-#                                           from clients/node (tsc --noEmit checked first)
+#   target/clients/node/node_modules        `npm install` (no cargo on the PATH) of the
+#                                           tarball `npm pack` made from clients/node: the
+#                                           TypeScript and the prebuilt addon (tsc
+#                                           --noEmit checked first)
+#   target/clients/node/tests               the Node package's tests, run there
+#                                           (`npm --prefix target/clients/node test`) so
+#                                           that they import the installed package
 # Needs cargo, python3 (with venv), node and npm; reaches crates.io, PyPI and the npm
 # registry only for what is not in their caches. Run from anywhere; .ci/run runs it.
 set -euo pipefail
@@ -47,10 +52,22 @@ if PATH="$no_cargo_path" command -v cargo >/dev/null; then
 fi
 
 # Node: dependencies from the committed lock, a type check, then the tarball users get
-# (its prepack script builds dist/), installed into a prefix of its own.
+# (its prepack script builds the addon, `cargo build --release -p lockside-node`, and
+# dist/), installed into a prefix of its own with cargo off the PATH. The package's tests
+# are copied beside that install (target/clients/node/tests), so that they import it.
 npm --prefix "$repo/clients/node" ci --silent --no-audit --no-fund
 npm --prefix "$repo/clients/node" run --silent typecheck
+started=$SECONDS
 tarball="$(cd "$repo/clients/node" && npm pack --silent --pack-destination "$out" | tail -n 1)"
+echo "clients: the Node package (its addon and dist/) built in $((SECONDS - started)) s"
+tar -tzf "$out/$tarball" >"$out/node-tarball.txt"
+if ! grep -qx 'package/lockside.linux-x64-gnu.node' "$out/node-tarball.txt"; then
+  echo "clients: $tarball holds no addon (package/lockside.linux-x64-gnu.node)" >&2
+  exit 1
+fi
+rm -rf "$out/node"
 mkdir -p "$out/node"
-npm install --silent --no-audit --no-fund --no-save --prefix "$out/node" "$out/$tarball"
+printf '%s\n' '{ "private": true, "scripts": { "test": "node --test tests/" } }' >"$out/node/package.json"
+PATH="$no_cargo_path" npm install --silent --no-audit --no-fund --no-save --prefix "$out/node" "$out/$tarball"
+cp -r "$repo/clients/node/tests" "$out/node/tests"
 echo "clients: $venv (${wheel[0]##*/}), $out/node/node_modules/lockside ($tarball)"

@@ -422,6 +422,104 @@ fn no_file_of_the_client_core_is_over_the_size_limit() {
 }
 
 #[test]
+fn no_hand_written_file_of_the_bindings_is_over_the_size_limit() {
+    // The Python and Node packages are a binding to the core and their idioms: each
+    // file a room read in one sitting, as the core's.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut big = Vec::new();
+    let mut seen = 0;
+    for dir in [
+        "clients/python/native",
+        "clients/python/src/lockside",
+        "clients/node/native",
+        "clients/node/src",
+    ] {
+        let entries = std::fs::read_dir(root.join(dir)).expect("a binding's folder");
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if ![".rs", ".py", ".ts", ".cts", ".cjs"]
+                .iter()
+                .any(|e| name.ends_with(e))
+            {
+                continue;
+            }
+            seen += 1;
+            let lines = std::fs::read_to_string(&path)
+                .expect("read")
+                .lines()
+                .count();
+            if lines > MAX_CLIENT_LINES {
+                big.push(format!("{dir}/{name}: {lines} lines"));
+            }
+        }
+    }
+    assert!(seen > 15, "the scan found too few files ({seen})");
+    assert!(
+        big.is_empty(),
+        "binding files over {MAX_CLIENT_LINES} lines (split each at a seam it has):\n{}",
+        big.join("\n")
+    );
+}
+
+/// The crates one `cargo tree` selection compiles for the target (no build scripts'
+/// or proc-macros' own dependencies), each with its features.
+fn target_crates(packages: &[&str]) -> std::collections::BTreeSet<String> {
+    let mut cargo = std::process::Command::new(env!("CARGO"));
+    cargo.current_dir(env!("CARGO_MANIFEST_DIR")).args([
+        "tree",
+        "--offline",
+        "--locked",
+        "-e",
+        "normal,no-proc-macro",
+        "-f",
+        "{p} [{f}]",
+        "--prefix",
+        "none",
+        "--no-dedupe",
+    ]);
+    for package in packages {
+        cargo.args(["-p", package]);
+    }
+    let out = cargo.output().expect("run cargo tree");
+    assert!(
+        out.status.success(),
+        "cargo tree: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        // "name vX.Y.Z (path) [features]" or "... (*)": the name, version and features.
+        .filter_map(|line| {
+            let (head, features) = line.split_once(" [")?;
+            let mut words = head.split_whitespace();
+            let (name, version) = (words.next()?, words.next()?);
+            let features = features.split(']').next()?;
+            Some(format!("{name} {version} [{features}]"))
+        })
+        .collect()
+}
+
+#[test]
+fn the_sidecar_and_the_bindings_compile_shared_crates_with_one_feature_set() {
+    // CI builds the wheel (lockside-python alone, through maturin), the Node addon and
+    // the sidecar's release binary one after the other: each must resolve the crates
+    // they share with the same features, or each compiles them again (futures-util or
+    // tracing alone rebuild hyper, h2, tonic and the core). crates/lockside-unify asks
+    // for the union; when this fails, add the crate and features it names there.
+    let all = target_crates(&["lockside", "lockside-python", "lockside-node"]);
+    for package in ["lockside", "lockside-python", "lockside-node"] {
+        let alone = target_crates(&[package]);
+        let differ: Vec<&String> = alone.difference(&all).collect();
+        assert!(
+            differ.is_empty(),
+            "{package} alone compiles these with fewer features than the three together \
+             (add them to crates/lockside-unify):\n{differ:#?}"
+        );
+    }
+}
+
+#[test]
 fn the_client_core_depends_on_the_contract_only() {
     // The core is what the Rust, Python and Node clients share: it must never need the
     // sidecar (its engine, store or server), only the generated contract.

@@ -128,6 +128,7 @@ func (c *Client) Describe(ctx context.Context, key string) (State, error) {
 	if err := checkKey(key); err != nil {
 		return State{}, err
 	}
+	settled(ctx, key) // after this process's unanswered releases of key (releasing.go)
 	r, err := c.rpc.Describe(c.outgoing(ctx, ""), &pb.DescribeRequest{Key: key})
 	if err != nil {
 		return State{}, callError(key, "describe", err)
@@ -145,6 +146,7 @@ func (c *Client) Watch(ctx context.Context, key string) (<-chan State, error) {
 	if err := checkKey(key); err != nil {
 		return nil, err
 	}
+	settled(ctx, key) // after this process's unanswered releases of key (releasing.go)
 	wctx, cancel := context.WithCancel(ctx)
 	stream, err := c.rpc.Watch(c.outgoing(wctx, ""), &pb.WatchRequest{Key: key})
 	if err != nil {

@@ -87,7 +87,7 @@ type Lock struct {
 	lost    chan struct{}
 	err     *LostError
 	expiry  *time.Timer // while suspended: when the TTL has passed since the break
-	release *pending    // an Unlock in flight
+	release *pending    // the release Unlock sent, while it is not answered
 	set     *LockSet    // the LockAll it came from, if any
 }
 
@@ -178,6 +178,8 @@ func (c *Client) Lock(ctx context.Context, key string, opts ...LockOption) (*Loc
 		opt(&o)
 	}
 	holder := c.nextHolder()
+	// An Unlock of key in this process that is not answered yet comes first.
+	settled(ctx, key)
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("lockside: lock %s: %w", short(key), err)
@@ -290,12 +292,15 @@ func rejected(key string, r *pb.Rejected) *RejectedError {
 	return &RejectedError{Key: key, Code: codes.Code(r.GetCode()), Message: r.GetMessage()}
 }
 
-// Unlock gives the lock back and waits for the sidecar to confirm. It returns nil
-// once released (also when it already was), the *LostError when the lock was lost
+// Unlock gives the lock back. It returns once the Release is on the session's stream,
+// without waiting for the answer: the lock is Released from then on, and whatever this
+// process asks of the key afterwards (another Lock, on any Client, a Describe, a
+// Watch) waits for that answer first, so it finds the key free as if Unlock had
+// waited (releasing.go). A refusal that comes later is logged. It returns nil (also
+// when the lock was released already), and the *LostError when the lock was lost
 // before (the work done under it may have overlapped with another holder's: the
-// fencing token is what protects the resource then), and ctx.Err() when ctx ends
-// first (the release still goes on). While the lock is suspended it waits for the
-// resume's outcome.
+// fencing token is what protects the resource then). While the lock is suspended it
+// waits for the resume's outcome, or for ctx to end (ctx.Err()).
 func (l *Lock) Unlock(ctx context.Context) error {
 	s := l.s
 	for {
@@ -317,41 +322,15 @@ func (l *Lock) Unlock(ctx context.Context) error {
 				return ctx.Err()
 			}
 		}
-		p := l.release
-		if p == nil {
-			p = &pending{kind: releaseRequest, key: l.key, holder: l.holder, lock: l}
-			rid, stream := s.register(p)
-			p.req = releaseMsg(rid, l.key, l.holder)
-			l.release = p
-			s.mu.Unlock()
-			s.send(stream, p.req)
-		} else {
-			s.mu.Unlock()
-		}
-		select {
-		case <-p.done:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		s.mu.Lock()
-		if l.release == p {
-			l.release = nil
-		}
-		state, lostErr := l.state, l.err
+		p := &pending{kind: releaseRequest, key: l.key, holder: l.holder, lock: l}
+		rid, stream := s.register(p)
+		p.req = releaseMsg(rid, l.key, l.holder)
+		p.flight = releaseSent(l.key)
+		l.release = p
+		l.setState(Released)
 		s.mu.Unlock()
-		switch {
-		case state == Released:
-			return nil
-		case state == Lost:
-			return lostErr // a Lost crossed the Release (answered FAILED_PRECONDITION)
-		case p.err != nil:
-			return p.err
-		case p.resp.GetRejected() != nil:
-			// e.g. UNAVAILABLE: the store did not answer; no hold was given back and
-			// Unlock may be called again.
-			return rejected(l.key, p.resp.GetRejected())
-		}
-		return unavailable(nil, "protocol error: %T answered a release", p.resp.GetEvent())
+		s.send(stream, p.req)
+		return nil
 	}
 }
 

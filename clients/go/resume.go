@@ -44,11 +44,21 @@ func (s *session) broke(err error) bool {
 	if s.state != sessionOpen {
 		return false
 	}
-	// The sidecar does not resume waits in progress: their callers hear it now.
+	// The sidecar does not resume waits in progress: their callers hear it now. A
+	// release in flight is over too: a live sidecar lets go of a broken stream's locks,
+	// and a resumed session that still holds the key gives it back (a grant nobody here
+	// knows).
 	for rid, p := range s.pending {
-		if p.kind == acquireRequest {
+		switch {
+		case p.kind == acquireRequest:
 			delete(s.pending, rid)
 			p.finish(nil, unavailable(err, "the stream to the sidecar at %s broke while waiting (%s): ask again", s.c.addr, desc))
+		case p.kind == releaseRequest && p.lock.state == Released:
+			delete(s.pending, rid)
+			if s.held[holderKey{p.lock.holder, p.lock.key}] == p.lock {
+				delete(s.held, holderKey{p.lock.holder, p.lock.key})
+			}
+			p.finish(nil, nil)
 		}
 	}
 	switch {

@@ -48,11 +48,13 @@ type pending struct {
 	done   chan struct{}     // closed once resp or err is set
 	keys   []string          // an AcquireAll's keys (lock_all.go); nil for one key
 	set    *LockSet          // an AcquireAll's grants
+	flight *inFlight         // a release's entry among the releases in flight
 }
 
 // finish resolves p (s.mu held; p already out of s.pending).
 func (p *pending) finish(resp *pb.LeaseResponse, err error) {
 	p.resp, p.err = resp, err
+	p.flight.done()
 	close(p.done)
 }
 
@@ -317,10 +319,17 @@ func (s *session) answered(rid uint64, msg *pb.LeaseResponse) {
 			p.lock = l
 		}
 	case releaseRequest:
-		if msg.GetReleased() != nil && p.lock.state != Lost && p.lock.state != Released {
-			delete(s.held, holderKey{p.lock.holder, p.lock.key})
-			p.lock.stopExpiry()
-			p.lock.setState(Released)
+		// Unlock returned when it sent the Release (the lock is Released since): the
+		// session stops counting it now. A refusal comes after Unlock returned, so it is
+		// logged; FAILED_PRECONDITION is a Lost that crossed the Release.
+		l := p.lock
+		if s.held[holderKey{l.holder, l.key}] == l {
+			delete(s.held, holderKey{l.holder, l.key})
+		}
+		l.stopExpiry()
+		if r := msg.GetRejected(); r != nil && codes.Code(r.GetCode()) != codes.FailedPrecondition {
+			s.c.opts.logger.Warn("lockside: the release of a lock was refused", "key", l.key,
+				"holder", l.holder, "code", codes.Code(r.GetCode()), "message", r.GetMessage())
 		}
 	}
 	p.finish(msg, nil)

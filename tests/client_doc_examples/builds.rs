@@ -63,17 +63,27 @@ pub async fn node(units: &[&Block], dir: &Path) -> (Vec<Unit>, Result<(), String
         dir.join("stand_ins.mts"),
     )
     .expect("stand-ins");
+    // Node's types as an app has them (`npm install -D @types/node`): the package has
+    // no dependencies, so they come from its own dev dependencies (npm ci).
+    let type_roots = repo().join("clients/node/node_modules/@types");
+    must_exist(
+        &type_roots.join("node"),
+        "npm ci in clients/node (bash clients/prepare.sh)",
+    );
+    let type_roots = serde_json::to_string(&type_roots.to_string_lossy()).expect("a path");
     std::fs::write(
         dir.join("tsconfig.json"),
-        r#"{
-  "compilerOptions": {
+        format!(
+            r#"{{
+  "compilerOptions": {{
     "target": "ES2022", "module": "NodeNext", "moduleResolution": "NodeNext",
-    "lib": ["ES2022"], "types": ["node"], "strict": true,
+    "lib": ["ES2022"], "types": ["node"], "typeRoots": [{type_roots}], "strict": true,
     "allowJs": true, "checkJs": true, "outDir": "out"
-  },
+  }},
   "include": ["*.mts", "*.mjs"]
-}
-"#,
+}}
+"#
+        ),
     )
     .expect("tsconfig");
     let mut written = Vec::new();

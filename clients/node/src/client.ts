@@ -1,32 +1,16 @@
-// The client: a channel to the sidecar and the session on it, opened on the first
-// `lock()`, opened again after one ends; `describe()` and `watch()` are plain calls.
-import * as grpc from '@grpc/grpc-js';
-import { openSession } from './connect.js';
+// The client: the core's client (a channel to the sidecar and the session on it,
+// opened on the first `lock()`, opened again after one ends) with Node's idioms:
+// Promises, `AbortSignal`s, options checked before anything is sent, and a sidecar
+// waited for with one console line.
+import { setTimeout as sleep } from 'node:timers/promises';
 import { type Description, toDescription } from './description.js';
-import { LocksideError, callError } from './errors.js';
-import { checkText } from './limits.js';
-import type { Lock, LockOptions } from './lock.js';
-import type { Session } from './session.js';
-import { type LockServiceClient, lockService } from './wire.js';
+import { LocksideError, Unavailable, failure, fromNative } from './errors.js';
+import { MAX_WAIT_SECONDS, checkSize, checkText, toValue } from './limits.js';
+import { Lock, type LockOptions } from './lock.js';
+import { type NativeClient, addon } from './native.js';
 
 /** Where clients find the sidecar unless told otherwise. */
 export const DEFAULT_ADDR = '127.0.0.1:7420';
-
-/**
- * HTTP/2 keepalive well below the lock TTL (README, "Client guidance"): a frozen or
- * unreachable sidecar is noticed within about 2 s (a ping a second, a second to answer
- * it), the stream fails, and every lock of the session is suspended before the store can
- * let it go (a lock renewed every TTL/3 lives at least TTL × 2/3 after its sidecar froze:
- * more than 2 s from a TTL of 4 s up). The sidecar is local: after a restart, reconnect
- * within a second rather than after gRPC's default backoff.
- */
-const CHANNEL_OPTIONS: grpc.ChannelOptions = {
-  'grpc.keepalive_time_ms': 1000,
-  'grpc.keepalive_timeout_ms': 1000,
-  'grpc.keepalive_permit_without_calls': 1,
-  'grpc.initial_reconnect_backoff_ms': 100,
-  'grpc.max_reconnect_backoff_ms': 1000,
-};
 
 /** How to campaign for leadership (`client.campaign()`). */
 export interface CampaignOptions {
@@ -38,16 +22,25 @@ export interface CampaignOptions {
   signal?: AbortSignal;
 }
 
+/** TLS to the sidecar (PEM, as `Buffer`s or strings). */
+export interface TlsOptions {
+  /** The CA that signed the sidecar's certificate; default: the webpki roots. */
+  ca?: Buffer | string;
+  /** Mutual TLS: this client's certificate chain and its key. */
+  cert?: Buffer | string;
+  key?: Buffer | string;
+  /** The name the sidecar's certificate carries; default: the address's host. */
+  serverName?: string;
+}
+
 /** How to reach the sidecar. */
 export interface ClientOptions {
   /** Sent as `lockside-client-name`; shown by `describe()`. */
   clientName?: string;
   /** Sent as `authorization: Bearer <token>` (the sidecar's `--auth-token-file`). */
   authToken?: string;
-  /** TLS: `grpc.credentials.createSsl(...)`; default plaintext (loopback, unix socket). */
-  credentials?: grpc.ChannelCredentials;
-  /** More gRPC channel options. */
-  channelOptions?: grpc.ChannelOptions;
+  /** TLS to the sidecar; default plaintext (loopback, unix socket). */
+  tls?: TlsOptions;
   /** Seconds a sidecar that accepted the connection may take to open a session
    * (default 10). */
   connectTimeout?: number;
@@ -60,6 +53,11 @@ export interface ClientOptions {
    * broken stream loses every lock at once. */
   resume?: boolean;
 }
+
+const pem = (v: Buffer | string | undefined) => (v === undefined ? undefined : Buffer.from(v));
+
+/** The number of each acquire, so that an aborted one can be given up. */
+let nextRequest = 1;
 
 /**
  * A connection to a Lockside sidecar and one session on it. All locks taken through
@@ -74,78 +72,61 @@ export interface ClientOptions {
  * broken stream's locks at once, and the client cannot tell it from a dead one. If the
  * session holds locks, the client resumes it with its resume token, on the restarted
  * sidecar or any other of the same store and namespace at `addr`, retrying with backoff
- * (also while the sidecar answers FAILED_PRECONDITION): each lock the resumed session
- * lists with its fencing token is restored (the same session id, tokens and hold
- * counts). A lock is lost when it comes back `Lost` or not at all, when resuming is
- * refused for good, or when its TTL has passed since the break (the store has let it
- * go); at once when the sidecar's store cannot resume sessions (no resume token: the
- * embedded memory store). Waits in progress when the stream breaks reject with
- * `Unavailable` (the sidecar does not resume them); `lock()` calls made while the
- * session resumes wait for it. A session that cannot be resumed, or ends otherwise,
- * loses every lock, and the next `lock()` opens a new session. `{ resume: false }`
- * turns resuming off: a break loses every lock at once.
+ * (also while the sidecar answers that the session is still attached elsewhere): each
+ * lock the resumed session lists with its fencing token is restored (the same session
+ * id, tokens and hold counts). A lock is lost when it comes back `Lost` or not at all,
+ * when resuming is refused for good (the sidecar does not know the session), or when
+ * its TTL has passed since the break (the store has let it go); at once when the
+ * sidecar's store cannot resume sessions (no resume token: the embedded memory store).
+ * Waits in progress when the stream breaks reject with `Unavailable` (the sidecar does
+ * not resume them); `lock()` calls made while the session resumes wait for it. A
+ * session that cannot be resumed, or ends otherwise, loses every lock, and the next
+ * `lock()` opens a new session at once. `{ resume: false }` turns resuming off: a
+ * break loses every lock at once.
  */
 export class Client {
   /** The sidecar's address: `host:port` or `unix:/path`. */
   readonly addr: string;
-  private readonly stub: LockServiceClient;
-  private readonly metadata: grpc.Metadata;
-  private readonly timing: { connectTimeout: number; waitForSidecar: number };
-  private readonly sessionOptions: { resume: boolean };
-  private session?: Session;
-  private opening?: Promise<Session>;
+  private readonly native: NativeClient;
+  private readonly waitForSidecar: number;
+  /** This client's locks that may still change: told when the client closes. */
+  private readonly locks = new Set<Lock>();
   private closed = false;
-  /** Names the holder of each `lock()` call: "1", "2", ... (short: the sidecar keeps
-   * the name with the lock in the store). */
-  private nextHolder = 1;
 
   /** `addr` defaults to $LOCKSIDE_ADDR, then 127.0.0.1:7420. */
   constructor(addr?: string, options: ClientOptions = {}) {
     this.addr = addr || process.env.LOCKSIDE_ADDR || DEFAULT_ADDR;
-    const target = this.addr.replace(/^http:\/\//, '');
-    const Service = lockService();
-    this.stub = new Service(target, options.credentials ?? grpc.credentials.createInsecure(), {
-      ...CHANNEL_OPTIONS,
-      ...options.channelOptions,
-    });
-    this.metadata = new grpc.Metadata();
-    if (options.clientName) this.metadata.set('lockside-client-name', options.clientName);
-    if (options.authToken) this.metadata.set('authorization', `Bearer ${options.authToken}`);
-    this.timing = { connectTimeout: options.connectTimeout ?? 10, waitForSidecar: options.waitForSidecar ?? 0 };
-    for (const [name, value] of Object.entries(this.timing)) {
+    const timing = { connectTimeout: options.connectTimeout ?? 10, waitForSidecar: options.waitForSidecar ?? 0 };
+    for (const [name, value] of Object.entries(timing)) {
       if (typeof value !== 'number' || !(value >= 0)) {
         throw new RangeError(`${name} must be a number of seconds >= 0, got ${String(value)}`);
       }
     }
-    this.sessionOptions = { resume: options.resume ?? true };
-  }
-
-  /** The current session's id (as `describe()` shows it); undefined before the first lock. */
-  get sessionId(): string | undefined {
-    return this.session && this.session.ended === undefined ? this.session.sessionId : undefined;
-  }
-
-  private async currentSession(): Promise<Session> {
-    if (this.session && this.session.ended === undefined) return this.session;
-    if (this.closed) throw new LocksideError('the client is closed');
-    if (!this.opening) {
-      this.opening = openSession(this.addr, this.stub, this.metadata, this.timing, this.sessionOptions).finally(() => {
-        this.opening = undefined;
-      });
-    }
-    let session: Session;
+    this.waitForSidecar = timing.waitForSidecar;
+    const tls = options.tls && {
+      ca: pem(options.tls.ca),
+      cert: pem(options.tls.cert),
+      key: pem(options.tls.key),
+      serverName: options.tls.serverName,
+    };
     try {
-      session = await this.opening;
+      this.native = new addon.NativeClient(
+        this.addr,
+        options.clientName,
+        options.authToken,
+        tls,
+        timing.connectTimeout,
+        options.resume ?? true,
+      );
     } catch (e) {
-      if (this.closed) throw new LocksideError('the client is closed');
-      throw e;
+      throw fromNative(e, 'connect', '');
     }
-    if (this.closed) {
-      await session.close();
-      throw new LocksideError('the client is closed');
-    }
-    this.session = session;
-    return session;
+  }
+
+  /** The current session's id (as `describe()` shows it); undefined before the first
+   * lock and after a session ended. */
+  get sessionId(): string | undefined {
+    return this.native.sessionId() ?? undefined;
   }
 
   /**
@@ -155,9 +136,73 @@ export class Client {
    * that are not numbers of seconds.
    */
   async lock(key: string, opts: LockOptions = {}): Promise<Lock> {
-    const holder = opts.holder ?? String(this.nextHolder++);
-    const session = await this.currentSession();
-    return session.acquire(key, holder, opts);
+    checkText('key', key);
+    if (opts.holder !== undefined) checkText('holder', opts.holder);
+    const limit = opts.limit ?? 0;
+    if (!Number.isInteger(limit) || limit < 0 || limit > 0xffffffff) {
+      throw new RangeError(`limit must be an integer between 0 and 2**32-1, got ${String(limit)}`);
+    }
+    const wait = seconds('wait', opts.wait ?? MAX_WAIT_SECONDS);
+    const ttl = opts.ttl === undefined ? undefined : seconds('ttl', opts.ttl);
+    const value = toValue('value', opts.value);
+    checkSize(key, opts.holder ?? '', value);
+    if (this.closed) throw new LocksideError('the client is closed', key);
+    const until = performance.now() + this.waitForSidecar * 1000;
+    let waited = false;
+    for (;;) {
+      if (opts.signal?.aborted) throw opts.signal.reason;
+      try {
+        return await this.take(key, wait, ttl, opts, limit, value);
+      } catch (e) {
+        const f = failure(e);
+        if (f?.kind !== 'no_sidecar') throw fromNative(e, 'lock', key);
+        if (performance.now() < until) {
+          if (!waited) console.warn(`lockside: no sidecar at ${this.addr} yet (${f.reason}); waiting up to ${this.waitForSidecar} s for one`);
+          waited = true;
+          await sleep(100);
+          continue;
+        }
+        const hint = this.waitForSidecar > 0 ? ` (waited ${this.waitForSidecar} s)` : '; to wait for one, pass { waitForSidecar: seconds }';
+        const err = fromNative(e, 'lock', key);
+        throw new Unavailable(`${err.message}${hint}`, 14, { cause: err.cause });
+      }
+    }
+  }
+
+  /** One acquire in the core, given up when `opts.signal` aborts. */
+  private take(key: string, wait: number, ttl: number | undefined, opts: LockOptions, limit: number, value: Buffer): Promise<Lock> {
+    const request = nextRequest++ >>> 0;
+    const asked = this.native.acquire(request, key, wait, ttl, Boolean(opts.shared), limit, Boolean(opts.fair), value, opts.holder);
+    const signal = opts.signal;
+    if (!signal) return asked.then((native) => this.held(new Lock(native)));
+    return new Promise((resolve, reject) => {
+      let aborted = false;
+      const onAbort = () => {
+        aborted = true;
+        this.native.giveUp(request);
+        reject(signal.reason instanceof Error ? signal.reason : new LocksideError('aborted', key));
+      };
+      signal.addEventListener('abort', onAbort, { once: true });
+      asked.then(
+        (native) => {
+          signal.removeEventListener('abort', onAbort);
+          const lock = new Lock(native);
+          if (aborted) void lock.release().catch(() => undefined); // granted as it was given up
+          else resolve(this.held(lock));
+        },
+        (e) => {
+          signal.removeEventListener('abort', onAbort);
+          reject(e);
+        },
+      );
+    });
+  }
+
+  private held(lock: Lock): Lock {
+    this.locks.add(lock);
+    const forget = () => this.locks.delete(lock);
+    void lock.lost.then(forget);
+    return lock;
   }
 
   /**
@@ -179,21 +224,26 @@ export class Client {
   async *watch(key: string, { signal }: { signal?: AbortSignal } = {}): AsyncGenerator<Description, void, undefined> {
     if (this.closed) throw new LocksideError('the client is closed');
     checkText('key', key);
-    const call = this.stub.Watch({ key }, this.metadata);
-    const onAbort = () => call.cancel();
+    const watch = this.native.watch(key);
+    const onAbort = () => watch.cancel();
     signal?.addEventListener('abort', onAbort, { once: true });
     try {
-      for await (const message of call) {
-        if (message.state) yield toDescription(message.state);
+      for (;;) {
+        if (signal?.aborted) return;
+        let state;
+        try {
+          state = await watch.next();
+        } catch (e) {
+          if (signal?.aborted) return; // ended by the caller
+          throw fromNative(e, 'watch', key);
+        }
+        if (!state) return;
+        yield toDescription(state);
       }
-    } catch (e) {
-      const err = e as grpc.ServiceError;
-      if (err.code === grpc.status.CANCELLED && signal?.aborted) return; // ended by the caller
-      throw callError('watch', key, err);
     } finally {
-      // Leaving the loop (break, return, throw) ends the call.
+      // Leaving the loop (break, return, throw) ends the watch.
       signal?.removeEventListener('abort', onAbort);
-      call.cancel();
+      watch.cancel();
     }
   }
 
@@ -211,28 +261,33 @@ export class Client {
     return result;
   }
 
-  /** The store's view of `key`: holders, waiters, fair queue, last fencing token. */
-  describe(key: string, { timeout = 5 }: { timeout?: number } = {}): Promise<Description> {
-    return new Promise((resolve, reject) => {
-      checkText('key', key); // (a throw here rejects)
-      this.stub.Describe({ key }, this.metadata, { deadline: Date.now() + timeout * 1000 }, (err, res) => {
-        if (err || !res) {
-          reject(callError('describe', key, err ?? undefined));
-          return;
-        }
-        resolve(toDescription(res));
-      });
-    });
+  /** The store's view of `key` (after the releases of it this process made): holders,
+   * waiters, fair queue, last fencing token. */
+  async describe(key: string, { timeout = 5 }: { timeout?: number } = {}): Promise<Description> {
+    checkText('key', key);
+    if (this.closed) throw new LocksideError('the client is closed', key);
+    try {
+      return toDescription(await this.native.describe(key, seconds('timeout', timeout)));
+    } catch (e) {
+      throw fromNative(e, 'describe', key);
+    }
   }
 
-  /** Ends the session (the sidecar releases every lock it holds; they are marked lost)
-   * and closes the channel. */
+  /** Ends the session (the sidecar releases every lock it holds; they are marked lost:
+   * 'client closed'). */
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
-    const session = this.session;
-    this.session = undefined;
-    if (session) await session.close();
-    this.stub.close();
+    await this.native.close();
+    for (const lock of this.locks) lock._closed();
+    this.locks.clear();
   }
+}
+
+/** `value` seconds, checked: finite and not negative; `name` says which option. */
+function seconds(name: string, value: number): number {
+  if (typeof value !== 'number' || !Number.isFinite(value) || value < 0) {
+    throw new RangeError(`${name} must be a finite number of seconds >= 0, got ${String(value)}`);
+  }
+  return value;
 }

@@ -1,7 +1,10 @@
 // What the store says of one key, as `client.describe()` and `client.watch()` return it.
 // Leader election reads it too: the leader is the holder of the oldest grant.
-import type { DescribeResponseMsg } from './wire.js';
-import { seconds } from './wire.js';
+import type { NativeDescription } from './native.js';
+
+/** The proto's `LockMode` names, by number. */
+const MODES = ['UNSPECIFIED', 'EXCLUSIVE', 'SHARED'];
+const mode = (n: number) => MODES[n] ?? 'UNSPECIFIED';
 
 /** One holder of a key: a session, or one holder inside a session. */
 export interface Holder {
@@ -37,27 +40,26 @@ export interface Description {
 }
 
 /** The sidecar's `DescribeResponse` as a `Description`. */
-export function toDescription(res: DescribeResponseMsg): Description {
+export function toDescription(res: NativeDescription): Description {
   const holders = res.holders.map((h) => ({
     sessionId: h.sessionId,
-    holder: h.holder ?? '',
+    holder: h.holder,
     holdCount: h.holdCount,
-    ttlRemaining: seconds(h.ttlRemaining),
+    ttlRemaining: h.ttlRemaining,
     clientName: h.clientName,
-    value: Buffer.from(h.value ?? []),
+    value: Buffer.from(h.value),
     fencingToken: BigInt(h.fencingToken),
   }));
   let leader: Holder | undefined;
   for (const h of holders) if (!leader || h.fencingToken < leader.fencingToken) leader = h;
   return {
     key: res.key,
-    mode: res.mode.replace(/^LOCK_MODE_/, ''),
+    mode: mode(res.mode),
     limit: res.limit,
     holders,
     waiters: res.waiters,
     fencingToken: BigInt(res.fencingToken),
-    queue: res.queue.map((q) => ({ ...q, holder: q.holder ?? '', mode: q.mode.replace(/^LOCK_MODE_/, '') })),
+    queue: res.queue.map((q) => ({ ...q, mode: mode(q.mode) })),
     leader,
   };
 }
-

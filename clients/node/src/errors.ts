@@ -1,10 +1,9 @@
-// The errors this package throws, and how a gRPC status becomes one of them
-// (`callError`, `statusText`, `causedBy`). Expected outcomes the sidecar answers on the
-// stream (NotAcquired, Rejected, Lost) are errors here too: a caller awaits a lock or a
-// throw. An error made from a gRPC status (a failed call, a stream that ended) keeps
-// that status as its `cause` (the grpc-js `ServiceError`: `code`, `details`,
-// `metadata`), as an error made from another error keeps that one.
-import * as grpc from '@grpc/grpc-js';
+// The errors this package throws, and how the core's errors become them (`fromNative`).
+// Expected outcomes the sidecar answers on the stream (NotAcquired, Rejected, Lost) are
+// errors here too: a caller awaits a lock or a throw. An error that stands for a gRPC
+// status (a sidecar that cannot be reached, a stream that ended, a failed `describe()`
+// or `watch()`) keeps that status as its ES2022 `cause`: an `Error` with `code` (a
+// google.rpc.Code number) and `details`.
 
 /** Base class of every error this package throws. */
 export class LocksideError extends Error {
@@ -33,6 +32,13 @@ export class NotAcquired extends LocksideError {
   }
 }
 
+/** The names of the google.rpc codes, by number. */
+const CODE_NAMES = [
+  'OK', 'CANCELLED', 'UNKNOWN', 'INVALID_ARGUMENT', 'DEADLINE_EXCEEDED', 'NOT_FOUND', 'ALREADY_EXISTS',
+  'PERMISSION_DENIED', 'RESOURCE_EXHAUSTED', 'FAILED_PRECONDITION', 'ABORTED', 'OUT_OF_RANGE',
+  'UNIMPLEMENTED', 'INTERNAL', 'UNAVAILABLE', 'DATA_LOSS', 'UNAUTHENTICATED',
+];
+
 /**
  * The sidecar refused a request: a bad value (`code` 3 INVALID_ARGUMENT), a limit
  * reached (8 RESOURCE_EXHAUSTED), a conflicting mode or limit (9 FAILED_PRECONDITION),
@@ -46,7 +52,7 @@ export class Rejected extends LocksideError {
   /** The sidecar's explanation. */
   readonly details: string;
   constructor(key: string, code: number, details: string, options?: ErrorOptions) {
-    const codeName = (grpc.status as unknown as Record<number, string>)[code] ?? 'UNKNOWN_CODE';
+    const codeName = CODE_NAMES[code] ?? 'UNKNOWN_CODE';
     super(`request for ${shortKey(key)} rejected: ${codeName} (${code}): ${details}`, key, options);
     this.code = code;
     this.codeName = codeName;
@@ -87,11 +93,22 @@ export class LockSuspended extends LocksideError {
 
 /** The sidecar could not be reached, or the session's stream broke before it answered. */
 export class Unavailable extends LocksideError {
-  /** The gRPC status code of the stream or call, when there was one. */
+  /** The gRPC status code of the stream or call, when there was one (14 UNAVAILABLE). */
   readonly code?: number;
   constructor(message: string, code?: number, options?: ErrorOptions) {
     super(message, undefined, options);
     this.code = code;
+  }
+}
+
+/** The gRPC status an error stands for: its `cause`. */
+class GrpcStatus extends Error {
+  constructor(
+    readonly code: number,
+    readonly details: string,
+  ) {
+    super(`${CODE_NAMES[code] ?? code}: ${details}`);
+    this.name = 'GrpcStatus';
   }
 }
 
@@ -100,23 +117,42 @@ export function shortKey(key: string): string {
   return key.length <= 80 ? JSON.stringify(key) : `${JSON.stringify(key.slice(0, 60))}... (${key.length} characters)`;
 }
 
-/** `{ cause }` for an error made from `err`, when there is one (no `cause` property
- * at all otherwise). */
-export function causedBy(err: unknown): ErrorOptions | undefined {
-  return err === undefined || err === null ? undefined : { cause: err };
+/** A core error, as the addon reports it (native/lib.rs, `failure`). */
+export interface Failure {
+  kind: 'unavailable' | 'no_sidecar' | 'not_acquired' | 'rejected' | 'lost' | 'settings';
+  code: number;
+  reason: string;
+  message: string;
 }
 
-/** A failed unary or server-streaming call as this package's error. */
-export function callError(what: string, key: string, err: grpc.ServiceError | undefined): LocksideError {
-  const code = err?.code;
-  if (code === undefined || [grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED, grpc.status.CANCELLED].includes(code)) {
-    return new Unavailable(`${what} ${shortKey(key)}: ${err?.details ?? 'no answer'}`, code, causedBy(err));
+/** The core's error in `e`, or undefined when `e` is not one (a bug: rethrow it). */
+export function failure(e: unknown): Failure | undefined {
+  if (!(e instanceof Error) || !e.message.startsWith('LOCKSIDE\u001f')) return undefined;
+  const [, kind, code, reason, ...message] = e.message.split('\u001f');
+  return { kind: kind as Failure['kind'], code: Number(code), reason, message: message.join('\u001f') };
+}
+
+/**
+ * The core's error in `e` as this package's: `what` names the call (`lock`,
+ * `describe`, `watch`) and `key` its key. Rejected answers on the stream (`lock`,
+ * `proclaim`) have no cause; everything that stands for a gRPC status has it.
+ */
+export function fromNative(e: unknown, what: string, key: string, fencingToken = 0n): Error {
+  const f = failure(e);
+  if (!f) return e as Error;
+  const status = () => ({ cause: new GrpcStatus(f.code, f.message) });
+  switch (f.kind) {
+    case 'not_acquired':
+      return new NotAcquired(key, f.reason as NotAcquiredReason);
+    case 'rejected':
+      return new Rejected(key, f.code, f.message, what === 'lock' || what === 'proclaim' ? undefined : status());
+    case 'lost':
+      return new LockLost(key, f.message || 'lost', fencingToken);
+    case 'settings':
+      return new LocksideError(f.message, key);
+    case 'no_sidecar':
+      return new Unavailable(`no sidecar at ${f.message}: ${f.reason}`, f.code, { cause: new GrpcStatus(f.code, f.reason) });
+    default:
+      return new Unavailable(what === 'lock' ? f.message : `${what} ${shortKey(key)}: ${f.message}`, f.code, status());
   }
-  return new Rejected(key, code, err!.details, causedBy(err));
-}
-
-/** A gRPC status as error messages and loss reasons show it: `CODE: details`. */
-export function statusText(err: grpc.ServiceError): string {
-  const details = String(err.details || err.message).replace(/\s*Resolution note:.*$/s, '');
-  return `${grpc.status[err.code] ?? err.code}: ${details}`;
 }

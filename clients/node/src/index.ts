@@ -27,20 +27,19 @@
  *
  * # Layout
  *
- * - `client.ts`: `Client`, a channel to the sidecar and its session; `describe()`,
- *   `watch()`, `campaign()` (leader election is a fair exclusive lock with a value).
+ * Every rule of the session (holders, suspension, resume, loss, waiting for the
+ * sidecar) is the Lockside client core's, in Rust (`native/`, a Node-API addon); this
+ * package is its binding and Node's idioms:
+ *
+ * - `client.ts`: `Client`, the core's client; `describe()`, `watch()`, `campaign()`
+ *   (leader election is a fair exclusive lock with a value).
  * - `lock.ts`: `Lock`, a held lock, its options and events (suspended, restored, lost).
- * - `session.ts`: one `Lease` stream: requests matched to answers, events routed to locks.
- * - `resume.ts`: bringing a session back after its stream broke, or losing its locks.
- * - `connect.ts`: opening a session; telling "no sidecar there" from a slow one.
+ * - `native.ts`: the addon, loaded once; the core's news routed to locks and the console.
  * - `description.ts`: what `describe()` and `watch()` say of a key.
- * - `errors.ts`: every error thrown, and gRPC statuses made into them.
+ * - `errors.ts`: every error thrown, and the core's errors made into them.
  * - `limits.ts`: what the client refuses before sending, and the sidecar's limits.
- * - `wire.ts`: the generated wire types (`gen/`, from the .proto at build time; do not
- *   edit) under the names the code uses, and the service client.
- * - `timers.ts`: timers for delays longer than one Node timer takes.
  */
-export { Client, type CampaignOptions, type ClientOptions, DEFAULT_ADDR } from './client.js';
+export { Client, type CampaignOptions, type ClientOptions, DEFAULT_ADDR, type TlsOptions } from './client.js';
 export type { Description, Holder } from './description.js';
 export {
   LockLost,

@@ -1,10 +1,11 @@
 // A held lock: what `client.lock()` and `client.campaign()` resolve with, its options and
-// its events. The session it belongs to does the talking (src/session.ts).
+// its events. The core holds it (`NativeLock`) and says when its state changes; this
+// turns that into the lock's properties, its `lost` Promise, its `AbortSignal` and its
+// events.
 import { EventEmitter } from 'node:events';
-import { LockLost, LockSuspended } from './errors.js';
-import type { Session } from './session.js';
-import type { GrantedMsg } from './wire.js';
-import { seconds } from './wire.js';
+import { LockLost, LockSuspended, LocksideError, failure, fromNative, shortKey } from './errors.js';
+import { checkSize, toValue } from './limits.js';
+import { type NativeLock, type StateFollower, follow, unfollow } from './native.js';
 
 /** How to take a lock. */
 export interface LockOptions {
@@ -66,12 +67,6 @@ export type LockEvents = {
   lost: [LostInfo];
 };
 
-/** Where a session keeps what concerns one holder's grant of one key: reentrancy is per
- * (session, holder, key), and every event names both. */
-export function slot(holder: string, key: string): string {
-  return JSON.stringify([holder, key]);
-}
-
 /**
  * A held lock, from `client.lock()`. Use it while `held` is true: from the moment the
  * session's stream breaks it is *suspended* (`held` false, `suspended` true, `signal`
@@ -80,7 +75,7 @@ export function slot(holder: string, key: string): string {
  * either *restored* (`'restored'`: the resumed session listed it with the same fencing
  * token, nobody else held it in between) or *lost* (`'lost'`, `lost` resolves).
  */
-export class Lock extends EventEmitter<LockEvents> {
+export class Lock extends EventEmitter<LockEvents> implements StateFollower {
   /** The lock's name. */
   readonly key: string;
   /** Pass it to the resource you protect; it must reject writes with lower tokens. */
@@ -102,83 +97,90 @@ export class Lock extends EventEmitter<LockEvents> {
   /** Why the lock was lost, once it is. */
   lostReason?: string;
 
-  /** @internal */ _state: 'held' | 'suspended' | 'lost' | 'released' = 'held';
-  /** @internal The TTL (s) the store keeps the lock for without renewals (asked, else
-   * the sidecar's default): once it has passed since a break, the store has let the
-   * lock go. */
-  readonly _ttlAsked: number;
-  private readonly session: Session;
+  private state: 'held' | 'suspended' | 'lost' | 'released' = 'held';
+  private readonly native: NativeLock;
+  private readonly id: number;
   private readonly resolveLost: (info: LostInfo) => void;
   /** Aborted when the lock is suspended or lost; a new one after each restore. */
   private controller = new AbortController();
 
   /** @internal */
-  constructor(session: Session, key: string, holder: string, granted: GrantedMsg, ttlAsked: number) {
+  constructor(native: NativeLock) {
     super();
-    this.session = session;
-    this._ttlAsked = ttlAsked;
-    this.key = key;
-    this.holder = holder;
-    this.fencingToken = BigInt(granted.fencingToken);
-    this.ttl = seconds(granted.ttl);
-    this.holdCount = granted.holdCount;
-    this.sessionId = session.sessionId;
+    this.native = native;
+    this.id = native.id;
+    this.key = native.key;
+    this.holder = native.holder;
+    this.fencingToken = BigInt(native.fencingToken);
+    this.ttl = native.ttl;
+    this.holdCount = native.holdCount;
+    this.sessionId = native.sessionId;
     let resolve!: (info: LostInfo) => void;
     this.lost = new Promise<LostInfo>((r) => (resolve = r));
     this.resolveLost = resolve;
+    follow(this.id, this);
+    // (A change before this object existed: the core's news of it may come later.)
+    this._changed(native.state(), native.reason());
   }
 
   /** True while the lock is held and may be used: false while it is suspended, and
    * for good once it is released or lost. */
   get held(): boolean {
-    return this._state === 'held';
+    this.sync();
+    return this.state === 'held';
   }
 
   /** True from the moment the session's stream broke until the lock is restored or
    * lost: do not use it meanwhile. */
   get suspended(): boolean {
-    return this._state === 'suspended';
+    this.sync();
+    return this.state === 'suspended';
   }
 
   /** Hand it to the work that uses the resource: aborted when the lock is suspended
    * (reason `LockSuspended`) or lost (`LockLost`). A restored lock has a new signal,
    * not aborted: read `lock.signal` again for work started after `'restored'`. */
   get signal(): AbortSignal {
+    this.sync();
     return this.controller.signal;
   }
 
-  /** @internal The session's stream broke: stop using the lock. */
-  _suspend(reason: string): void {
-    if (this._state !== 'held') return;
-    this._state = 'suspended';
-    this.controller.abort(new LockSuspended(this.key, reason, this.fencingToken));
-    this.tell('suspended', { key: this.key, reason, fencingToken: this.fencingToken });
+  /** Catches up with the core's state (its news may not have come yet). */
+  private sync(): void {
+    if (this.state === 'held' || this.state === 'suspended') this._changed(this.native.state(), this.native.reason());
   }
 
-  /** @internal The resumed session listed the lock with its token. */
-  _restore(): void {
-    if (this._state !== 'suspended') return;
-    this._state = 'held';
-    this.controller = new AbortController();
-    this.tell('restored', { key: this.key, fencingToken: this.fencingToken, sessionId: this.sessionId });
+  /** @internal The core says the lock is now `to`. */
+  _changed(to: string, reason: string): void {
+    if (to === 'suspended' && this.state === 'held') {
+      this.state = 'suspended';
+      this.controller.abort(new LockSuspended(this.key, reason, this.fencingToken));
+      this.tell('suspended', { key: this.key, reason, fencingToken: this.fencingToken });
+    } else if (to === 'held' && this.state === 'suspended') {
+      this.state = 'held';
+      this.controller = new AbortController();
+      this.tell('restored', { key: this.key, fencingToken: this.fencingToken, sessionId: this.sessionId });
+    } else if (to === 'lost' && (this.state === 'held' || this.state === 'suspended')) {
+      this.state = 'lost';
+      this.lostReason = reason;
+      unfollow(this.id);
+      const info = { key: this.key, reason, fencingToken: this.fencingToken };
+      this.resolveLost(info);
+      // (A suspended lock's signal is aborted already: its reason then turns to LockLost
+      // in a new signal.)
+      if (this.controller.signal.aborted) this.controller = new AbortController();
+      this.controller.abort(new LockLost(info.key, info.reason, info.fencingToken));
+      this.tell('lost', info);
+    }
   }
 
-  /** @internal */
-  _markLost(reason: string): void {
-    if (this._state !== 'held' && this._state !== 'suspended') return;
-    this._state = 'lost';
-    this.lostReason = reason;
-    const info = { key: this.key, reason, fencingToken: this.fencingToken };
-    this.resolveLost(info);
-    // (A suspended lock's signal is aborted already: its reason then turns to LockLost
-    // in a new signal.)
-    if (this.controller.signal.aborted) this.controller = new AbortController();
-    this.controller.abort(new LockLost(info.key, info.reason, info.fencingToken));
-    this.tell('lost', info);
+  /** @internal The client closed: what the core says now is final. */
+  _closed(): void {
+    this.sync();
   }
 
   /** Emits `event`. A listener that throws does so on its own tick (an uncaught
-   * exception, as from any emitter), not inside the session's bookkeeping. */
+   * exception, as from any emitter), not inside the client's bookkeeping. */
   private tell<K extends keyof LockEvents>(event: K, ...args: LockEvents[K]): void {
     try {
       // (TypeScript cannot narrow the emitter's conditional argument type for a generic K.)
@@ -191,11 +193,26 @@ export class Lock extends EventEmitter<LockEvents> {
   }
 
   /**
-   * Gives the lock back and waits for the sidecar to confirm. Resolves at once if
-   * already released; rejects with `LockLost` (once) if the lock was lost before.
+   * Gives the lock back. Resolves once the `Release` is on the session's stream:
+   * whatever this process asks of the key afterwards (another `lock()`, another
+   * client's, a `describe()`) comes after it, and a loss the sidecar reports later is
+   * logged. Resolves at once if already released; rejects with `LockLost` (once) if
+   * the lock was lost before.
    */
-  release(): Promise<void> {
-    return this.session.release(this);
+  async release(): Promise<void> {
+    if (this.state === 'released') return;
+    this.sync();
+    const lost = this.state === 'lost';
+    this.state = 'released';
+    unfollow(this.id);
+    try {
+      this.native.release();
+    } catch (e) {
+      if (failure(e)?.kind === 'lost' || lost) {
+        throw new LockLost(this.key, this.lostReason ?? this.native.reason() ?? 'lost', this.fencingToken);
+      }
+      throw fromNative(e, 'release', this.key, this.fencingToken);
+    }
   }
 
   /**
@@ -204,7 +221,20 @@ export class Lock extends EventEmitter<LockEvents> {
    * most 4 KiB. Rejects with `LockLost` if the lock is no longer held, `Rejected` for
    * a value too large or a store the sidecar cannot reach.
    */
-  proclaim(value: Uint8Array | string): Promise<void> {
-    return this.session.proclaim(this, value);
+  async proclaim(value: Uint8Array | string): Promise<void> {
+    const bytes = toValue('value', value);
+    checkSize(this.key, this.holder, bytes);
+    this.sync();
+    if (this.state === 'lost') throw new LockLost(this.key, this.lostReason ?? 'lost', this.fencingToken);
+    if (this.state === 'released') throw new LocksideError(`lock ${shortKey(this.key)} was released`, this.key);
+    try {
+      await this.native.proclaim(bytes);
+    } catch (e) {
+      if (failure(e)?.kind === 'lost') {
+        this.sync();
+        throw new LockLost(this.key, this.lostReason ?? (this.native.reason() || 'lost'), this.fencingToken);
+      }
+      throw fromNative(e, 'proclaim', this.key, this.fencingToken);
+    }
   }
 }

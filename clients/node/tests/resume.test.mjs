@@ -181,3 +181,88 @@ describe('a sidecar restart', () => {
     assert.ok((await next).fencingToken > lead.fencingToken);
   });
 });
+
+describe('a session the sidecar does not know (issue 32, item 4)', () => {
+  let stack;
+  const clients = [];
+  beforeEach(async () => {
+    stack = await Stack.start({ sidecarArgs: ['--attachment-ttl', '600ms'] });
+  });
+  afterEach(async () => {
+    await Promise.all(clients.splice(0).map((c) => c.close()));
+    await stack.stop();
+  });
+
+  it('is refused as unknown: its locks are lost at once, the same client locks another key within 1 s, and the outcome is logged once', async () => {
+    const key = newKey();
+    const c = new Client(stack.addr);
+    clients.push(c);
+    const lock = await c.lock(`${key}-a`, { wait: 0 });
+    const session = c.sessionId;
+    assert.ok(await until(() => stack.recorded(session, 1)), 'recorded');
+    const lines = [];
+    const console_ = { info: console.info, warn: console.warn, error: console.error };
+    for (const level of Object.keys(console_)) console[level] = (...args) => lines.push(`${level}: ${args.join(' ')}`);
+    try {
+      await stack.sidecar.kill();
+      // The session's record gone from the store (expired, or never written before the
+      // sidecar died): the restarted sidecar refuses to resume it as unknown.
+      assert.equal(await stack.redis.command('DEL', `{lockside:session/${session}}:s`), ':1\r\n');
+      stack.sidecar = await stack.startSidecar(stack.sidecar.addr);
+      const back = performance.now();
+      const info = await within(lock.lost, 5000);
+      assert.ok(info, 'lost');
+      assert.match(info.reason, /does not know the session/);
+      const other = await c.lock(`${key}-b`, { wait: 0 });
+      const took = performance.now() - back;
+      assert.ok(took < 1000, `another key ${took.toFixed(0)} ms after the sidecar was back`);
+      assert.notEqual(other.sessionId, session);
+      assert.equal(other.held, true);
+      await other.release();
+    } finally {
+      Object.assign(console, console_);
+    }
+    // The break, the outcome and the lost lock, each once; the retries are at debug.
+    assert.equal(lines.filter((l) => /the session cannot be resumed: its locks are lost/.test(l)).length, 1, lines.join("\n"));
+    assert.ok(lines.length <= 3, lines.join('\n'));
+  });
+
+  it('a sidecar killed right after a grant holds up nothing else', async () => {
+    // Killed at once after the grant: the lock has its outcome (back, or lost) and the
+    // same client takes another key soon after the sidecar is back (its attachment,
+    // 600 ms here, may make the first attempts wait).
+    const key = newKey();
+    const c = new Client(stack.addr);
+    clients.push(c);
+    const lock = await c.lock(`${key}-a`, { wait: 0 });
+    await stack.sidecar.kill();
+    stack.sidecar = await stack.startSidecar(stack.sidecar.addr);
+    const back = performance.now();
+    const other = await c.lock(`${key}-b`, { wait: 0 });
+    const took = performance.now() - back;
+    assert.ok(took < 1500, `another key ${took.toFixed(0)} ms after the sidecar was back`);
+    assert.ok(await until(() => lock.held || lock.lostReason !== undefined), 'an outcome for the first lock');
+    await other.release();
+  });
+
+  it('an ordinary resume logs the break and the outcome, nothing alarming', async () => {
+    const key = newKey();
+    const c = new Client(stack.addr);
+    clients.push(c);
+    const lock = await c.lock(key, { wait: 0 });
+    assert.ok(await until(() => stack.recorded(c.sessionId, 1)), 'recorded');
+    const lines = [];
+    const console_ = { info: console.info, warn: console.warn, error: console.error };
+    for (const level of Object.keys(console_)) console[level] = (...args) => lines.push(`${level}: ${args.join(' ')}`);
+    try {
+      await stack.restartSidecar();
+      await (await c.lock(`${key}-after`, { wait: 0 })).release(); // waits for the resume
+      assert.equal(lock.held, true);
+    } finally {
+      Object.assign(console, console_);
+    }
+    assert.ok(lines.some((l) => /session resumed/.test(l)), lines.join('\n'));
+    assert.ok(!lines.some((l) => l.startsWith('error:') || /malformed|unknown|cannot be resumed/.test(l)), lines.join('\n'));
+    assert.ok(lines.length <= 2, lines.join('\n'));
+  });
+});

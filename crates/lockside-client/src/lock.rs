@@ -48,6 +48,8 @@ pub struct LockCell {
     released: AtomicBool,
     /// Its holder's name was handed back to the session's names (`holders.rs`).
     pub(crate) name_returned: AtomicBool,
+    /// How the stream broke, the last time it was suspended.
+    suspended_why: std::sync::Mutex<String>,
 }
 
 impl LockCell {
@@ -74,6 +76,7 @@ impl LockCell {
             state: watch::channel(LockState::Held).0,
             released: AtomicBool::new(false),
             name_returned: AtomicBool::new(false),
+            suspended_why: std::sync::Mutex::new(String::new()),
         })
     }
 
@@ -123,6 +126,20 @@ impl LockCell {
             LockState::Lost(why) => Some(why.clone()),
             _ => None,
         }
+    }
+    /// How the stream broke, while it is suspended.
+    pub fn suspended_reason(&self) -> Option<String> {
+        match &*self.state.borrow() {
+            LockState::Suspended => self.suspended_why.lock().ok().map(|w| w.clone()),
+            _ => None,
+        }
+    }
+    /// Suspends it, saying how the stream broke; false when it was suspended (or lost).
+    pub(crate) fn suspend(&self, why: &str) -> bool {
+        if let Ok(mut w) = self.suspended_why.lock() {
+            why.clone_into(&mut w);
+        }
+        self.set(LockState::Suspended)
     }
     pub(crate) fn is_lost(&self) -> bool {
         matches!(*self.state.borrow(), LockState::Lost(_))

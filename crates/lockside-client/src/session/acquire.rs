@@ -15,6 +15,9 @@ use crate::limits::{ANSWER_SLACK, MAX_WAIT};
 use crate::lock::LockCell;
 use crate::{ClientError, LockOptions, NotAcquired, releasing};
 
+/// The longest wait an `Acquire` carries (about 31 years): more than any sidecar allows.
+const LONGEST_SENDABLE_WAIT: Duration = Duration::from_secs(1_000_000_000);
+
 impl Session {
     /// Takes `key` for `holder` (`None`: a holder of its own, named by the session).
     /// `Err(None)`: the session ended before anything was sent (ask a new one).
@@ -43,9 +46,9 @@ impl Session {
             rid: None,
             answer: None,
         };
-        let wait = options
-            .wait
-            .map(|w| w.min(MAX_WAIT + Duration::from_secs(1)));
+        // (Bounded so that any wait converts; the sidecar refuses one over its maximum
+        // with a message naming the wait asked for.)
+        let wait = options.wait.map(|w| w.min(LONGEST_SENDABLE_WAIT));
         let duration = |d: Duration| prost_types::Duration::try_from(d).ok();
         loop {
             if self.ready().await.is_err() {

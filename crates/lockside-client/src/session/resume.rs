@@ -144,7 +144,7 @@ impl Session {
         state.phase = Phase::Resuming;
         for slot in state.slots.values() {
             for cell in &slot.cells {
-                if !cell.released() && cell.set(LockState::Suspended) {
+                if !cell.released() && cell.suspend(&reason) {
                     self.tell(cell);
                 }
             }

@@ -4,6 +4,9 @@ import java.time.Duration;
 import java.util.HashMap;
 import java.util.Map;
 import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.RejectedExecutionException;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
@@ -35,6 +38,8 @@ final class Core {
     /** Where listeners and lost futures are called: never under the monitor. */
     final Events events;
     private final Answers answers = new Answers(this);
+    /** Waits for the answers of releases, which unlock() does not wait for. */
+    private final ExecutorService releases = Executors.newSingleThreadExecutor(Transport.daemon("lockside-releases"));
     /** Every grant not yet given back (lost ones too, until their holder unlocks). */
     final Map<Slot, Grant> grants = new HashMap<>();
     private Session session;
@@ -152,6 +157,9 @@ final class Core {
         final boolean[] interrupted = {false};
         try {
             while (true) {
+                // A release of the key in this process that is not answered yet, and that
+                // the sidecar would not order before this request, comes first.
+                Releasing.settled(spec.key(), this, spec.slot().holder(), interruptible);
                 Pending p;
                 synchronized (mu) {
                     while (true) {
@@ -301,7 +309,22 @@ final class Core {
             }
             p = s.release(slot);
         }
-        answers.release(p);
+        // Returns once the Release is on the stream; its answer is waited for (and a
+        // release the store could not take asked again) on the releases' thread, and
+        // what this process asks of the key meanwhile waits for it (Releasing).
+        Releasing.Entry inFlight = Releasing.sent(slot.key(), this, slot.holder());
+        Pending sent = p;
+        try {
+            releases.execute(() -> {
+                try {
+                    answers.release(sent);
+                } finally {
+                    Releasing.done(inFlight);
+                }
+            });
+        } catch (RejectedExecutionException closed) {
+            Releasing.done(inFlight); // the client closed: its session released everything
+        }
     }
 
     /** Gives back a grant held once by its own holder (a permit, a leadership). */
@@ -408,6 +431,7 @@ final class Core {
             }
         }
         transport.close();
+        releases.shutdown();
         timers.shutdownNow();
         events.close();
     }

@@ -144,6 +144,7 @@ public final class LocksideClient implements AutoCloseable {
     /** The store's view of `key`: holders, waiters, the fair queue, the last fencing token. */
     public Description describe(String key) {
         Objects.requireNonNull(key, "key");
+        Releasing.settled(key); // after this process's unanswered releases of the key
         Lockside.DescribeRequest request = Lockside.DescribeRequest.newBuilder().setKey(key).build();
         try {
             return Description.of(LockServiceGrpc.newBlockingStub(core.transport.channel)
@@ -170,6 +171,7 @@ public final class LocksideClient implements AutoCloseable {
     /** Follows `key`: its current state, then each change (see {@link LockWatch}). */
     public LockWatch watch(String key) {
         Objects.requireNonNull(key, "key");
+        Releasing.settled(key); // after this process's unanswered releases of the key
         core.reconnectNow();
         return new LockWatch(core.transport.stub, key, core.address);
     }

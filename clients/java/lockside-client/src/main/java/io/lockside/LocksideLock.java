@@ -96,8 +96,11 @@ public final class LocksideLock implements Lock {
     }
 
     /**
-     * Gives back one hold of the calling thread; the last one releases the lock (and
-     * waits for the sidecar to confirm it).
+     * Gives back one hold of the calling thread; the last one releases the lock. It
+     * returns once the Release is on the stream, without waiting for the answer: what
+     * this process asks of the key afterwards (another thread's lock, another client's,
+     * a describe or a watch) waits for that answer first, so it finds the key free as if
+     * unlock had waited; a refusal that comes later is logged.
      *
      * @throws IllegalMonitorStateException the calling thread does not hold the lock
      * @throws LockLostException the lock was lost while held (the hold is given back)

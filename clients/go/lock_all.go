@@ -54,6 +54,11 @@ func (c *Client) LockAll(ctx context.Context, keys []string, opts ...LockOption)
 			Message: "LockAll takes neither WithLimit nor WithValue: semaphores and values are single keys"}
 	}
 	keys = slices.Clone(keys)
+	// As Lock does: a release of one of the keys this process sent and the sidecar has
+	// not answered yet goes first (releasing.go).
+	for _, key := range keys {
+		settled(ctx, key)
+	}
 	holder := c.nextHolder()
 	for {
 		if err := ctx.Err(); err != nil {

@@ -42,6 +42,12 @@ final class MultiAcquire {
         final String holder = LocksideLock.currentHolder();
         try {
             while (true) {
+                // As Core.acquire: a release of one of the keys in this process that is
+                // not answered yet, and that the sidecar would not order before this
+                // request, comes first.
+                for (String k : keys) {
+                    Releasing.settled(k, core, holder, interruptible);
+                }
                 Pending p = null;
                 List<String> missing;
                 synchronized (core.mu) {

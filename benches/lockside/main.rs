@@ -25,6 +25,9 @@
 //! 12. `election`: leader election across two sidecars: a grant seen by a watcher on
 //!     the other sidecar, and a leader process's death to the next grant and to the
 //!     watcher (`election.rs`).
+//! 13. `ceiling`: one Redis driven to saturation through Lockside (several sidecars,
+//!     1, 16 and 64 sessions) and through the classic recipe, in the same run
+//!     (`ceiling.rs`).
 //!
 //! It is a bench target, not part of the product: the image neither builds nor ships
 //! it. Without `--sidecar` the bench spawns `lockside serve` (the binary cargo built
@@ -36,6 +39,7 @@
 //! beside it, named as `--phases` names it, that imports the harness and no other
 //! phase; `harness/` is what the phases share (its `mod.rs` says which file owns what).
 
+mod ceiling;
 mod cost;
 mod cycles;
 mod death;
@@ -52,6 +56,7 @@ mod semaphore;
 use clap::Parser;
 use tonic::transport::Channel;
 
+use ceiling::CeilingArgs;
 use cost::CostArgs;
 use fleet::FleetArgs;
 use harness::args::{BenchArgs, Phase};
@@ -66,7 +71,7 @@ use scale::ScaleArgs;
 /// label that names a yardstick ("vs ...") has it in the baseline column, measured in
 /// the same run; the other lines with a baseline have the same scripts called
 /// directly there.
-const TABLE: [&[Row]; 10] = [
+const TABLE: [&[Row]; 11] = [
     cycles::ROWS,
     handoff::ROWS,
     semaphore::ROWS,
@@ -77,6 +82,7 @@ const TABLE: [&[Row]; 10] = [
     idle::ROWS,
     scale::ROWS,
     election::ROWS,
+    ceiling::ROWS,
 ];
 
 fn main() -> std::process::ExitCode {
@@ -187,6 +193,15 @@ async fn measure(args: &BenchArgs, tag: &str, report: &mut Report) {
         };
         let measured = fleet::run(args, &fleet, tag, report).await;
         report.check("fleet", measured);
+    }
+    if on(Phase::Ceiling) {
+        let ceiling = CeilingArgs {
+            sidecars: args.ceiling_sidecars as usize,
+            seconds: args.ceiling_seconds,
+            rounds: args.ceiling_rounds,
+        };
+        let measured = ceiling::run(args, ceiling, tag, report).await;
+        report.check("ceiling", measured);
     }
 }
 

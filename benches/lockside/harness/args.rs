@@ -46,8 +46,9 @@ pub(crate) struct BenchArgs {
     pub(crate) json: Option<PathBuf>,
 
     /// The phases to run, by name, comma-separated (see the README's Benchmark
-    /// section). Every phase but `fleet` by default: the fleet spawns up to 50
-    /// sidecars and takes minutes, so it runs only when asked for (`--phases fleet`).
+    /// section). Every phase but `fleet` and `ceiling` by default: the fleet spawns up
+    /// to 50 sidecars and takes minutes, the ceiling saturates the machine, so they run
+    /// only when asked for (`--phases fleet`, `--phases ceiling`).
     #[arg(
         long,
         env = "LOCKSIDE_BENCH_PHASES",
@@ -108,6 +109,21 @@ pub(crate) struct BenchArgs {
     #[arg(long, env = "LOCKSIDE_BENCH_FLEET_SVG")]
     pub(crate) fleet_svg: Option<PathBuf>,
 
+    /// `ceiling`: sidecar processes the sessions are spread over.
+    #[arg(long, env = "LOCKSIDE_BENCH_CEILING_SIDECARS", default_value_t = 4,
+          value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub(crate) ceiling_sidecars: u64,
+
+    /// `ceiling`: seconds per point (1, 16, 64 sessions) and side.
+    #[arg(long, env = "LOCKSIDE_BENCH_CEILING_SECONDS", default_value_t = 2,
+          value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub(crate) ceiling_seconds: u64,
+
+    /// `ceiling`: rounds, each every point on both sides (medians and ranges over them).
+    #[arg(long, env = "LOCKSIDE_BENCH_CEILING_ROUNDS", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub(crate) ceiling_rounds: u32,
+
     /// Passed by `cargo bench` to every bench target; ignored.
     #[arg(long, hide = true)]
     pub(crate) bench: bool,
@@ -138,6 +154,8 @@ pub(crate) enum Phase {
     Fleet,
     /// 12: leader election across two sidecars, with a watcher.
     Election,
+    /// 13: one Redis at saturation, Lockside against the classic recipe.
+    Ceiling,
 }
 
 impl Phase {
@@ -155,6 +173,7 @@ impl Phase {
             Self::Scale => "scale",
             Self::Fleet => "fleet",
             Self::Election => "election",
+            Self::Ceiling => "ceiling",
         }
     }
 
@@ -185,6 +204,7 @@ mod tests {
         let args = BenchArgs::try_parse_from(["bench", "--redis", "redis://h:1"]).unwrap();
         assert_eq!(args.phases.len(), 10);
         assert!(!args.phases.contains(&Phase::Fleet));
+        assert!(!args.phases.contains(&Phase::Ceiling));
         assert_eq!(args.fleet_sizes, [5, 10, 25, 50]);
         let names: Vec<&str> = args.phases.iter().map(|p| p.name()).collect();
         let value = |p: &Phase| p.to_possible_value().map(|v| v.get_name().to_owned());

@@ -83,6 +83,25 @@ impl Classic {
     }
 }
 
+/// Classic cycles on `key` on this client's connection, back to back until `until`
+/// (one client of many, as an app's processes each with a connection of their own);
+/// one sample per cycle.
+pub(crate) async fn classic_until(
+    mut classic: Classic,
+    key: String,
+    until: Instant,
+) -> Result<Vec<Duration>, String> {
+    let mut samples = Vec::new();
+    while super::load::sampling(until, &samples) {
+        let start = Instant::now();
+        classic
+            .cycles(&key, 1, Duration::from_secs(10), None)
+            .await?;
+        samples.push(start.elapsed());
+    }
+    Ok(samples)
+}
+
 /// Sleeps this thread (not the task) until `deadline`: the pauses of a paced cycle are
 /// a fraction of a millisecond, finer than tokio's timer. The bench's runtime has other
 /// workers, which drive the Redis connection meanwhile.

@@ -6,12 +6,14 @@
 //! - `lib.rs`: the module, the runtime the core runs on (one I/O thread per process,
 //!   which also runs every `async fn` here), and how a core error reaches JavaScript.
 //! - `objects.rs`: `NativeClient`, `NativeLock`, `NativeWatch`.
+//! - `several.rs`: several keys at once (`NativeClient.acquireAll`, `client.lockAll`).
 //! - `events.rs`: what the core tells JavaScript without being asked (locks' state
 //!   changes and log lines), through one thread-safe function that never keeps the
 //!   process alive.
 
 mod events;
 mod objects;
+mod several;
 
 use std::sync::OnceLock;
 

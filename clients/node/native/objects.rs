@@ -20,7 +20,7 @@ use crate::events::{state_changed, state_of};
 use crate::{failure, runtime};
 
 /// A duration from seconds the package checked (finite, not negative).
-fn seconds(s: f64) -> Duration {
+pub(crate) fn seconds(s: f64) -> Duration {
     Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX)
 }
 
@@ -116,6 +116,24 @@ pub struct NativeClient {
     giving_up: Arc<Mutex<HashMap<u32, oneshot::Sender<()>>>>,
 }
 
+impl NativeClient {
+    /// Registers the acquire `request`: what it receives says it was given up.
+    fn asking(&self, request: u32) -> oneshot::Receiver<()> {
+        let (give_up, given_up) = oneshot::channel();
+        if let Ok(mut map) = self.giving_up.lock() {
+            map.insert(request, give_up);
+        }
+        given_up
+    }
+
+    /// The acquire `request` is answered: nothing to give up any more.
+    fn asked(&self, request: u32) {
+        if let Ok(mut map) = self.giving_up.lock() {
+            map.remove(&request);
+        }
+    }
+}
+
 #[napi]
 impl NativeClient {
     /// `addr`: `host:port`, `unix:/path` or `http(s)://host:port`.
@@ -185,18 +203,13 @@ impl NativeClient {
             fair,
             value: value.to_vec(),
         };
-        let (give_up, given_up) = oneshot::channel();
-        if let Ok(mut map) = self.giving_up.lock() {
-            map.insert(request, give_up);
-        }
+        let given_up = self.asking(request);
         let client = self.client.clone();
         let acquired = tokio::select! {
             acquired = client.acquire(&key, &options, holder.as_deref()) => Some(acquired),
             _ = given_up => None,
         };
-        if let Ok(mut map) = self.giving_up.lock() {
-            map.remove(&request);
-        }
+        self.asked(request);
         match acquired {
             Some(Ok(handle)) => Ok(NativeLock::new(handle)),
             Some(Err(e)) => Err(failure(e)),
@@ -204,6 +217,28 @@ impl NativeClient {
                 lockside_client::NotAcquired::Cancelled,
             ))),
         }
+    }
+
+    /// Takes every key of `keys` at once for `holder`, all or none (`several.rs`);
+    /// `request` names the call for `give_up`. The locks come in the order asked.
+    #[napi]
+    #[allow(clippy::too_many_arguments)]
+    pub async fn acquire_all(
+        &self,
+        request: u32,
+        keys: Vec<String>,
+        wait: Option<f64>,
+        ttl: Option<f64>,
+        shared: bool,
+        fair: bool,
+        holder: Option<String>,
+    ) -> napi::Result<Vec<NativeLock>> {
+        let options = crate::several::options(wait, ttl, shared, fair);
+        let given_up = self.asking(request);
+        let acquired =
+            crate::several::acquire_all(&self.client, &keys, &options, holder, given_up).await;
+        self.asked(request);
+        acquired
     }
 
     /// Gives up the acquire named `request` (an aborted signal).
@@ -254,7 +289,7 @@ pub struct NativeLock {
 }
 
 impl NativeLock {
-    fn new(handle: LockHandle) -> Self {
+    pub(crate) fn new(handle: LockHandle) -> Self {
         Self { handle }
     }
 }

@@ -69,6 +69,15 @@ export declare class NativeClient {
     value: Buffer,
     holder: string | undefined | null,
   ): Promise<NativeLock>;
+  acquireAll(
+    request: number,
+    keys: string[],
+    wait: number | undefined | null,
+    ttl: number | undefined | null,
+    shared: boolean,
+    fair: boolean,
+    holder: string | undefined | null,
+  ): Promise<NativeLock[]>;
   giveUp(request: number): void;
   describe(key: string, timeout: number): Promise<NativeDescription>;
   watch(key: string): NativeWatch;

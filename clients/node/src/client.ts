@@ -7,7 +7,8 @@ import { type Description, toDescription } from './description.js';
 import { LocksideError, Unavailable, failure, fromNative } from './errors.js';
 import { MAX_WAIT_SECONDS, checkSize, checkText, toValue } from './limits.js';
 import { Lock, type LockOptions } from './lock.js';
-import { type NativeClient, addon } from './native.js';
+import { type NativeClient, type NativeLock, addon } from './native.js';
+import { type LockAllOptions, Locks, checkKeys, keysNamed } from './several.js';
 
 /** Where clients find the sidecar unless told otherwise. */
 export const DEFAULT_ADDR = '127.0.0.1:7420';
@@ -147,12 +148,46 @@ export class Client {
     const value = toValue('value', opts.value);
     checkSize(key, opts.holder ?? '', value);
     if (this.closed) throw new LocksideError('the client is closed', key);
+    return this.reaching(key, opts.signal, () => this.take(key, wait, ttl, opts, limit, value));
+  }
+
+  /**
+   * Takes every key of `keys` (2 to 64 distinct keys) at once for a new holder (or for
+   * `opts.holder`), all or none: resolves with `Locks` (each key's `Lock`, in the
+   * order asked) once every key is held, or rejects and holds none of them. Callers
+   * asking for overlapping keys in any order never deadlock: a waiting request holds
+   * nothing. Rejects as `lock()` does (the error's `key` names the keys asked for):
+   * `NotAcquired` (busy, timed out, aborted), `Rejected` (no keys, one key, a key twice,
+   * more than 64, a bad key), `Unavailable`.
+   */
+  async lockAll(keys: readonly string[], opts: LockAllOptions = {}): Promise<Locks> {
+    const asked = checkKeys(keys);
+    if (opts.holder !== undefined) checkText('holder', opts.holder);
+    const wait = seconds('wait', opts.wait ?? MAX_WAIT_SECONDS);
+    const ttl = opts.ttl === undefined ? undefined : seconds('ttl', opts.ttl);
+    const named = keysNamed(asked);
+    if (this.closed) throw new LocksideError('the client is closed', named);
+    return this.reaching(named, opts.signal, () =>
+      this.asking(
+        named,
+        opts.signal,
+        (request) => this.native.acquireAll(request, asked, wait, ttl, Boolean(opts.shared), Boolean(opts.fair), opts.holder),
+        (natives: NativeLock[]) => new Locks(natives.map((native) => this.held(new Lock(native)))),
+        (locks) => void locks.release().catch(() => undefined), // granted as it was given up
+      ),
+    );
+  }
+
+  /** Runs `attempt` until it is not refused for want of a sidecar at `addr` (waiting
+   * up to `waitForSidecar` seconds, with one console line), with its errors made the
+   * package's (`key` names what was asked). */
+  private async reaching<T>(key: string, signal: AbortSignal | undefined, attempt: () => Promise<T>): Promise<T> {
     const until = performance.now() + this.waitForSidecar * 1000;
     let waited = false;
     for (;;) {
-      if (opts.signal?.aborted) throw opts.signal.reason;
+      if (signal?.aborted) throw signal.reason;
       try {
-        return await this.take(key, wait, ttl, opts, limit, value);
+        return await attempt();
       } catch (e) {
         const f = failure(e);
         if (f?.kind !== 'no_sidecar') throw fromNative(e, 'lock', key);
@@ -171,10 +206,28 @@ export class Client {
 
   /** One acquire in the core, given up when `opts.signal` aborts. */
   private take(key: string, wait: number, ttl: number | undefined, opts: LockOptions, limit: number, value: Buffer): Promise<Lock> {
+    return this.asking(
+      key,
+      opts.signal,
+      (request) => this.native.acquire(request, key, wait, ttl, Boolean(opts.shared), limit, Boolean(opts.fair), value, opts.holder),
+      (native: NativeLock) => this.held(new Lock(native)),
+      (lock) => void lock.release().catch(() => undefined), // granted as it was given up
+    );
+  }
+
+  /** A request to the core (`ask`, numbered for `giveUp`), given up when `signal`
+   * aborts; what it resolves with made the package's by `made`, and let go by `drop`
+   * if it comes after the abort. */
+  private asking<N, T>(
+    key: string,
+    signal: AbortSignal | undefined,
+    ask: (request: number) => Promise<N>,
+    made: (native: N) => T,
+    drop: (taken: T) => void,
+  ): Promise<T> {
     const request = nextRequest++ >>> 0;
-    const asked = this.native.acquire(request, key, wait, ttl, Boolean(opts.shared), limit, Boolean(opts.fair), value, opts.holder);
-    const signal = opts.signal;
-    if (!signal) return asked.then((native) => this.held(new Lock(native)));
+    const asked = ask(request);
+    if (!signal) return asked.then(made);
     return new Promise((resolve, reject) => {
       let aborted = false;
       const onAbort = () => {
@@ -186,9 +239,9 @@ export class Client {
       asked.then(
         (native) => {
           signal.removeEventListener('abort', onAbort);
-          const lock = new Lock(native);
-          if (aborted) void lock.release().catch(() => undefined); // granted as it was given up
-          else resolve(this.held(lock));
+          const taken = made(native);
+          if (aborted) drop(taken);
+          else resolve(taken);
         },
         (e) => {
           signal.removeEventListener('abort', onAbort);

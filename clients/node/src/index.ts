@@ -34,6 +34,7 @@
  * - `client.ts`: `Client`, the core's client; `describe()`, `watch()`, `campaign()`
  *   (leader election is a fair exclusive lock with a value).
  * - `lock.ts`: `Lock`, a held lock, its options and events (suspended, restored, lost).
+ * - `several.ts`: `Locks`, several keys taken at once (`client.lockAll()`), all or none.
  * - `native.ts`: the addon, loaded once; the core's news routed to locks and the console.
  * - `description.ts`: what `describe()` and `watch()` say of a key.
  * - `errors.ts`: every error thrown, and the core's errors made into them.
@@ -51,4 +52,5 @@ export {
   Unavailable,
 } from './errors.js';
 export { MAX_VALUE_BYTES, MAX_WAIT_SECONDS } from './limits.js';
+export { type LockAllOptions, Locks } from './several.js';
 export { Lock, type LockEvents, type LockOptions, type LostInfo, type RestoredInfo, type SuspendedInfo } from './lock.js';

@@ -149,6 +149,7 @@ pub async fn run(run_seed: u64, plan: &RoundPlan) -> Summary {
         .collect();
     let ctx = Context {
         topo: plan.topo,
+        acks: plan.acks,
         records: &records,
         changes: &changes,
         key_shard: &world.key_shard,

@@ -72,6 +72,7 @@ fn findings(events: Vec<Event>, writes: &[Write], paused: bool) -> Vec<(Kind, Op
     let key_shard = BTreeMap::new();
     let ctx = Context {
         topo: Topo::Rdb,
+        acks: 0,
         records: &records,
         changes: &[],
         key_shard: &key_shard,

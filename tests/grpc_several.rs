@@ -248,8 +248,42 @@ async fn a_fair_request_is_not_overtaken(s: Setup) {
     holder.granted_all_after_wait(id_all).await;
 }
 
+/// SHARED for every key: readers of overlapping sets hold together, a writer asking for
+/// any of their keys is busy and takes nothing, and gets them all once they are free.
+async fn readers_of_several_keys_share_them_and_keep_a_writer_out(s: Setup) {
+    let shared = |keys: &[&str]| proto::AcquireAll {
+        mode: proto::LockMode::Shared as i32,
+        ..acquire_all(keys)
+    };
+    let mut r1 = s.client.lease().await;
+    let mut r2 = s.client.lease().await;
+    let mut writer = s.client.lease().await;
+    granted_all(&mut r1, shared(&["p", "q"])).await;
+    granted_all(&mut r2, shared(&["q", "p", "t"])).await;
+    let d = s.client.describe("q").await;
+    assert_eq!(d.holders.len(), 2, "{d:?}");
+    let id = writer.send_acquire_all(acquire_all(&["t", "u"])).await;
+    assert_eq!(
+        writer.not_acquired_after_wait(id).await,
+        ("t".to_owned(), Reason::Busy as i32)
+    );
+    untouched(&s.client, "u").await;
+    for k in ["p", "q"] {
+        assert_eq!(r1.release(k).await, 0);
+    }
+    for k in ["q", "p", "t"] {
+        assert_eq!(r2.release(k).await, 0);
+    }
+    let all = granted_all(&mut writer, acquire_all(&["t", "u", "p"])).await;
+    assert_eq!(all.grants.len(), 3);
+    for k in ["t", "u", "p"] {
+        assert_eq!(writer.release(k).await, 0);
+    }
+}
+
 crate::for_each_store!(
     all_or_none_and_nothing_left_behind,
+    readers_of_several_keys_share_them_and_keep_a_writer_out,
     a_key_held_already_is_held_once_more,
     a_release_of_one_key_cancels_a_waiting_request,
     bad_requests_are_rejected_and_harm_nobody,

@@ -36,12 +36,8 @@ async fn transfer() -> Result<(), ClientError> {
     let client = lockside::client::Client::connect("127.0.0.1:7420").await?;
     let both = client.lock_all(&["acct:alice", "acct:bob"]).await?; // both or neither
     debit("acct:alice", 30, both[0].fencing_token()).await; // each key's own token
-    credit(
-        "acct:bob",
-        30,
-        both.fencing_token("acct:bob").unwrap_or_default(),
-    )
-    .await;
+    let bob = both.fencing_token("acct:bob").unwrap_or_default(); // or by key
+    credit("acct:bob", 30, bob).await;
     both.release().await?; // or drop the guard
     Ok(())
 }

@@ -78,7 +78,7 @@ let nextRequest = 1;
  * id, tokens and hold counts). A lock is lost when it comes back `Lost` or not at all,
  * when resuming is refused for good (the sidecar does not know the session), or when
  * its TTL has passed since the break (the store has let it go); at once when the
- * sidecar's store cannot resume sessions (no resume token: the embedded memory store).
+ * sidecar's store cannot resume sessions (no resume token: the embedded memory store or Redlock).
  * Waits in progress when the stream breaks reject with `Unavailable` (the sidecar does
  * not resume them); `lock()` calls made while the session resumes wait for it. A
  * session that cannot be resumed, or ends otherwise, loses every lock, and the next

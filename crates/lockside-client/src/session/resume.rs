@@ -132,7 +132,7 @@ impl Session {
         } else if !self.settings.resume {
             Some(" (resuming is off)".to_owned())
         } else if state.token.is_empty() {
-            Some("; the sidecar's store cannot resume sessions (it gave no resume token: the embedded memory store), so its locks are gone".to_owned())
+            Some("; the sidecar's store cannot resume sessions (it gave no resume token: the embedded memory store or Redlock, which keep no session records), so its locks are gone".to_owned())
         } else {
             None
         };

@@ -96,18 +96,8 @@ impl Session {
             asking.answer = Some(answer);
             break;
         }
-        let within = wait.unwrap_or_default().min(MAX_WAIT) + ANSWER_SLACK;
         let answer = asking.answer.as_mut().expect("set above");
-        let answer = match tokio::time::timeout(within, answer).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(ClientError::Unavailable(
-                "the session ended before the sidecar answered".into(),
-            )),
-            Err(_) => Err(ClientError::Unavailable(format!(
-                "no answer from the sidecar within {}",
-                crate::error::format_duration(within)
-            ))),
-        };
+        let answer = answer_within(answer, wait).await;
         match answer.map_err(Some)? {
             Answer::Granted(cell) => {
                 // The grant keeps the holder's name in use now.
@@ -116,23 +106,9 @@ impl Session {
                 asking.holder.clear();
                 Ok(cell)
             }
-            Answer::Other(Event::NotAcquired(n)) => {
+            Answer::Other(event @ (Event::NotAcquired(_) | Event::Rejected(_))) => {
                 asking.rid = None;
-                use proto::not_acquired::Reason;
-                let reason = match Reason::try_from(n.reason) {
-                    Ok(Reason::Busy) => NotAcquired::Busy,
-                    Ok(Reason::Timeout) => NotAcquired::TimedOut(wait.unwrap_or_default()),
-                    Ok(Reason::Cancelled) => NotAcquired::Cancelled,
-                    _ => NotAcquired::Other(n.reason),
-                };
-                Err(Some(ClientError::NotAcquired(reason)))
-            }
-            Answer::Other(Event::Rejected(r)) => {
-                asking.rid = None;
-                Err(Some(ClientError::Rejected {
-                    code: r.code,
-                    message: r.message,
-                }))
+                Err(Some(refusal(event, wait)))
             }
             Answer::GrantedAll(_) => Err(Some(ClientError::Unavailable(
                 "protocol error: a GrantedAll answered an acquire".into(),
@@ -197,5 +173,41 @@ impl Drop for Asking<'_> {
         if !self.holder.is_empty() {
             self.session.lock().holders.done(&self.holder);
         }
+    }
+}
+
+/// The answer to a request that may wait `wait`, or why none will come.
+pub(super) async fn answer_within(
+    answer: &mut oneshot::Receiver<Result<Answer, ClientError>>,
+    wait: Option<Duration>,
+) -> Result<Answer, ClientError> {
+    let within = wait.unwrap_or_default().min(MAX_WAIT) + ANSWER_SLACK;
+    match tokio::time::timeout(within, answer).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(_)) => Err(ClientError::Unavailable(
+            "the session ended before the sidecar answered".into(),
+        )),
+        Err(_) => Err(ClientError::Unavailable(format!(
+            "no answer from the sidecar within {}",
+            crate::error::format_duration(within)
+        ))),
+    }
+}
+
+/// The error of an acquire answered `NotAcquired` or `Rejected`.
+pub(super) fn refusal(event: Event, wait: Option<Duration>) -> ClientError {
+    use proto::not_acquired::Reason;
+    match event {
+        Event::NotAcquired(n) => ClientError::NotAcquired(match Reason::try_from(n.reason) {
+            Ok(Reason::Busy) => NotAcquired::Busy,
+            Ok(Reason::Timeout) => NotAcquired::TimedOut(wait.unwrap_or_default()),
+            Ok(Reason::Cancelled) => NotAcquired::Cancelled,
+            _ => NotAcquired::Other(n.reason),
+        }),
+        Event::Rejected(r) => ClientError::Rejected {
+            code: r.code,
+            message: r.message,
+        },
+        other => ClientError::Unavailable(format!("protocol error: {other:?} answered an acquire")),
     }
 }

@@ -17,10 +17,11 @@ use lockside_proto::lease_response::Event;
 use lockside_proto::{self as proto, LeaseRequest};
 use tokio::sync::oneshot;
 
+use super::acquire::{answer_within, refusal};
 use super::{Answer, Kind, Pending, Phase, Session, State};
-use crate::limits::{ANSWER_SLACK, MAX_WAIT};
+use crate::limits::MAX_WAIT;
 use crate::lock::LockCell;
-use crate::{ClientError, LockOptions, NotAcquired, releasing};
+use crate::{ClientError, LockOptions, releasing};
 
 /// The keys an `AcquireAll` request asked for (empty for any other request).
 fn keys_of(request: &LeaseRequest) -> &[String] {
@@ -110,18 +111,8 @@ impl Session {
             asking.answer = Some(answer);
             break;
         }
-        let within = wait.unwrap_or_default().min(MAX_WAIT) + ANSWER_SLACK;
         let answer = asking.answer.as_mut().expect("set above");
-        let answer = match tokio::time::timeout(within, answer).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(ClientError::Unavailable(
-                "the session ended before the sidecar answered".into(),
-            )),
-            Err(_) => Err(ClientError::Unavailable(format!(
-                "no answer from the sidecar within {}",
-                crate::error::format_duration(within)
-            ))),
-        };
+        let answer = answer_within(answer, wait).await;
         match answer.map_err(Some)? {
             Answer::GrantedAll(cells) => {
                 // The grants keep the holder's name in use now (one use each).
@@ -130,23 +121,9 @@ impl Session {
                 asking.holder.clear();
                 Ok(cells)
             }
-            Answer::Other(Event::NotAcquired(n)) => {
+            Answer::Other(event @ (Event::NotAcquired(_) | Event::Rejected(_))) => {
                 asking.rid = None;
-                use proto::not_acquired::Reason;
-                let reason = match Reason::try_from(n.reason) {
-                    Ok(Reason::Busy) => NotAcquired::Busy,
-                    Ok(Reason::Timeout) => NotAcquired::TimedOut(wait.unwrap_or_default()),
-                    Ok(Reason::Cancelled) => NotAcquired::Cancelled,
-                    _ => NotAcquired::Other(n.reason),
-                };
-                Err(Some(ClientError::NotAcquired(reason)))
-            }
-            Answer::Other(Event::Rejected(r)) => {
-                asking.rid = None;
-                Err(Some(ClientError::Rejected {
-                    code: r.code,
-                    message: r.message,
-                }))
+                Err(Some(refusal(event, wait)))
             }
             Answer::Granted(_) => Err(Some(ClientError::Unavailable(
                 "protocol error: a Granted answered an AcquireAll".into(),

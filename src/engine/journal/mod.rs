@@ -222,6 +222,9 @@ struct Task {
 
 impl Task {
     async fn run(mut self, alive: CancellationToken) {
+        // Whether the last pass read at once; a time still due after it waits for the
+        // timer, so that something always due cannot keep the thread spinning.
+        let mut read_at_once = false;
         loop {
             let own = [
                 self.flush_at,
@@ -232,6 +235,18 @@ impl Task {
             .flatten()
             .min();
             let next = self.mailbox.arm(own);
+            let due = next.is_some_and(|at| at <= Instant::now());
+            if due && !read_at_once && !alive.is_cancelled() {
+                // Due now (a grant waits for its `Granted`): read at once. A timer would
+                // wait for tokio's next millisecond tick: 0.5 ms per grant on average,
+                // 1.1 ms measured, most of an uncontended cycle (1.7 ms, 0.44 ms
+                // without it).
+                read_at_once = true;
+                self.collect().await;
+                self.tick().await;
+                continue;
+            }
+            read_at_once = false;
             tokio::select! {
                 _ = alive.cancelled() => {
                     self.collect().await;

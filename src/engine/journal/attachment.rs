@@ -25,7 +25,7 @@ impl Task {
             .flat_map(|t| {
                 t.listed
                     .values()
-                    .chain(t.pending.values().flatten().map(|(l, _)| l))
+                    .chain(t.pending.values().filter_map(|(line, _)| line.as_ref()))
             })
             .map(|line| line.ttl)
             .min();

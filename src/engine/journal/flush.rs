@@ -145,16 +145,26 @@ impl Task {
             };
             let mut taken = Vec::new();
             let mut deferred = false;
+            // A write with no line extends the record (its TTL only: a record the
+            // store lost answers Missing and is written again whole).
+            let extends = due.contains(&serial) && !tracked.listed.is_empty();
+            let ready = |since: Instant| all || since + FLUSH_EVERY <= now;
+            // A young removal rides along with whatever of its session is written
+            // now; alone, it waits for its window. Written by any flush, as before,
+            // the removals of every session went whenever one session's new grant was
+            // written, and each of those sessions' next grants then waited for a write
+            // of its own: two record writes and one more round trip per handoff.
+            let rides = extends || tracked.pending.values().any(|(_, since)| ready(*since));
             if !tracked.ended {
-                for (key, change) in &tracked.pending {
-                    match change {
-                        Some((_, since)) if !all && *since + FLUSH_EVERY > now => {
-                            let ready = *since + FLUSH_EVERY;
-                            young = Some(young.map_or(ready, |y| y.min(ready)));
-                            deferred = true;
-                            continue;
-                        }
-                        Some((line, _)) => {
+                for (key, (line, since)) in &tracked.pending {
+                    if !ready(*since) && (line.is_some() || !rides) {
+                        let at = *since + FLUSH_EVERY;
+                        young = Some(young.map_or(at, |y| y.min(at)));
+                        deferred = true;
+                        continue;
+                    }
+                    match line {
+                        Some(line) => {
                             shortest = Some(shortest.map_or(line.ttl, |s| s.min(line.ttl)));
                             write.set.push((key.to_string(), line.clone()));
                         }
@@ -166,9 +176,6 @@ impl Task {
             if deferred {
                 self.dirty.insert(serial);
             }
-            // A write with no line extends the record (its TTL only: a record the
-            // store lost answers Missing and is written again whole).
-            let extends = due.contains(&serial) && !tracked.listed.is_empty();
             if !write.end && write.set.is_empty() && write.remove.is_empty() && !extends {
                 self.schedule_refresh(serial);
                 continue;
@@ -215,10 +222,10 @@ impl Task {
                     // it): each change taken is the one written.
                     for key in taken {
                         match tracked.pending.remove(&key) {
-                            Some(Some((line, _))) => {
+                            Some((Some(line), _)) => {
                                 tracked.listed.insert(key, line);
                             }
-                            Some(None) => {
+                            Some((None, _)) => {
                                 tracked.listed.remove(&key);
                             }
                             None => {}
@@ -237,7 +244,7 @@ impl Task {
                         tracked
                             .pending
                             .entry(key)
-                            .or_insert(Some((line, written_at)));
+                            .or_insert((Some(line), written_at));
                     }
                     retry = true;
                     self.dirty.insert(serial);

@@ -335,10 +335,10 @@ impl Task {
         }
         match line {
             Some(line) => {
-                tracked.pending.insert(key, Some((line, at)));
+                tracked.pending.insert(key, (Some(line), at));
             }
             None if tracked.listed.contains_key(&key) => {
-                tracked.pending.insert(key, None);
+                tracked.pending.insert(key, (None, at));
             }
             // Granted and dropped within one window: the store never hears of it.
             None => {

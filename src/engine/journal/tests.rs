@@ -196,3 +196,72 @@ async fn a_grant_due_now_is_answered_without_waiting_for_a_timer() {
     alive.cancel();
     running.await.expect("the journal stops");
 }
+
+/// One session's new grant is written at once; another session's release, made a
+/// moment before, waits for its own window rather than go with it. Written with it (as
+/// before), that session's next grant of the key found it unlisted and waited for a
+/// write of its own: with 16 sessions taking turns on one key, two record writes per
+/// handoff and a round trip more before each `Granted` (bench phase `handoff`).
+#[tokio::test(start_paused = true)]
+async fn a_release_waits_for_its_window_when_another_sessions_grant_is_written() {
+    let mut task = task();
+    let a = session();
+    let b = Arc::new(SessionRef {
+        serial: 2,
+        id: "fedcba9876543210".into(),
+        secret: "t".into(),
+        client_name: "test".into(),
+        resumed: false,
+    });
+    let line = RecordLine {
+        grant: 1,
+        ttl: Duration::from_secs(10),
+        fence: 7,
+    };
+    let (entry, _waiter) = granted(&a, "k".into(), line.clone());
+    task.apply(entry);
+    task.flush(false).await;
+    assert!(
+        task.tracked[&1].listed.contains_key("k"),
+        "a's grant written"
+    );
+    task.apply(Entry::Dropped(a.clone(), "k".into(), Instant::now()));
+    tokio::time::advance(Duration::from_millis(1)).await;
+    let (entry, _waiter) = granted(
+        &b,
+        "k".into(),
+        RecordLine {
+            grant: 2,
+            ..line.clone()
+        },
+    );
+    task.apply(entry);
+    task.flush(false).await;
+    assert!(
+        task.tracked[&2].listed.contains_key("k"),
+        "b's grant written at once"
+    );
+    assert!(
+        task.tracked[&1].listed.contains_key("k"),
+        "a's release waits for its window"
+    );
+    // a takes the key again within the window: listed still, so told at once.
+    let (entry, mut waiter) = granted(
+        &a,
+        "k".into(),
+        RecordLine {
+            grant: 3,
+            ..line.clone()
+        },
+    );
+    task.apply(entry);
+    assert!(waiter.try_recv().is_ok(), "answered at once");
+    // Given back for good: written once its window has passed.
+    task.apply(Entry::Dropped(a.clone(), "k".into(), Instant::now()));
+    tokio::time::advance(super::FLUSH_EVERY).await;
+    task.flush(false).await;
+    assert!(
+        !task.tracked[&1].listed.contains_key("k"),
+        "written in its window"
+    );
+}

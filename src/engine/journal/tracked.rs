@@ -16,9 +16,10 @@ pub(super) struct Tracked {
     pub(super) session: Option<Arc<SessionRef>>,
     /// What the store's record lists (as far as the journal knows).
     pub(super) listed: HashMap<Arc<str>, RecordLine>,
-    /// Changes not written yet: a line to list (with when it was granted), or `None`
-    /// to take the key off. Emptied by a flush, it gives its table back (`flush.rs`).
-    pub(super) pending: HashMap<Arc<str>, Option<(RecordLine, Instant)>>,
+    /// Changes not written yet: a line to list, or `None` to take the key off, with
+    /// when the change was made. Emptied by a flush, it gives its table back
+    /// (`flush.rs`).
+    pub(super) pending: HashMap<Arc<str>, (Option<RecordLine>, Instant)>,
     pub(super) ended: bool,
     /// The record is another generation's: never written again.
     pub(super) foreign: bool,
@@ -29,7 +30,7 @@ pub(super) struct Tracked {
 impl Tracked {
     /// The longest TTL of the locks listed or about to be.
     pub(super) fn longest_ttl(&self) -> Duration {
-        let pending = self.pending.values().flatten().map(|(line, _)| line);
+        let pending = self.pending.values().filter_map(|(line, _)| line.as_ref());
         (self.listed.values().chain(pending))
             .map(|l| l.ttl)
             .max()
@@ -38,6 +39,7 @@ impl Tracked {
 
     /// Whether the store has, or is about to have, a record of this session.
     pub(super) fn has_record(&self) -> bool {
-        !self.foreign && (!self.listed.is_empty() || self.pending.values().any(Option::is_some))
+        !self.foreign
+            && (!self.listed.is_empty() || self.pending.values().any(|(line, _)| line.is_some()))
     }
 }

@@ -115,7 +115,7 @@ impl Session {
         let reason = match &status {
             _ if state.closing => "client closed".to_owned(),
             None => "closed by the sidecar".to_owned(),
-            Some(s) => format!("{}: {}", code_name(s.code() as i32), s.message()),
+            Some(s) => broke_because(s),
         };
         if state.closing {
             self.end(state, reason);
@@ -327,5 +327,46 @@ async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+/// How a stream that ended with `status` broke, in words: a connection that broke
+/// under the stream (the sidecar killed or restarted, a reset) says so first, with
+/// tonic's words after it for whoever debugs ("h2 protocol error: error reading a body
+/// from connection" alone reads like a bug in the app).
+fn broke_because(status: &Status) -> String {
+    let said = format!("{}: {}", code_name(status.code() as i32), status.message());
+    let message = status.message().to_ascii_lowercase();
+    let transport = [
+        "h2 protocol error",
+        "transport error",
+        "connection",
+        "broken pipe",
+    ]
+    .iter()
+    .any(|words| message.contains(words));
+    if transport {
+        format!("the connection to the sidecar broke ({said})")
+    } else {
+        said
+    }
+}
+
+#[cfg(test)]
+mod words {
+    use tonic::{Code, Status};
+
+    #[test]
+    fn a_broken_connection_says_so_before_tonic_does() {
+        let h2 = Status::new(
+            Code::Unknown,
+            "h2 protocol error: error reading a body from connection",
+        );
+        assert_eq!(
+            super::broke_because(&h2),
+            "the connection to the sidecar broke (UNKNOWN: h2 protocol error: error reading a body from connection)"
+        );
+        let other = Status::new(Code::Internal, "a bug");
+        assert_eq!(super::broke_because(&other), "INTERNAL: a bug");
     }
 }

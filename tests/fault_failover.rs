@@ -245,6 +245,60 @@ async fn sentinel_with_replica_acks_never_grants_twice() {
     );
 }
 
+/// A sidecar behind Sentinel follows the master the sentinels name even while the old
+/// one still answers as a master. The nemesis found it: a master frozen through a
+/// failover came back still a master, the sidecars kept their connections to it, and
+/// with replica acks every grant was refused for 9-11 s (without them, it could grant
+/// what the new master had granted), until Sentinel demoted it. Here the sentinels are
+/// pointed at another server while the first stays a master: the sidecar moves to it
+/// (it asks the sentinels every second); before, it never did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_follows_the_sentinels_to_another_master_while_the_old_one_answers() {
+    let topology = SentinelSetup::start().await;
+    let ns = namespace();
+    let options = RedisOptions {
+        timeout: STORE_TIMEOUT,
+        // The other server is empty: its hold-off, short here.
+        restart_hold_off: Duration::from_millis(100),
+        ..RedisOptions::default()
+    };
+    let store = RedisStore::with_options(&topology.url(), &ns, &options).expect("store");
+    let sidecar = Sidecar::start(Arc::new(store)).await;
+    let client = sidecar.client().await;
+    let mut lease = client.lease().await;
+    lease.grant("before").await;
+    let first = topology.master_port();
+    let other = common::Redis::start();
+    topology.monitor_instead(other.port);
+    let on = |port: u16, key: &str| {
+        common::topology::cli(port, &["exists", &format!("{{{ns}:{key}}}:h")]) == "1"
+    };
+    assert!(on(first, "before"), "granted on the first master");
+    let deadline = Instant::now() + common::PATIENCE;
+    let mut moved = false;
+    for i in 0.. {
+        if Instant::now() > deadline {
+            break;
+        }
+        let key = format!("after{i}");
+        let id = lease.send_acquire(acquire(&key)).await;
+        match lease.next().await {
+            Event::Granted(g) if g.request_id == id => {
+                if on(other.port, &key) {
+                    moved = true;
+                    break;
+                }
+                assert!(on(first, &key), "granted on one of the two");
+            }
+            Event::NotAcquired(n) if n.request_id == id => {}
+            Event::Rejected(r) if r.request_id == id => {}
+            e => panic!("unexpected {e:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(moved, "the sidecar still grants on the old master");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replica_acks_refuse_a_grant_no_replica_has_and_grant_once_one_does() {
     let no_delay = ["--repl-diskless-sync-delay".to_owned(), "0".to_owned()];

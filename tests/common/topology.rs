@@ -217,6 +217,20 @@ impl SentinelSetup {
         })
     }
 
+    /// Points every sentinel at the master on `port` instead (`SENTINEL REMOVE`, then
+    /// `MONITOR`): the old master stays a master and answers, as one frozen through a
+    /// failover does until Sentinel demotes it.
+    pub fn monitor_instead(&self, port: u16) {
+        for s in &self.sentinels {
+            cli(s.port, &["sentinel", "remove", MASTER]);
+            let port = port.to_string();
+            cli(
+                s.port,
+                &["sentinel", "monitor", MASTER, "127.0.0.1", &port, "2"],
+            );
+        }
+    }
+
     /// Blackholes the replication stream from the first master to its replicas: they
     /// stay connected and receive nothing.
     pub fn cut_replication(&self) {

@@ -180,6 +180,29 @@ impl Link {
         self.slot().as_ref().map(|(_, id)| *id)
     }
 
+    /// Behind Sentinel: the id of the shared connection and the address of the server
+    /// it is to, if there is one now.
+    pub(crate) fn current_server(&self) -> Option<(u64, ConnectionAddr)> {
+        let id = self.current()?;
+        let server = self.server.borrow();
+        Some((id, server.as_ref()?.addr().clone()))
+    }
+
+    /// The sentinels and the master's name, behind Sentinel.
+    pub(crate) fn sentinels(&self) -> Option<(&[ConnectionInfo], &str)> {
+        match &self.topology {
+            Topology::Sentinel {
+                sentinels, master, ..
+            } => Some((sentinels, master)),
+            _ => None,
+        }
+    }
+
+    /// How long a call, or a connection, may take.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     fn slot(&self) -> std::sync::MutexGuard<'_, Option<(Conn, u64)>> {
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -60,6 +60,9 @@ impl RedisStore {
         ));
         tasks.push(tokio::spawn(watchers.clone().refresh(notices.subscribe())));
         tasks.push(tokio::spawn(witnesses.clone().watch(link.clone())));
+        if link.sentinels().is_some() {
+            tasks.push(tokio::spawn(super::sentinel::follow_master(link.clone())));
+        }
         Ok(Self {
             kind,
             acks: Acks {

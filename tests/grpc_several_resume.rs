@@ -87,9 +87,12 @@ async fn a_sidecar_killed_while_all_waits_leaves_nothing_held() {
     for fair in [false, true] {
         let mut doomed = SidecarProcess::start(&redis.url(), &ns, &ARGS);
         let mut app = Client::connect(&doomed.addr).await.lease().await;
+        // A TTL well within the test's patience: the dead request's queue entries may
+        // keep their place for one TTL, and the default 10 s is the patience itself.
         let ask = proto::AcquireAll {
             wait_timeout: Some(secs(PATIENCE.as_secs_f64())),
             fair,
+            ttl: Some(secs(3.0)),
             ..acquire_all(&["a", "b"])
         };
         let id = app.send_acquire_all(ask).await;

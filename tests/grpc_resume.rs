@@ -588,6 +588,65 @@ fn hsets(redis: &Redis) -> u64 {
         .map_or(0, |n| n.parse().unwrap_or(0))
 }
 
+/// How many times Redis has run `cmd` (scripts' calls included) since its stats were
+/// reset.
+fn calls(redis: &Redis, cmd: &str) -> u64 {
+    let stats = redis.cli(&["info", "commandstats"]);
+    let prefix = format!("cmdstat_{cmd}:calls=");
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap_or(0))
+}
+
+/// Issue 37: once a session has a record, the acquire lists each new grant in it in
+/// the same call: no record write before the `Granted` (record.lua's PEXPIRE is never
+/// called), the record names every lock the moment the client hears of it, and a
+/// sidecar killed then leaves them all resumable. Each grant cost a record write and
+/// a round trip more before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn later_grants_are_listed_by_their_acquire_and_resume() {
+    let redis = Redis::start();
+    let ns = namespace();
+    let args = ["--attachment-ttl", ATTACHMENT];
+    let other = SidecarProcess::start(&redis.url(), &ns, &args);
+    let mut doomed = SidecarProcess::start(&redis.url(), &ns, &args);
+    let mut app = Client::connect(&doomed.addr).await.lease().await;
+    let first = app.send_acquire(with_ttl("first", 30.0)).await;
+    let mut tokens = BTreeMap::new();
+    tokens.insert(
+        "first".to_string(),
+        app.expect_granted(first).await.fencing_token,
+    );
+    recorded(&redis, &ns, &app.session_id, 1).await;
+    redis.cli(&["config", "resetstat"]);
+    let record = record_key(&ns, &app.session_id);
+    for (i, key) in ["second", "third", "fourth"].into_iter().enumerate() {
+        let id = app.send_acquire(with_ttl(key, 30.0)).await;
+        tokens.insert(key.to_string(), app.expect_granted(id).await.fencing_token);
+        let lines = record_lines(|args| redis.cli(args), &record);
+        assert_eq!(lines, i + 2, "{key} listed when granted");
+    }
+    assert_eq!(calls(&redis, "pexpire"), 0, "a record write was made");
+    assert_eq!(
+        calls(&redis, "pttl"),
+        3,
+        "each acquire looked at the record"
+    );
+    doomed.kill();
+    let on_other = Client::connect(&other.addr).await;
+    let mut resumed = resume(&on_other, &app.resume_token).await;
+    let events = greeting(&mut resumed).await;
+    for (key, token) in &tokens {
+        assert_eq!(
+            granted(&events[key.as_str()]).fencing_token,
+            *token,
+            "{key}"
+        );
+    }
+}
+
 /// Keeping a record alive writes no line: 100 held locks cost the extension one call
 /// and a few writes of the record's own fields (every line went again before, 100
 /// HSETs a TTL). A record Redis lost (deleted here: an outage past its TTL, a failover

@@ -14,7 +14,7 @@ use common::topology::ClusterSetup;
 use common::{Redis, StoreKind, make_store, namespace};
 use lockside::store::redlock::RedlockStore;
 use lockside::store::{
-    Acquired, Claim, Notice, RecordLine, RecordWrite, Recorded, Refusal, Renewal, Renewed,
+    Acquired, Claim, Listing, Notice, RecordLine, RecordWrite, Recorded, Refusal, Renewal, Renewed,
     ResumeClaim, Resumption, Sharing, Store, StoreCheck,
 };
 
@@ -1229,7 +1229,7 @@ async fn records_follow_their_locks(s: Subject) {
     }
     // a drops its lock: its record goes, b's stays.
     let drop_a = RecordWrite {
-        remove: vec!["shared-key".into()],
+        remove: vec![("shared-key".into(), u64::MAX)],
         ..record(a, "s", "A", &[])
     };
     assert_eq!(write(&s, drop_a).await, Recorded::Written);
@@ -1260,6 +1260,89 @@ async fn records_follow_their_locks(s: Subject) {
     assert_eq!(none.expect("answer"), UNKNOWN);
 }
 
+/// Issue 37: a grant is listed in its session's record as it is granted, where the
+/// store can (one server: the memory store and a Cluster list nothing, and the journal
+/// writes the line), only in the session's own record and only when the record lives
+/// three of the lock's TTL; a resume finds it. A removal written for an earlier grant
+/// of the key (on its way while the acquire listed the later one) leaves the later
+/// grant's line; one for that grant takes it off.
+async fn grants_are_listed_as_they_are_granted_where_the_store_can(s: Subject) {
+    let (sid, secret) = ("dddddddddddddddd", "s");
+    let one_server = s._redis.is_some();
+    let first = claim("first", &format!("{sid}.{secret}.1"), 10_000);
+    let f1 = fence(&s, &first).await;
+    let created = RecordWrite {
+        ttl: Duration::from_secs(60),
+        ..record(sid, secret, "A", &[("first", line(1, f1))])
+    };
+    assert_eq!(write(&s, created).await, Recorded::Written);
+    let listing = |name, grant| Listing {
+        session_id: sid,
+        secret,
+        name,
+        grant,
+    };
+    let acquire = |claim: Claim, listing: Listing<'static>| {
+        let store = s.store.clone();
+        async move {
+            match store
+                .acquire_listed(&claim, listing)
+                .await
+                .expect("acquire")
+            {
+                (Acquired::Granted { fence }, listed) => (fence, listed),
+                other => panic!("{}: {other:?}", claim.key),
+            }
+        }
+    };
+    let other = claim("other", &format!("{sid}.x.2"), 10_000);
+    let (_, listed) = acquire(
+        other,
+        Listing {
+            secret: "x",
+            ..listing("other", 2)
+        },
+    )
+    .await;
+    assert!(!listed, "listed in another secret's record");
+    let long = claim("long", &format!("{sid}.{secret}.3"), 30_000);
+    let (_, listed) = acquire(long, listing("long", 3)).await;
+    assert!(
+        !listed,
+        "listed in a record that does not live three of its TTL"
+    );
+    let second = claim("second", &format!("{sid}.{secret}.4"), 10_000);
+    let (f4, listed) = acquire(second, listing("second", 4)).await;
+    assert_eq!(listed, one_server, "listed as granted");
+    if !listed {
+        let journal = RecordWrite {
+            listed: true,
+            ttl: Duration::from_secs(60),
+            ..record(sid, secret, "A", &[("second", line(4, f4))])
+        };
+        assert_eq!(write(&s, journal).await, Recorded::Written);
+    }
+    let late = RecordWrite {
+        listed: true,
+        remove: vec![("second".into(), 2), ("first".into(), 1)],
+        ttl: Duration::from_secs(60),
+        ..record(sid, secret, "A", &[])
+    };
+    assert_eq!(write(&s, late).await, Recorded::Written);
+    let resumed = s.store.resume(&resume_claim(sid, secret, "t", "B")).await;
+    let Resumption::Claimed(locks) = resumed.expect("answer") else {
+        panic!("not resumed");
+    };
+    let names: Vec<&str> = locks.iter().map(|l| l.key.as_str()).collect();
+    assert_eq!(
+        names,
+        ["second"],
+        "the earlier grant's removal left the later line"
+    );
+    assert_eq!(locks[0].line, line(4, f4));
+    assert!(locks[0].held.is_some(), "resumed");
+}
+
 /// Issue 25: a resumed session's record stays spent. A sidecar the session left (frozen,
 /// then woken) writes under the old secret: whether the record ended or its last line
 /// went, that write is refused (not told the record is missing, which would make it
@@ -1281,7 +1364,7 @@ async fn a_resumed_sessions_record_stays_spent(s: Subject) {
     });
     assert_eq!(write(&s, end).await, Recorded::Written);
     let last_line = spent(RecordWrite {
-        remove: vec!["k".into()],
+        remove: vec![("k".into(), u64::MAX)],
         ..record(emptied, "new", "B", &[])
     });
     assert_eq!(write(&s, last_line).await, Recorded::Written);
@@ -1357,6 +1440,7 @@ conformance!(
     sessions_resume_with_their_secret_only,
     a_resumed_sessions_record_stays_spent,
     records_follow_their_locks,
+    grants_are_listed_as_they_are_granted_where_the_store_can,
     the_store_allows_what_lockside_needs_and_does_not_evict,
 );
 

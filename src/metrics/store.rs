@@ -13,8 +13,8 @@ use tokio::time::Instant;
 
 use super::{Operation, StoreCalls};
 use crate::store::{
-    Acquired, Claim, Early, KeyState, Notice, RecordWrite, Recorded, Renewal, Renewed, ResumeClaim,
-    Resumption, Sharing, Store, StoreCheck, StoreError, StoreFuture,
+    Acquired, Claim, Early, KeyState, Listing, Notice, RecordWrite, Recorded, Renewal, Renewed,
+    ResumeClaim, Resumption, Sharing, Store, StoreCheck, StoreError, StoreFuture,
 };
 
 /// A [`Store`] that meters the calls it passes to `inner`. A call dropped before it
@@ -60,6 +60,17 @@ impl MeteredStore {
 impl Store for MeteredStore {
     fn acquire<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, Acquired> {
         self.meter(Operation::Acquire, self.inner.acquire(claim))
+    }
+
+    fn acquire_listed<'a>(
+        &'a self,
+        claim: &'a Claim,
+        listing: Listing<'a>,
+    ) -> StoreFuture<'a, (Acquired, bool)> {
+        self.meter(
+            Operation::Acquire,
+            self.inner.acquire_listed(claim, listing),
+        )
     }
 
     fn reenter<'a>(

@@ -24,7 +24,8 @@ mod sessions;
 mod types;
 
 pub use sessions::{
-    RecordLine, RecordWrite, Recorded, Refusal, ResumeClaim, ResumedGrant, ResumedLock, Resumption,
+    Listing, RecordLine, RecordWrite, Recorded, Refusal, ResumeClaim, ResumedGrant, ResumedLock,
+    Resumption,
 };
 pub use types::{
     Acquired, CHANGED, Claim, HolderState, KeyState, Notice, QueuedState, Renewal, Renewed,
@@ -53,6 +54,18 @@ pub trait Store: Send + Sync + 'static {
     /// claim as a waiter for `claim.ttl`; a grant removes that registration. A shared
     /// grant or a semaphore permit that leaves room for more wakes the next waiters.
     fn acquire<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, Acquired>;
+
+    /// [`Store::acquire`], by a session that may have a record: a grant is also listed
+    /// in it in the same step where the store can (one server, the record this
+    /// session's, room for a line, and long enough to live for this TTL), saving the
+    /// record's write (and its round trip) before the client may hear `Granted`. The
+    /// answer says whether it was listed; when it was not, the journal writes the line
+    /// (`engine/journal/`). No default: a store that wraps another must pass it on.
+    fn acquire_listed<'a>(
+        &'a self,
+        claim: &'a Claim,
+        listing: Listing<'a>,
+    ) -> StoreFuture<'a, (Acquired, bool)>;
 
     /// Sets a grant's hold count to `count` (at least 1) and extends it by `ttl`. Returns
     /// the count now stored, or `None` when `owner` no longer holds `key`.

@@ -47,6 +47,20 @@ impl RecordLine {
     }
 }
 
+/// A session's record, for an acquire that may list its grant there in the same step
+/// ([`super::Store::acquire_listed`]).
+#[derive(Clone, Copy)]
+pub struct Listing<'a> {
+    /// The public session id.
+    pub session_id: &'a str,
+    /// The session's current secret: the record must be this one's.
+    pub secret: &'a str,
+    /// The grant's name (its key, and its holder when not the session itself).
+    pub name: &'a str,
+    /// The grant's number (the last part of its owner token).
+    pub grant: u64,
+}
+
 /// Changes to one session's record, written by the sidecar the session is attached to.
 /// Applied only while the record is this session's (its secret's hash matches): a
 /// session resumed elsewhere never has its record changed by the sidecar it left.
@@ -64,8 +78,10 @@ pub struct RecordWrite {
     /// Grants to list (name, line): a grant's name is its key, and its holder
     /// when not the session itself ([`super::names`]).
     pub set: Vec<(String, RecordLine)>,
-    /// Grants' names to take off the list.
-    pub remove: Vec<String>,
+    /// Grants' names to take off the list, each with the number of the grant that left:
+    /// a line that names a later grant (listed by the acquire itself while this write
+    /// was on its way, see [`super::Store::acquire_listed`]) stays.
+    pub remove: Vec<(String, u64)>,
     /// The session ended: the record goes.
     pub end: bool,
     /// The writer has written lines to this record before: if the store has no record

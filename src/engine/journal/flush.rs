@@ -168,7 +168,11 @@ impl Task {
                             shortest = Some(shortest.map_or(line.ttl, |s| s.min(line.ttl)));
                             write.set.push((key.to_string(), line.clone()));
                         }
-                        None => write.remove.push(key.to_string()),
+                        None => {
+                            // The grant whose line goes (any, if none is known).
+                            let grant = tracked.listed.get(key).map_or(u64::MAX, |l| l.grant);
+                            write.remove.push((key.to_string(), grant));
+                        }
                     }
                     taken.push(key.clone());
                 }

@@ -81,6 +81,8 @@ pub(crate) struct SessionRef {
 enum Entry {
     /// A grant, and who waits for it to be written.
     Granted(Arc<SessionRef>, Arc<str>, RecordLine, oneshot::Sender<()>),
+    /// A grant the store listed in the session's record as it granted it.
+    Listed(Arc<SessionRef>, Arc<str>, RecordLine),
     Dropped(Arc<SessionRef>, Arc<str>, Instant),
     Ended(Arc<SessionRef>, Instant),
     /// A resumed session: the store's record lists these and is already this
@@ -154,14 +156,22 @@ impl Journal {
 
     /// A grant was handed out: written at once. The answer comes once the session's
     /// record names it (or its write failed, or writes fail already); `None` on a store
-    /// that keeps no records.
+    /// that keeps no records, and for a grant the store `listed` in the record as it
+    /// granted it (`Store::acquire_listed`): nothing to write, and the journal reads
+    /// the news with its next window's mail.
     pub(crate) fn granted(
         &self,
         session: &Arc<SessionRef>,
         key: Arc<str>,
         line: RecordLine,
+        listed: bool,
     ) -> Option<oneshot::Receiver<()>> {
         let mailbox = self.mailbox.as_ref()?;
+        if listed {
+            let entry = Entry::Listed(session.clone(), key, line);
+            mailbox.post(entry, Instant::now() + FLUSH_EVERY);
+            return None;
+        }
         let (done, written) = oneshot::channel();
         mailbox.post(
             Entry::Granted(session.clone(), key, line, done),
@@ -301,6 +311,7 @@ impl Task {
                     (s, Some((key, Some(line))), at)
                 }
             }
+            Entry::Listed(s, key, line) => return self.listed(s, key, line),
             Entry::Dropped(s, key, at) => (s, Some((key, None)), at),
             Entry::Ended(s, at) => {
                 if let Some(t) = self.tracked.get_mut(&s.serial) {
@@ -347,6 +358,35 @@ impl Task {
         }
         self.dirty.insert(serial);
         self.flush_soon(at);
+    }
+
+    /// The store listed a grant as it granted it: the record names it, nothing to write
+    /// (a change of the key not written yet is outdated by it). A line that outlives
+    /// the record's longest one has the record extended for it now, one that is shorter
+    /// than the attachment allows shortens the attachment now (the store listed it only
+    /// if the record lives three of its TTL: `lua/acquire.lua`).
+    fn listed(&mut self, session: Arc<SessionRef>, key: Arc<str>, line: RecordLine) {
+        let serial = session.serial;
+        let tracked = self.tracked.entry(serial).or_default();
+        tracked.session.get_or_insert(session);
+        if tracked.foreign {
+            return;
+        }
+        let longer = line.ttl > tracked.longest_ttl();
+        let shorter = line.ttl * 2 / 5 < self.attached_ttl;
+        tracked.pending.remove(&key);
+        tracked.listed.insert(key, line);
+        if longer {
+            if let Some(at) = tracked.refresh_at.take() {
+                self.refreshes.remove(&(at, serial));
+            }
+            let now = Instant::now();
+            tracked.refresh_at = Some(now);
+            self.refreshes.insert((now, serial));
+        }
+        if shorter {
+            self.attach_at = Some(Instant::now());
+        }
     }
 
     /// Gathered changes are written [`FLUSH_EVERY`] after the first one was made

@@ -161,7 +161,11 @@ async fn a_grant_waits_for_no_journal_whose_writes_fail() {
     let line = line();
     let s = session();
     // The memory store does not resume: no record to wait for.
-    assert!(journal.granted(&s, "k".into(), line.clone()).is_none());
+    assert!(
+        journal
+            .granted(&s, "k".into(), line.clone(), false)
+            .is_none()
+    );
     let mut task = task();
     task.failing.force_records_failing();
     assert!(task.failing.shared_failing(), "told to the sessions");
@@ -256,5 +260,32 @@ async fn a_release_waits_for_its_window_when_another_sessions_grant_is_written()
     assert!(
         !task.tracked[&1].listed.contains_key("k"),
         "written in its window"
+    );
+}
+
+/// Issue 37: a grant the store listed as it granted it costs the journal no write and
+/// no wait; it outdates a removal of the key not written yet, and its own release is
+/// written in its window, for its grant.
+#[tokio::test(start_paused = true)]
+async fn a_grant_the_store_listed_is_not_written_again() {
+    let mut task = task();
+    let s = session();
+    let line = line();
+    let (entry, _waiter) = granted(&s, "k".into(), line.clone());
+    task.apply(entry);
+    task.flush(false).await;
+    task.apply(Entry::Dropped(s.clone(), "k".into(), Instant::now()));
+    let again = RecordLine { grant: 2, ..line };
+    task.apply(Entry::Listed(s.clone(), "k".into(), again.clone()));
+    let tracked = &task.tracked[&1];
+    assert_eq!(tracked.listed.get("k"), Some(&again), "listed");
+    assert!(tracked.pending.is_empty(), "the removal is outdated");
+    assert!(task.waiting.is_empty(), "nobody waits");
+    task.apply(Entry::Dropped(s.clone(), "k".into(), Instant::now()));
+    tokio::time::advance(super::FLUSH_EVERY).await;
+    task.flush(false).await;
+    assert!(
+        !task.tracked[&1].listed.contains_key("k"),
+        "released in its window"
     );
 }

@@ -32,8 +32,13 @@ impl Session {
             };
             let valid_until = sent_at + claim.ttl - crate::store::drift_margin(claim.ttl, drift);
             let name = pending.names[at].clone();
-            let (lease_id, written) =
-                self.take_on(name.clone(), claim.clone(), fence, sent_at, valid_until);
+            let (lease_id, written) = self.take_on(
+                name.clone(),
+                claim.clone(),
+                fence,
+                (sent_at, valid_until),
+                false,
+            );
             if let Some(written) = written {
                 recording.push(written);
             }

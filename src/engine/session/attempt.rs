@@ -16,8 +16,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::{AcquireResult, Done, Note};
 use crate::engine::AcquireRequest;
+use crate::engine::journal::SessionRef;
 use crate::engine::wakers::WaitGuard;
-use crate::store::{Acquired, Claim, Sharing, Store};
+use crate::store::{Acquired, Claim, Listing, Sharing, Store};
 
 /// The span of a first acquire of a key; its outcome, wait and token are recorded
 /// when it is answered (`results.rs`).
@@ -61,6 +62,9 @@ pub(super) struct AcquireOp {
     pub(super) guard: Option<WaitGuard>,
     pub(super) cancel: CancellationToken,
     pub(super) waiting: mpsc::UnboundedSender<Note>,
+    /// The session, when the store may list the grant in its record in the same step
+    /// ([`Store::acquire_listed`]).
+    pub(super) record: Option<Arc<SessionRef>>,
 }
 
 pub(super) async fn acquire(op: AcquireOp) -> Done {
@@ -119,16 +123,42 @@ async fn attempts(op: &AcquireOp) -> AcquireResult {
     loop {
         let sent_at = Instant::now();
         let turn = op.turns.acquire().await;
-        let answer = op.store.acquire(&op.claim).await;
+        let grant = op
+            .claim
+            .owner
+            .rsplit('.')
+            .next()
+            .and_then(|n| n.parse().ok());
+        let answer = match (&op.record, grant) {
+            (Some(record), Some(grant)) => {
+                let listing = Listing {
+                    session_id: &record.id,
+                    secret: &record.secret,
+                    name: &op.name,
+                    grant,
+                };
+                op.store.acquire_listed(&op.claim, listing).await
+            }
+            _ => op.store.acquire(&op.claim).await.map(|a| (a, false)),
+        };
         drop(turn);
         let (expires_in, position) = match answer {
-            Ok(Acquired::Granted { fence }) => return AcquireResult::Granted { fence, sent_at },
-            Ok(Acquired::Busy {
-                expires_in,
-                position,
-                ..
-            }) => (expires_in, position),
-            Ok(Acquired::Conflict { limit }) => return AcquireResult::Conflict { limit },
+            Ok((Acquired::Granted { fence }, listed)) => {
+                return AcquireResult::Granted {
+                    fence,
+                    sent_at,
+                    listed,
+                };
+            }
+            Ok((
+                Acquired::Busy {
+                    expires_in,
+                    position,
+                    ..
+                },
+                _,
+            )) => (expires_in, position),
+            Ok((Acquired::Conflict { limit }, _)) => return AcquireResult::Conflict { limit },
             Err(e) => return AcquireResult::Unavailable(e),
         };
         let (Some(until), Some(guard)) = (op.wait_until, op.guard.as_ref()) else {

@@ -21,19 +21,23 @@ impl Session {
     /// a loss tells `Granted` first. `slot` is what the acquire's slot leaves: its name
     /// (the one string of it that the session, the renewer and the journal share) and
     /// the commands queued behind it.
+    /// `at`: when the acquire was sent, and until when the grant is valid; `listed`:
+    /// the store listed it in the session's record already.
     pub(super) fn hold_grant(
         &mut self,
         request_id: u64,
         slot: (Arc<str>, VecDeque<Command>),
         claim: Claim,
         fence: u64,
-        sent_at: Instant,
-        valid_until: Instant,
+        at: (Instant, Instant),
+        listed: bool,
     ) {
         let (name, queue) = slot;
+        let (sent_at, valid_until) = at;
         let holder_name = claim.holder.clone();
         let key = claim.key.clone();
-        let (lease_id, recording) = self.take_on(name.clone(), claim, fence, sent_at, valid_until);
+        let taken = self.take_on(name.clone(), claim, fence, (sent_at, valid_until), listed);
+        let (lease_id, recording) = taken;
         if let Some(Slot::Held(h)) = self.slots.get_mut(&*name) {
             h.queue = queue;
             h.busy = recording.is_some();
@@ -66,9 +70,10 @@ impl Session {
         name: Arc<str>,
         claim: Claim,
         fence: u64,
-        sent_at: Instant,
-        valid_until: Instant,
+        at: (Instant, Instant),
+        listed: bool,
     ) -> (u64, Option<tokio::sync::oneshot::Receiver<()>>) {
+        let (sent_at, valid_until) = at;
         let lease_id = self.shared.next_lease_id();
         let clock = Arc::new(LeaseClock::new(valid_until));
         let owner: Arc<str> = claim.owner.into();
@@ -82,7 +87,7 @@ impl Session {
             events: self.notes_tx.clone(),
         });
         self.shared.metrics.locks_held.inc();
-        let recording = self.journal_granted(&name, &owner, claim.ttl, fence);
+        let recording = self.journal_granted(&name, &owner, claim.ttl, fence, listed);
         self.watch_deadline(valid_until);
         self.slots.insert(
             name.clone(),
@@ -130,7 +135,7 @@ impl Session {
             Some((name, Slot::Held(h))) => {
                 h.clock.release();
                 self.forget(&h);
-                self.shared.journal.dropped(&self.record, name);
+                self.journal_dropped(name);
                 h.queue
             }
             _ => VecDeque::new(),
@@ -167,7 +172,7 @@ impl Session {
         self.shared.metrics.lost(why);
         self.forget(&h);
         h.clock.release();
-        self.shared.journal.dropped(&self.record, shared_name);
+        self.journal_dropped(shared_name);
         // If the store is reachable again, let the others in now rather than at expiry.
         self.release_in_background(key.to_owned(), h.owner.to_string(), h.ttl);
         if why == Loss::Deadline && !h.jeopardy {
@@ -193,6 +198,18 @@ impl Session {
     /// while the store does not confirm it (`engine/release.rs`).
     pub(super) fn release_in_background(&self, key: String, owner: String, ttl: Duration) {
         crate::engine::release_in_background(&self.shared.store, key, owner, ttl);
+    }
+
+    /// A grant the session does not take on (cancelled meanwhile, or answered too late
+    /// to be safe): given back in the background, and taken off the session's record
+    /// if the store listed it there (`listed`).
+    pub(super) fn give_back(&mut self, name: &Arc<str>, claim: &Claim, fence: u64, listed: bool) {
+        self.release_in_background(claim.key.clone(), claim.owner.clone(), claim.ttl);
+        if listed {
+            // Told at once (the store wrote the line), then dropped like any lock.
+            let _ = self.journal_granted(name, &claim.owner, claim.ttl, fence, true);
+            self.journal_dropped(name.clone());
+        }
     }
 
     /// Runs the commands queued behind a slot while it has no call under way (first

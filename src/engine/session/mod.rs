@@ -179,11 +179,18 @@ enum Done {
 
 /// How one acquire ended, as its store calls and its waiting decided.
 enum AcquireResult {
-    Granted { fence: u64, sent_at: Instant },
+    /// `listed`: the store listed the grant in the session's record in the same step.
+    Granted {
+        fence: u64,
+        sent_at: Instant,
+        listed: bool,
+    },
     Busy,
     Timeout,
     Cancelled,
-    Conflict { limit: u32 },
+    Conflict {
+        limit: u32,
+    },
     Unavailable(StoreError),
 }
 
@@ -213,6 +220,10 @@ pub(crate) struct Session {
     record: Arc<SessionRef>,
     /// The journal has heard of this session (it held a lock): it must hear its end.
     journaled: bool,
+    /// Grants given up lately, and when: the record still names each for the
+    /// journal's window, so a new grant of one is told at once without the store
+    /// listing it again (`resume.rs`, `Session::lists`).
+    dropped_at: HashMap<Arc<str>, Instant>,
     /// A resumed session: what its client hears right after `SessionStarted`.
     greeting: Vec<Event>,
     /// The `Granted` of each new grant whose record is being written: told once it is
@@ -298,6 +309,7 @@ impl Session {
             deadline: None,
             record,
             journaled: false,
+            dropped_at: HashMap::new(),
             greeting: Vec::new(),
             untold: HashMap::new(),
             alls: HashMap::new(),

@@ -269,6 +269,7 @@ impl Session {
                     })),
                 );
                 self.pending.insert(request.request_id);
+                let record = self.lists(&name);
                 let op = acquire(AcquireOp {
                     store: self.shared.store.clone(),
                     turns: self.shared.store_calls.clone(),
@@ -279,6 +280,8 @@ impl Session {
                     guard,
                     cancel,
                     waiting: self.notes_tx.clone(),
+                    // Only once the session has a record to list grants in.
+                    record,
                 });
                 self.ops.push(Box::pin(op.instrument(span)));
             }

@@ -244,16 +244,20 @@ impl Session {
         };
         trace_outcome(&a, &outcome);
         let reason = match outcome {
-            AcquireResult::Granted { .. } if a.cancelled => {
-                self.release_in_background(key.clone(), claim.owner, claim.ttl);
+            AcquireResult::Granted { fence, listed, .. } if a.cancelled => {
+                self.give_back(&shared_name, &claim, fence, listed);
                 Some(NotAcquiredReason::Cancelled)
             }
             _ if a.cancelled => Some(NotAcquiredReason::Cancelled),
-            AcquireResult::Granted { fence, sent_at } => {
+            AcquireResult::Granted {
+                fence,
+                sent_at,
+                listed,
+            } => {
                 let drift = self.shared.config.clock_drift;
                 let valid_until = sent_at + claim.ttl - drift_margin(claim.ttl, drift);
                 if valid_until <= Instant::now() {
-                    self.release_in_background(key.clone(), claim.owner, claim.ttl);
+                    self.give_back(&shared_name, &claim, fence, listed);
                     let message = "the store answered too late for the grant to be safe";
                     self.reject(request_id, name, RejectCode::Unavailable, message);
                     None
@@ -266,7 +270,8 @@ impl Session {
                         metrics.handoffs.inc();
                     }
                     let slot = (shared_name, a.queue);
-                    self.hold_grant(request_id, slot, claim, fence, sent_at, valid_until);
+                    let at = (sent_at, valid_until);
+                    self.hold_grant(request_id, slot, claim, fence, at, listed);
                     return self.drain(name);
                 }
             }

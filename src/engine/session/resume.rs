@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::{Held, Session, Slot};
+use crate::engine::journal::{FLUSH_EVERY, SessionRef};
 use crate::engine::renewer::{LeaseClock, Renewable};
 use crate::engine::{Event, ResumeToken, Shared, validate_holder, validate_key};
 use crate::metrics::Loss;
@@ -28,20 +29,40 @@ impl Session {
 
     /// Tells the journal that the grant `name` was made to `owner` (`session.secret.n`);
     /// the answer comes once the session's record names it (`None`: no record to wait
-    /// for).
+    /// for, or `listed`: the store listed it with the grant).
     pub(super) fn journal_granted(
         &mut self,
         name: &Arc<str>,
         owner: &str,
         ttl: Duration,
         fence: u64,
+        listed: bool,
     ) -> Option<tokio::sync::oneshot::Receiver<()>> {
         let grant = owner.rsplit('.').next().and_then(|n| n.parse().ok())?;
         self.journaled = true;
         let line = RecordLine { grant, ttl, fence };
         self.shared
             .journal
-            .granted(&self.record, name.clone(), line)
+            .granted(&self.record, name.clone(), line, listed)
+    }
+
+    /// Tells the journal that the grant `name` left the session.
+    pub(super) fn journal_dropped(&mut self, name: Arc<str>) {
+        let now = Instant::now();
+        if self.dropped_at.len() >= 64 {
+            self.dropped_at.retain(|_, at| *at + FLUSH_EVERY > now);
+        }
+        self.dropped_at.insert(name.clone(), now);
+        self.shared.journal.dropped(&self.record, name);
+    }
+
+    /// The session, for an acquire of `name` that the store may list in its record as
+    /// it grants it: once the session has a record, and unless the record still names
+    /// `name` (given up within the journal's window: the journal tells such a grant at
+    /// once, and listing it again would cost the store four calls for nothing).
+    pub(super) fn lists(&self, name: &str) -> Option<Arc<SessionRef>> {
+        let listed = (self.dropped_at.get(name)).is_some_and(|at| at.elapsed() < FLUSH_EVERY);
+        (self.journaled && !listed).then(|| self.record.clone())
     }
 
     /// A resumed session: id `id`, new secret `secret`, holding again every grant of

@@ -18,14 +18,40 @@
 --   A fair queue orders by score; a single key's entry is scored by arrival,
 --   max(last + 1, now * 1024), so that both compare. A waiter is behind only those of
 --   a strictly smaller score: two requests can never each be ahead of the other.
+--   On one server (not a Cluster: another slot), when the claiming session has a
+--   record: KEYS[5] the record (record.lua), ARGV[7] the SHA-1 of the session's secret,
+--   ARGV[8] the grant's name and ARGV[9] its line without the token, 'grant|ttl_ms'. A
+--   grant is then listed in the same call, the token appended, when the record is the
+--   session's (its hash matches), keeps its lines inline with room for one more, and
+--   lives at least three of this TTL (a longer lock makes the journal write the record
+--   with a longer TTL: record.lua's caller); the answer is then the token negated. So
+--   a first grant of a key costs no record write and no second round trip before its
+--   `Granted` (the journal writes it otherwise). The record is only ever created by the
+--   journal: after the attachment.
 -- Every argument costs Redis a Lua string on every call (and a table that grows past 4
 -- costs another rehash): hence few, the rarely needed parts packed.
--- Returns the fence (a bare integer: a table reply costs Redis more) granted; {0, ms
+-- Returns the fence (a bare integer: a table reply costs Redis more) granted, negated
+-- when the record lists it now (above); {0, ms
 -- until something may change, queue position, a ticket (the score a claim that comes now
 -- would take: now * 1024, and when fair after every one queued)} busy; {2, the
 -- holders' limit} when the holders use another limit.
 local h = KEYS[1]
 local ttl, tail, claim = ARGV[1], ARGV[2], ARGV[3]
+-- The answer to a grant of token fence: listed in the session's record when it can be.
+local granted = tonumber
+if KEYS[5] then
+  granted = function(fence)
+    local r = KEYS[5]
+    local head = redis.call('HMGET', r, 't', 'b')
+    -- 't', 'a', 'c' and at most 64 lines inline (record.lua's INLINE): room for one.
+    if head[1] ~= ARGV[7] or head[2] or redis.call('HLEN', r) > 66
+        or redis.call('PTTL', r) < 3 * tonumber(ARGV[1]) then
+      return fence
+    end
+    redis.call('HSET', r, 'k:' .. ARGV[8], ARGV[9] .. '|' .. string.format('%d', fence))
+    return -fence
+  end
+end
 local again, fair = string.sub(claim, 1, 1) == '1', string.sub(claim, 2, 2) == '1'
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -84,7 +110,7 @@ if fast then
       redis.call(string.sub(notice, 1, 1) == '1' and 'SPUBLISH' or 'PUBLISH',
         string.sub(h, 1, -2) .. 'n', string.sub(notice, 2) .. '\n=')
     end
-    return fence
+    return granted(fence)
   end
 end
 
@@ -206,4 +232,4 @@ if mode == 's' or (limit > 1 and lock.n < limit) then
 else
   changed(l, channel, key, sharded)
 end
-return fence
+return granted(fence)

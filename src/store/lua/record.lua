@@ -29,7 +29,9 @@
 -- Applied only while 't' is this session's secret's: a session resumed elsewhere has a
 -- new secret, so the sidecar it left cannot change its record.
 -- ARGV: secret sidecar client_name ttl_ms end n_set, then n_set pairs KEY LINE to list,
--- then the KEYs to take off the list. end = '1': the session ended; the record goes.
+-- then pairs KEY GRANT to take off the list: KEY's line goes unless it names a later
+-- grant than GRANT (one that acquire.lua listed itself while this write was on its way).
+-- end = '1': the session ended; the record goes.
 -- An 's' after end's letter ('1s', 'ls', '0s'): the session was resumed, and a sidecar
 -- it left may still write under an old secret, which must find the record not its own
 -- (0) rather than missing. So at the end a spent mark ('t' = '-', which no secret's
@@ -55,6 +57,15 @@ if current and current ~= t then
 end
 local b = tonumber(head[2]) or 0
 local n = tonumber(head[3]) or 0
+
+-- Takes line field f of hash x off, unless it names a later grant than n: 1 if taken.
+local function unlist(x, f, n)
+  local line = redis.call('HGET', x, f)
+  if not line or (tonumber(string.match(line, '^(%d+)|')) or 0) > tonumber(n) then
+    return 0
+  end
+  return redis.call('HDEL', x, f)
+end
 
 local function bucket_of(key, buckets)
   return tonumber(string.sub(redis.sha1hex(key), 1, 8), 16) % buckets
@@ -166,8 +177,8 @@ if b == 0 then
     redis.call('HSET', r, 'k:' .. ARGV[i], ARGV[i + 1])
     i = i + 2
   end
-  for j = i, #ARGV do
-    redis.call('HDEL', r, 'k:' .. ARGV[j])
+  for j = i, #ARGV, 2 do
+    unlist(r, 'k:' .. ARGV[j], ARGV[j + 1])
   end
   -- 't', 'a', 'c' and the lines.
   n = redis.call('HLEN', r) - 3
@@ -183,12 +194,12 @@ else
     n = n + put(bucket_of(ARGV[i], b), ARGV[i], ARGV[i + 1])
     i = i + 2
   end
-  for j = i, #ARGV do
-    local gone = redis.call('HDEL', r .. ':' .. bucket_of(ARGV[j], b), ARGV[j])
+  for j = i, #ARGV, 2 do
+    local gone = unlist(r .. ':' .. bucket_of(ARGV[j], b), ARGV[j], ARGV[j + 1])
     if gone == 0 then
       -- An older sidecar that resumed this record may have listed it inline (such
       -- lines are not in 'n').
-      redis.call('HDEL', r, 'k:' .. ARGV[j])
+      unlist(r, 'k:' .. ARGV[j], ARGV[j + 1])
     end
     n = n - gone
   end

@@ -88,8 +88,15 @@ impl Sessions {
             for (key, line) in &write.set {
                 record.lines.insert(key.clone(), line.clone());
             }
-            for key in &write.remove {
-                record.lines.remove(key);
+            for (key, grant) in &write.remove {
+                // A line of a later grant stays (as in `lua/record.lua`).
+                if record
+                    .lines
+                    .get(key)
+                    .is_some_and(|line| line.grant <= *grant)
+                {
+                    record.lines.remove(key);
+                }
             }
         }
         // As in `lua/record.lua`: a resumed session's record leaves a mark no secret

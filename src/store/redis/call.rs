@@ -115,15 +115,35 @@ impl RedisStore {
         args: &[&[u8]],
         grants: bool,
     ) -> Result<Option<T>, StoreError> {
-        let keys = LOCK_PARTS.map(|part| KeyName {
+        self.invoke_on(lua, key, None, args, grants).await
+    }
+
+    /// [`RedisStore::invoke_unless_held_off`], with a fifth key after the lock's:
+    /// `{ns:record}:s` (a session's record, `redis/sessions.rs`, when `record` is
+    /// `session/SID`).
+    pub(super) async fn invoke_on<T: redis::FromRedisValue>(
+        &self,
+        lua: &Lua,
+        key: &str,
+        record: Option<&str>,
+        args: &[&[u8]],
+        grants: bool,
+    ) -> Result<Option<T>, StoreError> {
+        let record = record.map(|key| KeyName {
+            namespace: &self.namespace,
+            key,
+            part: "s",
+        });
+        let lock = LOCK_PARTS.map(|part| KeyName {
             namespace: &self.namespace,
             key,
             part,
         });
+        let keys: Vec<&KeyName> = lock.iter().chain(record.as_ref()).collect();
         // EVALSHA; or, where a Cluster node lacks the script, EVAL of its text on that
         // node alone (`SCRIPT LOAD` would go to every node and wait for a frozen one).
         let call = |head: &str, script: &str| {
-            let bytes = (keys.iter().map(KeyName::len))
+            let bytes = (keys.iter().map(|k| k.len()))
                 .chain(args.iter().map(|a| a.len()))
                 .sum::<usize>()
                 + head.len()
@@ -132,7 +152,7 @@ impl RedisStore {
             let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + args.len(), bytes);
             cmd.arg(head).arg(script).arg(keys.len());
             for k in &keys {
-                cmd.arg(k);
+                cmd.arg(*k);
             }
             for a in args {
                 cmd.arg(*a);

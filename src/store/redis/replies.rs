@@ -53,6 +53,20 @@ pub(super) fn held_count(n: i64) -> Option<u32> {
     u32::try_from(n).ok()
 }
 
+/// An acquire's answer, and whether the session's record lists the grant now: the
+/// token granted, negated when the script listed it (`lua/acquire.lua`).
+pub(super) fn acquired_listed(reply: &Value) -> Result<(Acquired, bool), StoreError> {
+    match reply {
+        Value::Int(fence) if *fence < 0 => Ok((
+            Acquired::Granted {
+                fence: fence.unsigned_abs(),
+            },
+            true,
+        )),
+        reply => Ok((acquired(reply)?, false)),
+    }
+}
+
 /// An acquire's answer: the token (a positive integer) granted, `{2, limit}` conflict,
 /// `{0, look, position}` busy. A grant answers a bare integer: converting a Lua table to
 /// a reply costs Redis more than a microsecond, the most common answer need not.

@@ -103,7 +103,11 @@ impl RedisStore {
             args.push(key.as_bytes());
             args.push(line.as_bytes());
         }
-        args.extend(write.remove.iter().map(|k| k.as_bytes()));
+        let grants: Vec<String> = write.remove.iter().map(|(_, n)| n.to_string()).collect();
+        for ((key, _), grant) in write.remove.iter().zip(&grants) {
+            args.push(key.as_bytes());
+            args.push(grant.as_bytes());
+        }
         let written: i64 = self.call(&self.scripts.record, &keys, &args).await?;
         Ok(match written {
             1 => Recorded::Written,

@@ -13,7 +13,7 @@ use lockside::engine::{
 };
 use lockside::store::memory::MemoryStore;
 use lockside::store::{
-    Acquired, Claim, KeyState, Listing, Notice, Renewal, Renewed, Store, StoreError, StoreFuture,
+    Acquired, Claim, KeyState, Notice, Renewal, Renewed, Store, StoreError, StoreFuture,
 };
 use tokio::sync::{broadcast, mpsc};
 use tokio::time::Instant;
@@ -91,14 +91,6 @@ macro_rules! guarded {
 }
 
 impl Store for Switchable {
-    /// Through this wrapper's own acquire (its memory store lists nothing).
-    fn acquire_listed<'a>(
-        &'a self,
-        claim: &'a Claim,
-        _listing: Listing<'a>,
-    ) -> StoreFuture<'a, (Acquired, bool)> {
-        Box::pin(async move { Ok((self.acquire(claim).await?, false)) })
-    }
     fn acquire<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, Acquired> {
         Box::pin(async move {
             self.check()?;

@@ -22,9 +22,9 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 
 use super::harness::args::BenchArgs;
-use super::harness::classic::{Classic, classic_until};
+use super::harness::classic::{Classic, classic_fresh_until, classic_until};
 use super::harness::context::sub_namespace;
-use super::harness::load::{cycles, n_cycles, sampling, timed};
+use super::harness::load::{cycles, fresh_cycles, n_cycles, nth_key, timed};
 use super::harness::meter::{Meter, Spent};
 use super::harness::process::{Sidecar, Spawn, cpu_ns_all, stop_all};
 use super::harness::report::{Report, Table};
@@ -70,7 +70,7 @@ impl Load {
     /// The key of cycle `i` of one session or client whose own key is `key`.
     fn key(self, key: &str, i: u64) -> std::borrow::Cow<'_, str> {
         if self.fresh {
-            format!("{key}/{i}").into()
+            nth_key(key, i).into()
         } else {
             key.into()
         }
@@ -229,20 +229,10 @@ async fn lockside(
         seconds,
         "ceiling cycles",
         move |(mut s, key), until| async move {
-            if !load.fresh {
-                return cycles(&mut s, &key, until).await;
+            match load.fresh {
+                true => fresh_cycles(&mut s, &key, WARM, until).await,
+                false => cycles(&mut s, &key, until).await,
             }
-            let mut samples = Vec::new();
-            for i in WARM.. {
-                if !sampling(until, &samples) {
-                    break;
-                }
-                let key = load.key(&key, i);
-                let start = Instant::now();
-                n_cycles(&mut s, &key, 1).await?;
-                samples.push(start.elapsed());
-            }
-            Ok(samples)
         },
     )
     .await?;
@@ -283,20 +273,11 @@ async fn classic(
         clients,
         seconds,
         "classic cycles",
-        move |(mut c, key), until| async move {
-            if !load.fresh {
-                return classic_until(c, key, until).await;
+        move |(c, key), until| async move {
+            match load.fresh {
+                true => classic_fresh_until(c, key, WARM, until).await,
+                false => classic_until(c, key, until).await,
             }
-            let mut samples = Vec::new();
-            for i in WARM.. {
-                if !sampling(until, &samples) {
-                    break;
-                }
-                let start = Instant::now();
-                c.cycles(&load.key(&key, i), 1, ttl, None).await?;
-                samples.push(start.elapsed());
-            }
-            Ok(samples)
         },
     )
     .await?;

@@ -60,12 +60,16 @@ pub trait Store: Send + Sync + 'static {
     /// session's, room for a line, and long enough to live for this TTL), saving the
     /// record's write (and its round trip) before the client may hear `Granted`. The
     /// answer says whether it was listed; when it was not, the journal writes the line
-    /// (`engine/journal/`). No default: a store that wraps another must pass it on.
+    /// (`engine/journal/`). By default it never is (memory, Redlock); a store that
+    /// wraps another must pass the call on (`metrics/store.rs`).
     fn acquire_listed<'a>(
         &'a self,
         claim: &'a Claim,
         listing: Listing<'a>,
-    ) -> StoreFuture<'a, (Acquired, bool)>;
+    ) -> StoreFuture<'a, (Acquired, bool)> {
+        let _ = listing;
+        Box::pin(async move { Ok((self.acquire(claim).await?, false)) })
+    }
 
     /// Sets a grant's hold count to `count` (at least 1) and extends it by `ttl`. Returns
     /// the count now stored, or `None` when `owner` no longer holds `key`.

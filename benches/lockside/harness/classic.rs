@@ -102,6 +102,28 @@ pub(crate) async fn classic_until(
     Ok(samples)
 }
 
+/// [`classic_until`], each cycle on a new key (`load::nth_key`, from `first`).
+pub(crate) async fn classic_fresh_until(
+    mut classic: Classic,
+    key: String,
+    first: u64,
+    until: Instant,
+) -> Result<Vec<Duration>, String> {
+    let mut samples = Vec::new();
+    for i in first.. {
+        if !super::load::sampling(until, &samples) {
+            break;
+        }
+        let start = Instant::now();
+        let key = super::load::nth_key(&key, i);
+        classic
+            .cycles(&key, 1, Duration::from_secs(10), None)
+            .await?;
+        samples.push(start.elapsed());
+    }
+    Ok(samples)
+}
+
 /// Sleeps this thread (not the task) until `deadline`: the pauses of a paced cycle are
 /// a fraction of a millisecond, finer than tokio's timer. The bench's runtime has other
 /// workers, which drive the Redis connection meanwhile.

@@ -72,6 +72,31 @@ pub(crate) async fn cycles(
     Ok(samples)
 }
 
+/// Cycle `i` of a load that takes a new key every cycle: `key/i`.
+pub(crate) fn nth_key(key: &str, i: u64) -> String {
+    format!("{key}/{i}")
+}
+
+/// Acquire→release cycles on one session until `until`, each on a new key
+/// ([`nth_key`], from `first`); one sample per cycle.
+pub(crate) async fn fresh_cycles(
+    s: &mut Session,
+    key: &str,
+    first: u64,
+    until: Instant,
+) -> Result<Vec<Duration>, String> {
+    let mut samples = Vec::new();
+    for i in first.. {
+        if !sampling(until, &samples) {
+            break;
+        }
+        let start = Instant::now();
+        n_cycles(s, &nth_key(key, i), 1).await?;
+        samples.push(start.elapsed());
+    }
+    Ok(samples)
+}
+
 /// `n` acquire→release cycles of `key` on `s`.
 pub(crate) async fn n_cycles(s: &mut Session, key: &str, n: u64) -> Result<(), String> {
     for _ in 0..n {

@@ -46,6 +46,7 @@ mod requests;
 mod results;
 mod resume;
 mod tell;
+pub(crate) use resume::random_secret;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -220,9 +221,7 @@ pub(crate) struct Session {
     record: Arc<SessionRef>,
     /// The journal has heard of this session (it held a lock): it must hear its end.
     journaled: bool,
-    /// Grants given up lately, and when: the record still names each for the
-    /// journal's window, so a new grant of one is told at once without the store
-    /// listing it again (`resume.rs`, `Session::lists`).
+    /// Grants given up lately, and when (see `Session::lists`).
     dropped_at: HashMap<Arc<str>, Instant>,
     /// A resumed session: what its client hears right after `SessionStarted`.
     greeting: Vec<Event>,
@@ -244,15 +243,6 @@ pub(crate) struct Session {
 
 fn random_hex(bytes: usize) -> Result<String, EngineError> {
     super::random_hex(bytes).map_err(|e| EngineError::Random(e.to_string()))
-}
-
-/// 128 random bits in URL-safe base64 (22 characters): a secret as strong as 32 hex
-/// digits in two thirds of the bytes, which every held lock carries in the store.
-pub(crate) fn random_secret() -> Result<String, EngineError> {
-    use base64::Engine as _;
-    let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes).map_err(|e| EngineError::Random(e.to_string()))?;
-    Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
 }
 
 impl Session {

@@ -198,3 +198,12 @@ impl Session {
         }
     }
 }
+
+/// 128 random bits in URL-safe base64 (22 characters): a secret as strong as 32 hex
+/// digits in two thirds of the bytes, which every held lock carries in the store.
+pub(crate) fn random_secret() -> Result<String, crate::engine::EngineError> {
+    use base64::Engine as _;
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| crate::engine::EngineError::Random(e.to_string()))?;
+    Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
+}

@@ -30,8 +30,8 @@ use locks::Locks;
 pub use locks::{FORGET_AFTER, SWEEP_BUDGET};
 
 use super::{
-    Acquired, Claim, HolderState, KeyState, Listing, Notice, QueuedState, RecordWrite, Recorded,
-    Renewal, Renewed, ResumeClaim, Resumption, Sharing, Store, StoreFuture,
+    Acquired, Claim, HolderState, KeyState, Notice, QueuedState, RecordWrite, Recorded, Renewal,
+    Renewed, ResumeClaim, Resumption, Sharing, Store, StoreFuture,
 };
 
 /// How many notices a slow sidecar task may fall behind before it resyncs.
@@ -149,16 +149,6 @@ fn ready<'a, T: Send + 'a>(value: T) -> StoreFuture<'a, T> {
 impl Store for MemoryStore {
     fn acquire<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, Acquired> {
         ready(self.acquire_now(claim))
-    }
-
-    /// Lists nothing: the journal writes the line (the records live in this process,
-    /// and a write of one costs no round trip).
-    fn acquire_listed<'a>(
-        &'a self,
-        claim: &'a Claim,
-        _listing: Listing<'a>,
-    ) -> StoreFuture<'a, (Acquired, bool)> {
-        ready((self.acquire_now(claim), false))
     }
 
     fn reenter<'a>(

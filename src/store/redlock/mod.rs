@@ -55,8 +55,8 @@ use vote::{merge, renewal_vote};
 
 use super::redis::{RedisOptions, RedisStore};
 use super::{
-    Acquired, Claim, KeyState, Listing, Notice, Renewal, Renewed, Sharing, Store, StoreCheck,
-    StoreError, StoreFuture,
+    Acquired, Claim, KeyState, Notice, Renewal, Renewed, Sharing, Store, StoreCheck, StoreError,
+    StoreFuture,
 };
 
 /// After a majority granted, how long at least to wait for the other masters.
@@ -175,15 +175,6 @@ async fn forward(mut from: broadcast::Receiver<Notice>, to: broadcast::Sender<No
 impl Store for RedlockStore {
     fn acquire<'a>(&'a self, claim: &'a Claim) -> StoreFuture<'a, Acquired> {
         Box::pin(self.acquire_once(claim))
-    }
-
-    /// Lists nothing: a grant is a majority's, and the journal writes the record.
-    fn acquire_listed<'a>(
-        &'a self,
-        claim: &'a Claim,
-        _listing: Listing<'a>,
-    ) -> StoreFuture<'a, (Acquired, bool)> {
-        Box::pin(async move { Ok((self.acquire_once(claim).await?, false)) })
     }
 
     fn reenter<'a>(

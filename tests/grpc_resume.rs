@@ -580,12 +580,7 @@ fn record_pttl(redis: &Redis, record: &str) -> i64 {
 
 /// How many HSET calls Redis has run (scripts' included) since its stats were reset.
 fn hsets(redis: &Redis) -> u64 {
-    let stats = redis.cli(&["info", "commandstats"]);
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_hset:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap_or(0))
+    calls(redis, "hset")
 }
 
 /// How many times Redis has run `cmd` (scripts' calls included) since its stats were

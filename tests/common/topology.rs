@@ -390,7 +390,8 @@ impl ClusterSetup {
     }
 
     /// A replica of the master on `port`, once the master lists one (on a loaded machine
-    /// it may not yet, although the cluster said ok: once seen failing a test).
+    /// it may not yet, although the cluster said ok: seen failing a test, and then the
+    /// nemesis in CI with 10 s of patience, hence three times that).
     pub fn replica_of(&self, port: u16) -> u16 {
         let node_id = cli(port, &["cluster", "myid"]);
         let find = || {
@@ -404,11 +405,11 @@ impl ClusterSetup {
             })
         };
         let mut found = None;
-        poll(PATIENCE, || {
+        poll(PATIENCE * 3, || {
             found = find();
             found.is_some()
         });
-        found.expect("a replica")
+        found.unwrap_or_else(|| panic!("no replica of the master on {port} listed within 30 s"))
     }
 
     /// The ports of the three masters, as the nodes see them now.

@@ -32,6 +32,15 @@ impl RedisStore {
         });
         let (ttl, tail, claimed, notice, ticket) = (&ttl, &tail, &claimed, &notice, &ticket);
         let (record, listed) = (record.as_deref(), &listed);
+        // What every acquire sends but its guard (`lua/acquire.lua`).
+        let fixed: [&[u8]; 5] = [
+            ttl.as_bytes(),
+            tail,
+            claimed.as_bytes(),
+            notice.as_bytes(),
+            ticket.as_bytes(),
+        ];
+        let fixed = &fixed;
         // Not sent while new grants are held off after the store may have lost data.
         let held_off = || {
             self.held_off().unwrap_or(Acquired::Busy {
@@ -43,14 +52,7 @@ impl RedisStore {
         if self.acks.min == 0 {
             let acquire = &self.scripts.acquire;
             let reply = self.guarded(&claim.key, false, |guard| async move {
-                let mut args: Vec<&[u8]> = vec![
-                    ttl.as_bytes(),
-                    tail,
-                    claimed.as_bytes(),
-                    notice.as_bytes(),
-                    &guard,
-                    ticket.as_bytes(),
-                ];
+                let mut args: Vec<&[u8]> = with_guard(fixed, &guard).to_vec();
                 if let (Some(l), Some((digest, line))) = (listing, listed) {
                     args.extend([digest.as_bytes(), l.name.as_bytes(), line.as_bytes()]);
                 }
@@ -63,15 +65,12 @@ impl RedisStore {
             };
         }
         let acked = self.guarded(&claim.key, false, |guard| async move {
-            let args: [&[u8]; 6] = [
-                ttl.as_bytes(),
-                tail,
-                claimed.as_bytes(),
-                notice.as_bytes(),
-                &guard,
-                ticket.as_bytes(),
-            ];
-            (self.invoke_acked(&self.scripts.acquire, &claim.key, &args)).await
+            (self.invoke_acked(
+                &self.scripts.acquire,
+                &claim.key,
+                &with_guard(fixed, &guard),
+            ))
+            .await
         });
         let Some((reply, acked)) = acked.await? else {
             return Ok((held_off(), false));
@@ -89,4 +88,9 @@ impl RedisStore {
         }
         Ok((acquired(&reply)?, false))
     }
+}
+
+/// An acquire's six arguments: `fixed`, with the guard before the ticket.
+fn with_guard<'a>(fixed: &[&'a [u8]; 5], guard: &'a [u8]) -> [&'a [u8]; 6] {
+    [fixed[0], fixed[1], fixed[2], fixed[3], guard, fixed[4]]
 }
